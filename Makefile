@@ -1,0 +1,66 @@
+# nodelet: build, test against a private containerd, run.
+# The test bed (containerd + CNI + images) lives in $(NODELET_TESTBED); see hack/testbed.sh.
+
+SHELL := /bin/bash
+
+# Cargo's target dir: the caller's CARGO_TARGET_DIR, else a persistent cache
+# outside the checkout (so a fresh clone, as in CI, still builds incrementally).
+ifeq ($(strip $(CARGO_TARGET_DIR)),)
+CARGO_TARGET_DIR := $(or $(HOME),/root)/.cache/nodelet/target
+endif
+export CARGO_TARGET_DIR
+TARGET_DIR := $(CARGO_TARGET_DIR)
+
+NODELET_TESTBED ?= /var/lib/nodelet-testbed
+export NODELET_TESTBED
+
+TESTBED := bash hack/testbed.sh
+
+.PHONY: help deps runtime-up images runtime-down build test run clean
+
+help:
+	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
+	@echo "make runtime-up    start the private containerd test bed in $(NODELET_TESTBED)"
+	@echo "make images        build and import localhost/pause:local and localhost/busybox:local"
+	@echo "make runtime-down  stop the test bed and clean up after it"
+	@echo "make build         cargo build --locked (target dir $(TARGET_DIR))"
+	@echo "make test          run the tests against the test bed, then tear it down"
+	@echo "make run           run nodelet in the foreground against the test bed"
+	@echo "make clean         cargo clean"
+
+deps:
+	@bash hack/deps.sh
+
+runtime-up: deps
+	@$(TESTBED) up
+
+images: runtime-up
+	@$(TESTBED) images
+
+runtime-down:
+	@$(TESTBED) down
+
+build:
+	cargo build --locked
+
+# Always tears the test bed down (also after a failure or Ctrl-C: the trap only
+# keeps the shell alive), and exits with the tests' status (or, when the tests
+# passed, with the tear-down's).
+test: deps runtime-up images
+	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1; \
+	trap : INT TERM; \
+	if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --locked; else cargo test --locked; fi; \
+	status=$$?; trap - INT TERM; \
+	$(TESTBED) down || { echo "make test: test bed tear-down failed" >&2; [ $$status -ne 0 ] || status=1; }; \
+	exit $$status
+
+run: deps runtime-up images build
+	$(TARGET_DIR)/debug/nodelet --pod-manifest-path manifests \
+		--container-runtime-endpoint unix://$(NODELET_TESTBED)/containerd.sock \
+		--root-dir $(NODELET_TESTBED)/kubelet \
+		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \
+		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
+		--hostname-override nodelet-dev
+
+clean:
+	cargo clean

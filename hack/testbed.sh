@@ -1,0 +1,782 @@
+#!/usr/bin/env bash
+# The nodelet test bed: a private containerd (CRI) with its own CNI network.
+#
+#   testbed.sh up       start it (idempotent; clears the debris of a killed run first)
+#   testbed.sh images   build and import localhost/pause:local and localhost/busybox:local
+#   testbed.sh down     remove every pod/container, stop it, leave the machine as it was
+#   testbed.sh env      print the variables the tests need
+#
+# Everything lives under $NODELET_TESTBED (default /var/lib/nodelet-testbed).
+# It never touches a system containerd: only our socket, our dir, our bridge
+# and the iptables rules CNI made for our network.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# runc, ip and iptables live in sbin; containerd and the CNI plugins inherit this
+case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH=$PATH:/usr/sbin ;; esac
+case ":$PATH:" in *:/sbin:*) ;; *) PATH=$PATH:/sbin ;; esac
+export PATH
+
+TB=${NODELET_TESTBED:-/var/lib/nodelet-testbed}
+while [[ $TB == */ && $TB != / ]]; do TB=${TB%/}; done
+
+SOCK=$TB/containerd.sock
+TTRPC_SOCK=$TB/containerd.sock.ttrpc
+CONFIG=$TB/config.toml
+MAINT_CONFIG=$TB/config-maintenance.toml
+PIDFILE=$TB/containerd.pid
+LOG=$TB/containerd.log
+DIRTY=$TB/dirty                      # exists from `up` until a complete `down`
+ROOT=$TB/root                        # content store, snapshots, metadata: kept by `down`
+STATE=$TB/state                      # like /run/containerd: wiped by `down`
+RUNC_ROOT=$TB/runc                   # runc state of CRI containers
+RUNC_V1_ROOT=$TB/runc-v1
+OPT=$TB/opt
+CNI_CONF_DIR=$TB/cni/net.d
+IPAM_DIR=$TB/cni/ipam
+CERTS_DIR=$TB/certs.d
+IMAGES=$TB/images
+MARKS=$TB/marks                      # what the machine looked like before our first `up`
+CGROUP_LIST=$TB/cgroups.list         # cgroup paths of our containers still to remove
+
+NET_NAME=nodelet-testbed
+BRIDGE=nodelet0
+SUBNET=10.213.0.0/16
+CRI_NS=k8s.io
+PAUSE_REF=localhost/pause:local
+BUSYBOX_REF=localhost/busybox:local
+BUSYBOX_BIN=${NODELET_BUSYBOX:-/bin/busybox}
+SHIM_SOCKET_DIR=/run/containerd/s    # where containerd 1.6 shims put their sockets
+DEFAULT_RUNC_ROOT=/run/containerd/runc # runc root of containers made without runtime options
+
+log() { echo "testbed: $*" >&2; }
+die() { echo "testbed: error: $*" >&2; exit 1; }
+
+check_paths() {
+    [[ $TB == /* ]] || die "NODELET_TESTBED must be an absolute path (got '$TB')"
+    case $TB in
+        / | /run | /run/* | /var/run/* | /var/lib/containerd | /var/lib/containerd/* | /etc | /etc/* | /usr | /usr/* | /proc* | /sys* | /dev*)
+            die "refusing NODELET_TESTBED=$TB" ;;
+    esac
+    # unix socket paths are limited to 108 bytes
+    (( ${#TTRPC_SOCK} < 100 )) || die "NODELET_TESTBED path too long for a unix socket: $TB"
+}
+
+# ---------------------------------------------------------------- processes
+
+# argv of a process into array ARGV (no fork: this runs for every process)
+read_argv() { ARGV=(); { mapfile -d '' -t ARGV <"/proc/$1/cmdline"; } 2>/dev/null || true; }
+
+# pids whose argv holds the two consecutive arguments $1 $2
+pids_with_args() {
+    local flag=$1 value=$2 dir pid i ARGV
+    for dir in /proc/[0-9]*; do
+        pid=${dir#/proc/}
+        [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+        read_argv "$pid"
+        for ((i = 0; i + 1 < ${#ARGV[@]}; i++)); do
+            if [[ ${ARGV[i]} == "$flag" && ${ARGV[i+1]} == "$value" ]]; then
+                echo "$pid"
+                break
+            fi
+        done
+    done
+}
+
+# our containerd processes (the normal and the maintenance one)
+containerd_pids() {
+    { pids_with_args --config "$CONFIG"; pids_with_args --config "$MAINT_CONFIG"; } | sort -un
+}
+
+runs_our_config() { # pid
+    local a ARGV
+    read_argv "$1"
+    for a in "${ARGV[@]}"; do
+        [[ $a == "$CONFIG" || $a == "$MAINT_CONFIG" ]] && return 0
+    done
+    return 1
+}
+
+# shims started by our containerd: their argv names our socket
+shim_pids() { pids_with_args -address "$SOCK"; }
+
+# value following $2 in the argv of pid $1
+arg_after() {
+    local i ARGV
+    read_argv "$1"
+    for ((i = 0; i + 1 < ${#ARGV[@]}; i++)); do
+        if [[ ${ARGV[i]} == "$2" ]]; then echo "${ARGV[i+1]}"; return; fi
+    done
+}
+
+# pid exists and is not a zombie
+alive() {
+    [[ -n $1 ]] && kill -0 "$1" 2>/dev/null || return 1
+    local stat
+    { stat=$(<"/proc/$1/stat"); } 2>/dev/null || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
+}
+
+wait_gone() { # pid seconds
+    local pid=$1 n=$(( $2 * 10 ))
+    while alive "$pid" && ((n-- > 0)); do sleep 0.1; done
+    ! alive "$pid"
+}
+
+ctr_() { timeout 60 ctr -a "$SOCK" "$@"; }
+
+answering() { [[ -S $SOCK ]] && timeout 5 ctr -a "$SOCK" version >/dev/null 2>&1; }
+
+# ---------------------------------------------------------------- config
+
+write_config() { # path [extra disabled plugin]
+    local path=$1 extra=${2:-}
+    local disabled='"io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"'
+    [[ -n $extra ]] && disabled="$disabled, \"$extra\""
+    cat >"$path.tmp" <<EOF
+# Written by hack/testbed.sh: the nodelet test bed's private containerd.
+version = 2
+root = "$ROOT"
+state = "$STATE"
+disabled_plugins = [$disabled]
+
+[grpc]
+  address = "$SOCK"
+  uid = 0
+  gid = 0
+
+[ttrpc]
+  address = "$TTRPC_SOCK"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$OPT"
+
+[plugins."io.containerd.runtime.v1.linux"]
+  runtime_root = "$RUNC_V1_ROOT"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_REF"
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "$RUNC_ROOT"
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$CNI_CONF_DIR"
+    max_conf_num = 1
+
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$CERTS_DIR"
+EOF
+    mv "$path.tmp" "$path"
+}
+
+write_cni_conf() {
+    mkdir -p "$CNI_CONF_DIR" "$IPAM_DIR"
+    cat >"$CNI_CONF_DIR/10-$NET_NAME.conflist.tmp" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "$NET_NAME",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "$SUBNET" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }],
+        "dataDir": "$IPAM_DIR"
+      }
+    },
+    {
+      "type": "portmap",
+      "capabilities": { "portMappings": true }
+    }
+  ]
+}
+EOF
+    mv "$CNI_CONF_DIR/10-$NET_NAME.conflist.tmp" "$CNI_CONF_DIR/10-$NET_NAME.conflist"
+}
+
+# Remember, once, what the machine looked like before our first `up`, so that
+# `down` restores it: ip_forward (the bridge plugin sets it), the portmap
+# plugin's shared chains, /run/containerd (the shims create it).
+record_marks() {
+    mkdir -p "$MARKS"
+    [[ -e $MARKS/ip_forward ]] || cat /proc/sys/net/ipv4/ip_forward >"$MARKS/ip_forward"
+    if [[ ! -e $MARKS/hostport-chains ]]; then
+        if iptables -w -t nat -S CNI-HOSTPORT-DNAT >/dev/null 2>&1; then
+            echo foreign >"$MARKS/hostport-chains"
+        else
+            echo ours >"$MARKS/hostport-chains"
+        fi
+    fi
+    if [[ ! -e $MARKS/nft-tables ]]; then
+        # iptables-nft creates the nat (and maybe filter) table on first use
+        local t
+        for t in nat filter mangle; do
+            if ! nft_backend || nft list table ip "$t" >/dev/null 2>&1; then echo "$t present"; else echo "$t absent"; fi
+        done >"$MARKS/nft-tables"
+    fi
+    if [[ ! -e $MARKS/run-containerd ]]; then
+        if [[ -e /run/containerd ]]; then echo foreign; else echo ours; fi >"$MARKS/run-containerd"
+    fi
+}
+
+# ---------------------------------------------------------------- start / stop
+
+start_containerd() { # config
+    local cfg=$1 pid n
+    mkdir -p "$ROOT" "$STATE" "$RUNC_ROOT" "$OPT" "$CERTS_DIR"
+    rm -f "$SOCK" "$TTRPC_SOCK"
+    if [[ -f $LOG ]] && (( $(stat -c %s "$LOG") > 20 * 1024 * 1024 )); then mv -f "$LOG" "$LOG.1"; fi
+    # fd 9 is our lock: containerd must not inherit it
+    setsid containerd --config "$cfg" </dev/null >>"$LOG" 2>&1 9>&- &
+    pid=$!
+    echo "$pid" >"$PIDFILE"
+    for ((n = 0; n < 300; n++)); do
+        answering && return 0
+        alive "$pid" || break
+        sleep 0.1
+    done
+    tail -n 20 "$LOG" >&2 || true
+    die "containerd did not answer on $SOCK within 30 s (log: $LOG)"
+}
+
+stop_containerd() {
+    local pids pid
+    pids=$( { [[ -r $PIDFILE ]] && cat "$PIDFILE"; containerd_pids; } 2>/dev/null | sort -un || true)
+    for pid in $pids; do
+        alive "$pid" || continue
+        # only a process running with our config is ours
+        runs_our_config "$pid" || continue
+        log "stopping containerd (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        if ! wait_gone "$pid" 10; then
+            log "containerd $pid ignored SIGTERM, killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+            wait_gone "$pid" 5 || die "containerd $pid does not go away"
+        fi
+    done
+    rm -f "$SOCK" "$TTRPC_SOCK"
+}
+
+# ---------------------------------------------------------------- cleanup helpers
+
+# cgroupsPath of every task bundle, remembered in $CGROUP_LIST
+remember_cgroups() {
+    [[ -d $STATE/io.containerd.runtime.v2.task ]] || return 0
+    python3 - "$STATE/io.containerd.runtime.v2.task" "$CGROUP_LIST" <<'PY'
+import glob, json, os, sys
+bundles, out = sys.argv[1], sys.argv[2]
+paths = set()
+if os.path.exists(out):
+    paths.update(l.strip() for l in open(out) if l.strip())
+for cfg in glob.glob(os.path.join(bundles, "*", "*", "config.json")):
+    try:
+        p = (json.load(open(cfg)).get("linux") or {}).get("cgroupsPath")
+    except (OSError, ValueError):
+        continue
+    if p and ":" not in p:  # cgroupfs paths only
+        paths.add(p)
+with open(out + ".tmp", "w") as f:
+    f.write("".join(p + "\n" for p in sorted(paths)))
+os.replace(out + ".tmp", out)
+PY
+}
+
+# ids of our containers: runc state, task bundles, CRI dirs, shims
+known_ids() {
+    {
+        local d pid
+        for d in "$RUNC_ROOT"/*/* "$STATE"/io.containerd.runtime.v2.task/*/* \
+                 "$ROOT"/io.containerd.grpc.v1.cri/sandboxes/* "$ROOT"/io.containerd.grpc.v1.cri/containers/*; do
+            if [[ -d $d ]]; then basename "$d"; fi
+        done
+        for pid in $(shim_pids); do arg_after "$pid" -id; done
+    } | grep -E '^[A-Za-z0-9][A-Za-z0-9_.-]*$' | sort -u || true
+}
+
+# "namespace id" of every task bundle and runc state dir (shims are grouped by these)
+known_tasks() {
+    local d
+    for d in "$STATE"/io.containerd.runtime.v2.task/*/* "$RUNC_ROOT"/*/*; do
+        if [[ -d $d ]]; then echo "$(basename "$(dirname "$d")") $(basename "$d")"; fi
+    done | sort -u
+}
+
+# a shim's socket: /run/containerd/s/sha256(<containerd address>/<namespace>/<id>)
+remove_shim_socket() { # namespace id
+    local hash
+    hash=$(printf '%s' "$SOCK/$1/$2" | sha256sum | cut -d' ' -f1)
+    rm -f "$SHIM_SOCKET_DIR/$hash"
+}
+
+# Remove every container and task of our (running) containerd, in every namespace.
+purge_containers() {
+    local ns id failed=0
+    for ns in $(ctr_ namespaces ls -q); do
+        local ids tasks
+        ids=$(ctr_ -n "$ns" containers ls -q) || { failed=1; continue; }
+        tasks=$(ctr_ -n "$ns" tasks ls -q) || { failed=1; continue; }
+        [[ -z $ids && -z $tasks ]] && continue
+        log "removing $(wc -w <<<"$ids") container(s) in namespace $ns"
+        for id in $tasks; do
+            ctr_ -n "$ns" tasks kill -a -s SIGKILL "$id" >/dev/null 2>&1 || true
+        done
+        # (CRI deletes the tasks of exited containers itself: "not found" is fine)
+        for id in $tasks; do
+            ctr_ -n "$ns" tasks delete -f "$id" >/dev/null 2>&1 || true
+        done
+        for id in $(ctr_ -n "$ns" tasks ls -q); do
+            sleep 0.5
+            ctr_ -n "$ns" tasks delete -f "$id" >/dev/null 2>&1 || failed=1
+        done
+        for id in $ids; do
+            ctr_ -n "$ns" containers delete "$id" >/dev/null 2>&1 || true
+        done
+        [[ -z $(ctr_ -n "$ns" containers ls -q) ]] || failed=1
+    done
+    return $failed
+}
+
+kill_shims() {
+    local pid ns id
+    for pid in $(shim_pids); do
+        ns=$(arg_after "$pid" -namespace)
+        id=$(arg_after "$pid" -id)
+        log "killing stale shim $pid ($ns/$id)"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_gone "$pid" 5 || true
+        if [[ -n $ns && -n $id ]]; then remove_shim_socket "$ns" "$id"; fi
+    done
+}
+
+# rootfs recorded in a runc state.json
+runc_rootfs() {
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["rootfs"])' "$1" 2>/dev/null || true
+}
+
+kill_runc_container() { # root id
+    log "removing runc container $2"
+    runc --root "$1" kill --all "$2" KILL >/dev/null 2>&1 || true
+    runc --root "$1" delete --force "$2" >/dev/null 2>&1 || true
+}
+
+# Kill what still runs in our containers and remove their runc state.
+kill_runc_containers() { # "namespace id" lines of our tasks
+    local root dir ns id
+    for root in "$RUNC_ROOT"/* "$RUNC_V1_ROOT"/*; do
+        [[ -d $root ]] || continue
+        for dir in "$root"/*/; do
+            if [[ -d $dir ]]; then kill_runc_container "$root" "$(basename "$dir")"; fi
+        done
+    done
+    # A plain `ctr run` (no --runc-root) keeps runc state in runc's default
+    # root, shared with any other containerd: touch only the state whose
+    # rootfs is one of our bundles.
+    while read -r ns id; do
+        [[ -n $id && -f $DEFAULT_RUNC_ROOT/$ns/$id/state.json ]] || continue
+        if [[ $(runc_rootfs "$DEFAULT_RUNC_ROOT/$ns/$id/state.json") == "$STATE"/* ]]; then
+            kill_runc_container "$DEFAULT_RUNC_ROOT/$ns" "$id"
+        fi
+    done <<<"$1"
+}
+
+# mount points at or under $TB, innermost first
+mounts_under_tb() {
+    python3 - "$TB" <<'PY'
+import re, sys
+tb = sys.argv[1]
+def unescape(s):
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+found = []
+for n, line in enumerate(open("/proc/self/mountinfo")):
+    mp = unescape(line.split()[4])
+    if mp == tb or mp.startswith(tb + "/"):
+        found.append((mp.count("/"), n, mp))
+for _, _, mp in sorted(found, reverse=True):
+    print(mp)
+PY
+}
+
+unmount_all() {
+    local pass mp left
+    for ((pass = 0; pass < 5; pass++)); do
+        left=$(mounts_under_tb)
+        [[ -z $left ]] && return 0
+        while IFS= read -r mp; do
+            umount "$mp" 2>/dev/null || umount -l "$mp" 2>/dev/null || true
+        done <<<"$left"
+    done
+    left=$(mounts_under_tb)
+    [[ -z $left ]] || die "still mounted under $TB: $left"
+}
+
+# Delete what CNI made in iptables for our network, never anything else:
+# rules whose comment names our network, the per-pod chains they jump to or
+# live in, and the portmap plugin's shared chains only if we created them
+# and nothing but their boilerplate is left in them.
+clean_iptables() {
+    command -v iptables >/dev/null || return 0
+    local shared=foreign
+    [[ -r $MARKS/hostport-chains ]] && shared=$(cat "$MARKS/hostport-chains")
+    python3 - "$NET_NAME" "$shared" <<'PY'
+import shlex, subprocess, sys
+net, shared = sys.argv[1], sys.argv[2]
+marker = 'name: "%s" id: ' % net
+SHARED = ["CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ", "CNI-HOSTPORT-SNAT"]
+
+def ipt(table, *args, check=True):
+    r = subprocess.run(["iptables", "-w", "-t", table, *args], capture_output=True, text=True)
+    if check and r.returncode != 0:
+        print("testbed: iptables -t %s %s: %s" % (table, " ".join(args), r.stderr.strip()), file=sys.stderr)
+    return r
+
+def rules(table):
+    r = ipt(table, "-S", check=False)
+    return [shlex.split(l) for l in r.stdout.splitlines()] if r.returncode == 0 else []
+
+def target(rule):
+    return rule[rule.index("-j") + 1] if "-j" in rule else None
+
+def ours(rule):
+    return "--comment" in rule and marker in rule[rule.index("--comment") + 1]
+
+for table in ("nat", "filter", "mangle"):
+    rs = rules(table)
+    chains = {r[1] for r in rs if r[0] == "-N"}
+    mine = set()
+    for r in rs:
+        if r[0] == "-A" and ours(r):
+            for c in (r[1], target(r)):
+                if c and c.startswith("CNI-") and c not in SHARED and c in chains:
+                    mine.add(c)
+    # rules that name our network or jump into our chains, outside our chains
+    for r in rs:
+        if r[0] == "-A" and r[1] not in mine and (ours(r) or target(r) in mine):
+            ipt(table, "-D", *r[1:])
+    for c in sorted(mine):
+        ipt(table, "-F", c)
+    for c in sorted(mine):
+        ipt(table, "-X", c)
+
+if shared == "ours":
+    rs = rules("nat")
+    chains = {r[1] for r in rs if r[0] == "-N"}
+    body = {c: [r for r in rs if r[0] == "-A" and r[1] == c] for c in SHARED if c in chains}
+    boiler = {"CNI-HOSTPORT-SETMARK": "MARK", "CNI-HOSTPORT-MASQ": "MASQUERADE"}
+    idle = all(all(target(r) == boiler.get(c) for r in rows) for c, rows in body.items())
+    if body and idle:
+        for r in rs:
+            if r[0] == "-A" and r[1] not in body and target(r) in body:
+                ipt("nat", "-D", *r[1:])
+        for c in body:
+            ipt("nat", "-F", c)
+        for c in body:
+            ipt("nat", "-X", c)
+PY
+}
+
+nft_backend() { command -v nft >/dev/null && [[ $(iptables -V 2>/dev/null) == *nf_tables* ]]; }
+
+# drop the nftables tables iptables-nft created for us, once nothing is left in them
+drop_empty_tables() {
+    [[ -r $MARKS/nft-tables ]] && nft_backend || return 0
+    local t state rules
+    while read -r t state; do
+        [[ $state == absent ]] || continue
+        nft list table ip "$t" >/dev/null 2>&1 || continue
+        # empty: only built-in chains with policy ACCEPT, no rule, no other chain
+        rules=$(iptables -w -t "$t" -S 2>/dev/null) || continue
+        if [[ -n $rules ]] && ! grep -qv '^-P [A-Z]* ACCEPT$' <<<"$rules"; then
+            nft delete table ip "$t" 2>/dev/null || true
+        fi
+    done <"$MARKS/nft-tables"
+}
+
+clean_network() {
+    local veth
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        for veth in $(ip -o link show master "$BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
+            ip link delete "$veth" 2>/dev/null || true
+        done
+        log "deleting bridge $BRIDGE"
+        ip link delete "$BRIDGE" 2>/dev/null || true
+    fi
+    clean_iptables
+    drop_empty_tables
+    rm -rf --one-file-system "${IPAM_DIR:?}/$NET_NAME"
+    if [[ -r $MARKS/ip_forward ]]; then
+        local want
+        want=$(cat "$MARKS/ip_forward")
+        [[ $(cat /proc/sys/net/ipv4/ip_forward) == "$want" ]] || echo "$want" >/proc/sys/net/ipv4/ip_forward
+    fi
+}
+
+# Remove the cgroup directories our containers left: the paths their specs
+# named (and their parents, while empty and not ours) and any directory
+# named after one of our CRI container ids (64 hex digits); ctr's default
+# parents /k8s.io and /default only when empty.
+clean_cgroups() { # ids...
+    python3 - "$CGROUP_LIST" "/$CRI_NS /default" "$@" <<'PY'
+import os, re, signal, sys, time
+listfile, extra, ids = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+paths = set()
+if os.path.exists(listfile):
+    paths.update(l.strip() for l in open(listfile) if l.strip())
+hex_ids = {i for i in ids if re.fullmatch(r"[0-9a-f]{64}", i)}
+
+def unescape(s):
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+mounts = []
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    fstype = f[f.index("-") + 1]
+    if fstype in ("cgroup", "cgroup2"):
+        mounts.append(unescape(f[4]))
+
+# never remove our own cgroup or one of its ancestors
+own = set()
+for line in open("/proc/self/cgroup"):
+    p = line.rstrip("\n").split(":", 2)[2]
+    while p not in ("", "/"):
+        own.add(p)
+        p = os.path.dirname(p)
+
+def remove(d):
+    for _ in range(50):
+        try:
+            procs = [int(x) for x in open(os.path.join(d, "cgroup.procs")).read().split()]
+        except OSError:
+            procs = []
+        for pid in procs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.rmdir(d)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.1)
+    print("testbed: cannot remove cgroup %s" % d, file=sys.stderr)
+    return False
+
+leftover = set()
+for m in mounts:
+    targets = set()
+    for p in paths:
+        p = os.path.normpath(p)
+        if p.startswith("/") and p != "/" and p not in own:
+            targets.add(p)
+    if hex_ids:
+        for dirpath, dirnames, _ in os.walk(m):
+            if dirpath[len(m):].count("/") > 8:
+                dirnames[:] = []
+                continue
+            for d in dirnames:
+                if d in hex_ids:
+                    targets.add(os.path.join(dirpath, d)[len(m):])
+    for rel in sorted(targets, key=lambda p: -p.count("/")):
+        d = m + rel
+        if os.path.isdir(d):
+            # children first (e.g. a pod cgroup holding container cgroups)
+            for dirpath, dirnames, _ in sorted(os.walk(d), key=lambda t: -t[0].count("/")):
+                if dirpath != d:
+                    remove(dirpath)
+            if not remove(d):
+                leftover.add(rel)
+                continue
+        # then the parents our container's path created, while empty
+        parent = os.path.dirname(rel)
+        while parent not in ("", "/") and parent not in own:
+            try:
+                os.rmdir(m + parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+    # ctr's default cgroup parent (/<namespace>), removed only when empty
+    for rel in extra.split():
+        try:
+            os.rmdir(m + rel)
+        except OSError:
+            pass
+
+with open(listfile + ".tmp", "w") as f:
+    f.write("".join(p + "\n" for p in sorted(leftover & paths)))
+os.replace(listfile + ".tmp", listfile)
+PY
+}
+
+# Bring the machine back to its state before `up`, whatever ran or died.
+teardown() {
+    local purged=0 ids tasks ns id
+    mkdir -p "$TB"
+    remember_cgroups
+    if answering; then
+        if purge_containers; then purged=1; else log "some containers could not be removed cleanly"; fi
+        remember_cgroups
+    fi
+    ids=$(known_ids)
+    tasks=$(known_tasks)
+    stop_containerd
+    kill_shims
+    kill_runc_containers "$tasks"
+    unmount_all
+    while read -r ns id; do
+        if [[ -n $id ]]; then remove_shim_socket "$ns" "$id"; fi
+    done <<<"$tasks"
+    # state and runc roots are runtime state like /run/containerd: wipe them
+    rm -rf --one-file-system "$STATE" "$RUNC_ROOT" "$RUNC_V1_ROOT" "$TB/fifo"
+    clean_network
+    # shellcheck disable=SC2086
+    clean_cgroups $ids
+    if [[ -e $DIRTY && $purged == 0 ]]; then
+        # containerd died with containers in its metadata: remove them with a
+        # containerd that has no CRI plugin (which would otherwise load them)
+        log "removing stale containers from the metadata"
+        write_config "$MAINT_CONFIG" io.containerd.grpc.v1.cri
+        start_containerd "$MAINT_CONFIG"
+        purge_containers || log "warning: could not purge every stale container"
+        stop_containerd
+        rm -f "$MAINT_CONFIG"
+        unmount_all
+        rm -rf --one-file-system "$STATE" "$RUNC_ROOT"
+    fi
+    rm -rf --one-file-system "$ROOT"/io.containerd.grpc.v1.cri/sandboxes "$ROOT"/io.containerd.grpc.v1.cri/containers
+    if [[ -r $MARKS/run-containerd && $(cat "$MARKS/run-containerd") == ours ]]; then
+        rmdir "$SHIM_SOCKET_DIR" "$DEFAULT_RUNC_ROOT"/* "$DEFAULT_RUNC_ROOT" /run/containerd 2>/dev/null || true
+    fi
+    rm -rf "$MARKS"
+    rm -f "$DIRTY" "$PIDFILE"
+}
+
+# ---------------------------------------------------------------- images
+
+stamp_of() { sha256sum "$@" | sha256sum | cut -d' ' -f1; }
+
+image_digest() { # ref -> digest known to our containerd, if any
+    ctr_ -n "$CRI_NS" images ls 2>/dev/null | awk -v r="$1" '$1 == r {print $3}'
+}
+
+import_image() { # ref archive digest
+    local ref=$1 archive=$2 want=$3
+    [[ $(image_digest "$ref") == "$want" ]] && return 0
+    log "importing $ref"
+    ctr_ -n "$CRI_NS" images import "$archive" >/dev/null
+    if [[ $(image_digest "$ref") != "$want" ]]; then
+        ctr_ -n "$CRI_NS" images rm "$ref" >/dev/null 2>&1 || true
+        ctr_ -n "$CRI_NS" images import "$archive" >/dev/null
+    fi
+}
+
+images() {
+    answering || die "containerd is not running: run '$0 up' first"
+    mkdir -p "$IMAGES"
+    local stamp
+    [[ -x $BUSYBOX_BIN ]] || die "no static busybox at $BUSYBOX_BIN (package busybox-static)"
+
+    stamp=$( { stamp_of "$HERE/pause.c" "$HERE/mkimage.py"; gcc -dumpfullversion; echo "$PAUSE_REF"; } | sha256sum | cut -d' ' -f1)
+    if [[ ! -s $IMAGES/pause.tar || ! -s $IMAGES/pause.digest || $(cat "$IMAGES/pause.stamp" 2>/dev/null) != "$stamp" ]]; then
+        log "building $PAUSE_REF"
+        gcc -static -O2 -s -o "$IMAGES/pause" "$HERE/pause.c"
+        python3 "$HERE/mkimage.py" pause --binary "$IMAGES/pause" --ref "$PAUSE_REF" \
+            --out "$IMAGES/pause.tar" --digest-file "$IMAGES/pause.digest" >/dev/null
+        echo "$stamp" >"$IMAGES/pause.stamp"
+    fi
+
+    stamp=$( { stamp_of "$BUSYBOX_BIN" "$HERE/mkimage.py"; echo "$BUSYBOX_REF"; } | sha256sum | cut -d' ' -f1)
+    if [[ ! -s $IMAGES/busybox.tar || ! -s $IMAGES/busybox.digest || $(cat "$IMAGES/busybox.stamp" 2>/dev/null) != "$stamp" ]]; then
+        log "building $BUSYBOX_REF"
+        python3 "$HERE/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$BUSYBOX_REF" \
+            --out "$IMAGES/busybox.tar" --digest-file "$IMAGES/busybox.digest" >/dev/null
+        echo "$stamp" >"$IMAGES/busybox.stamp"
+    fi
+
+    import_image "$PAUSE_REF" "$IMAGES/pause.tar" "$(cat "$IMAGES/pause.digest")"
+    import_image "$BUSYBOX_REF" "$IMAGES/busybox.tar" "$(cat "$IMAGES/busybox.digest")"
+
+    # `ctr images import` exits 0 even when it imported nothing: check
+    local have ref
+    have=$(ctr_ -n "$CRI_NS" images ls -q)
+    for ref in "$PAUSE_REF" "$BUSYBOX_REF"; do
+        grep -qxF "$ref" <<<"$have" || die "image $ref is missing after import"
+    done
+    log "images ready: $PAUSE_REF $BUSYBOX_REF"
+}
+
+# ---------------------------------------------------------------- commands
+
+lock() {
+    mkdir -p "$TB"
+    exec 9>>"$TB/lock"
+    flock 9
+}
+
+cmd_up() {
+    lock
+    if answering && [[ -n $(containerd_pids) ]]; then
+        log "containerd already running on $SOCK"
+    else
+        teardown
+        log "starting containerd on $SOCK"
+        mkdir -p "$TB"
+        record_marks
+        write_config "$CONFIG"
+        write_cni_conf
+        touch "$DIRTY"
+        start_containerd "$CONFIG"
+    fi
+    images
+    log "up"
+}
+
+cmd_down() {
+    lock
+    teardown
+    log "down"
+}
+
+cmd_images() {
+    lock
+    images
+}
+
+cmd_env() {
+    echo "NODELET_TEST_ENDPOINT=unix://$SOCK"
+    echo "NODELET_TESTBED=$TB"
+}
+
+usage() { echo "usage: $0 up|down|images|env" >&2; exit 2; }
+
+[[ $# -eq 1 ]] || usage
+check_paths
+case $1 in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    images) cmd_images ;;
+    env) cmd_env ;;
+    *) usage ;;
+esac

@@ -1,0 +1,105 @@
+//! The one composition root: builds the components from the configuration, wires their
+//! channels, runs them until shutdown, and stops every task it started.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::pod_sync::{self, Syncer};
+use crate::runtime::{RuntimeClient, wait_for_runtime};
+use crate::sources::file;
+use crate::sync_loop::{self, SyncLoop};
+use crate::{server, types::SourceSnapshot};
+
+/// How long nodelet waits for the runtime at start.
+const RUNTIME_WAIT: Duration = Duration::from_secs(30);
+/// How long the agent waits for its tasks after a shutdown request.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// Runs the agent until `cancel` is triggered. Pods keep running after it returns, as upstream.
+pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
+    let runtime = RuntimeClient::new(
+        &config.container_runtime_endpoint,
+        &config.image_service_endpoint,
+        config.runtime_request_timeout,
+    );
+    let endpoint = config.container_runtime_endpoint.display().to_string();
+    let version = tokio::select! {
+        v = wait_for_runtime(&runtime, &config.container_runtime_endpoint, RUNTIME_WAIT) => v
+            .with_context(|| format!("container runtime at unix://{endpoint} did not answer within {}s; is it running?", RUNTIME_WAIT.as_secs()))?,
+        _ = cancel.cancelled() => return Ok(()),
+    };
+    tracing::info!(
+        runtime = %version.runtime_name,
+        version = %version.runtime_version,
+        api = %version.runtime_api_version,
+        endpoint = %endpoint,
+        "connected to the container runtime"
+    );
+
+    let tracker = TaskTracker::new();
+    let ctx = pod_sync::Context {
+        node_name: config.node_name.clone(),
+        root_dir: config.root_dir.clone(),
+        pod_logs_dir: config.pod_logs_dir.clone(),
+        container_logs_dir: config.container_logs_dir.clone(),
+        resolv_conf: config.resolv_conf.clone(),
+    };
+    let syncer = Arc::new(Syncer::new(runtime.clone(), ctx));
+    let loop_config = sync_loop::Config {
+        resync: config.sync_frequency,
+        ..Default::default()
+    };
+    let sync_loop = SyncLoop::new(loop_config, syncer, tracker.clone(), cancel.clone());
+
+    if config.healthz_port != 0 {
+        let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for healthz (--healthz-port, --healthz-bind-address)")
+        })?;
+        tracing::info!(%addr, "serving healthz");
+        let heartbeat = sync_loop.heartbeat();
+        let cancel = cancel.clone();
+        tracker.spawn(async move {
+            if let Err(e) = server::healthz::serve(listener, heartbeat, cancel).await {
+                tracing::error!(error = %e, "healthz server stopped");
+            }
+        });
+    }
+
+    let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
+    if let Some(path) = &config.static_pod_path {
+        tracing::info!(path = %path.display(), "watching static pod manifests");
+        let file_config = file::Config {
+            path: path.clone(),
+            node_name: config.node_name.clone(),
+            check_frequency: config.file_check_frequency,
+        };
+        tracker.spawn(file::run(file_config, snapshots_tx.clone(), cancel.clone()));
+    }
+    if config.static_pod_url.is_some() {
+        tracing::warn!("--manifest-url is not supported yet; ignored");
+    }
+    drop(snapshots_tx);
+
+    tracker.spawn(sync_loop.run(snapshots_rx, cancel.clone()));
+    tracker.close();
+    cancel.cancelled().await;
+    tracing::info!("shutting down; pods keep running");
+    if tokio::time::timeout(SHUTDOWN_WAIT, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "some tasks did not stop within {}s",
+            SHUTDOWN_WAIT.as_secs()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! The table of every knob: its KubeletConfiguration field, its upstream flag name and its help text.
+//! Flags and the config file both read into [`Raw`], keyed by the field name, so precedence is a map merge.
+
+use std::collections::BTreeMap;
+
+/// How a knob's raw text is shaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One value.
+    Scalar,
+    /// A boolean flag: `--flag`, `--flag=true`, `--flag=false`.
+    Bool,
+    /// `key=value,key=value` on the command line, a string map in the file.
+    Map,
+    /// Repeatable `Key:Value` on the command line, a map of string lists in the file.
+    Headers,
+}
+
+/// One knob of the agent.
+pub struct Field {
+    /// The KubeletConfiguration field name (also the key for flag-only knobs).
+    pub name: &'static str,
+    /// The upstream kubelet flag name, without dashes.
+    pub flag: &'static str,
+    /// Whether the config file may set it (some upstream knobs are flags only).
+    pub in_file: bool,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+const fn field(
+    name: &'static str,
+    flag: &'static str,
+    in_file: bool,
+    kind: Kind,
+    help: &'static str,
+) -> Field {
+    Field {
+        name,
+        flag,
+        in_file,
+        kind,
+        help,
+    }
+}
+
+use Kind::*;
+
+/// Every knob nodelet understands.
+pub const FIELDS: &[Field] = &[
+    field(
+        "config",
+        "config",
+        false,
+        Scalar,
+        "Path to a KubeletConfiguration file (YAML or JSON); flags override it",
+    ),
+    field(
+        "staticPodPath",
+        "pod-manifest-path",
+        true,
+        Scalar,
+        "Directory (or single file) of static pod manifests to run",
+    ),
+    field(
+        "staticPodURL",
+        "manifest-url",
+        true,
+        Scalar,
+        "URL serving static pod manifests",
+    ),
+    field(
+        "staticPodURLHeader",
+        "manifest-url-header",
+        true,
+        Headers,
+        "HTTP header 'Key:Value' sent with --manifest-url (repeatable)",
+    ),
+    field(
+        "fileCheckFrequency",
+        "file-check-frequency",
+        true,
+        Scalar,
+        "How often the manifest path is relisted besides inotify [default 20s]",
+    ),
+    field(
+        "httpCheckFrequency",
+        "http-check-frequency",
+        true,
+        Scalar,
+        "How often --manifest-url is polled [default 20s]",
+    ),
+    field(
+        "syncFrequency",
+        "sync-frequency",
+        true,
+        Scalar,
+        "Maximum time between resyncs of a running pod [default 1m]",
+    ),
+    field(
+        "containerRuntimeEndpoint",
+        "container-runtime-endpoint",
+        true,
+        Scalar,
+        "CRI runtime endpoint [default unix:///run/containerd/containerd.sock]",
+    ),
+    field(
+        "imageServiceEndpoint",
+        "image-service-endpoint",
+        true,
+        Scalar,
+        "CRI image service endpoint [default: the runtime endpoint]",
+    ),
+    field(
+        "runtimeRequestTimeout",
+        "runtime-request-timeout",
+        true,
+        Scalar,
+        "Timeout of every CRI call but long-running ones [default 2m]",
+    ),
+    field(
+        "rootDir",
+        "root-dir",
+        false,
+        Scalar,
+        "Directory for the agent's files (pod dirs, volumes) [default /var/lib/kubelet]",
+    ),
+    field(
+        "podLogsDir",
+        "pod-logs-dir",
+        true,
+        Scalar,
+        "Directory of the pods' container logs [default /var/log/pods]",
+    ),
+    field(
+        "containerLogsDir",
+        "container-logs-dir",
+        true,
+        Scalar,
+        "Directory of the per-container log symlinks [default /var/log/containers]",
+    ),
+    field(
+        "resolvConf",
+        "resolv-conf",
+        true,
+        Scalar,
+        "Resolver configuration for pods with dnsPolicy Default [default /etc/resolv.conf]",
+    ),
+    field(
+        "hostnameOverride",
+        "hostname-override",
+        false,
+        Scalar,
+        "Node name to use instead of the hostname",
+    ),
+    field("nodeIP", "node-ip", false, Scalar, "IP address of the node"),
+    field(
+        "healthzPort",
+        "healthz-port",
+        true,
+        Scalar,
+        "Port of the healthz endpoint, 0 disables it [default 10248]",
+    ),
+    field(
+        "healthzBindAddress",
+        "healthz-bind-address",
+        true,
+        Scalar,
+        "Address of the healthz endpoint [default 127.0.0.1]",
+    ),
+    field(
+        "port",
+        "port",
+        true,
+        Scalar,
+        "Port of the authenticated API server [default 10250]",
+    ),
+    field(
+        "readOnlyPort",
+        "read-only-port",
+        true,
+        Scalar,
+        "Port of the read-only API server, 0 disables it [default 0]",
+    ),
+    field(
+        "address",
+        "address",
+        true,
+        Scalar,
+        "Address the API servers bind to [default 0.0.0.0]",
+    ),
+    field(
+        "kubeconfig",
+        "kubeconfig",
+        false,
+        Scalar,
+        "kubeconfig of the API server to join (cluster mode)",
+    ),
+    field(
+        "runOnce",
+        "run-once",
+        false,
+        Bool,
+        "Run the static pods to completion, report and exit",
+    ),
+    field(
+        "lockFile",
+        "lock-file",
+        false,
+        Scalar,
+        "File lock held while running",
+    ),
+    field(
+        "exitOnLockContention",
+        "exit-on-lock-contention",
+        false,
+        Bool,
+        "Exit when another process asks for the lock file",
+    ),
+    field(
+        "cgroupRoot",
+        "cgroup-root",
+        true,
+        Scalar,
+        "Root cgroup for pods [default /]",
+    ),
+    field(
+        "cgroupsPerQOS",
+        "cgroups-per-qos",
+        true,
+        Bool,
+        "Create the QoS cgroup hierarchy [default true]",
+    ),
+    field(
+        "cgroupDriver",
+        "cgroup-driver",
+        true,
+        Scalar,
+        "cgroupfs or systemd [default cgroupfs]",
+    ),
+    field(
+        "maxPods",
+        "max-pods",
+        true,
+        Scalar,
+        "Number of pods the node runs at most [default 110]",
+    ),
+    field(
+        "kubeReserved",
+        "kube-reserved",
+        true,
+        Map,
+        "Resources reserved for Kubernetes components (cpu=100m,memory=256Mi)",
+    ),
+    field(
+        "systemReserved",
+        "system-reserved",
+        true,
+        Map,
+        "Resources reserved for the system (cpu=100m,memory=256Mi)",
+    ),
+    field(
+        "evictionHard",
+        "eviction-hard",
+        true,
+        Map,
+        "Hard eviction thresholds (memory.available<100Mi,...)",
+    ),
+    field(
+        "nodeLabels",
+        "node-labels",
+        false,
+        Map,
+        "Labels to register the node with (key=value,...)",
+    ),
+    field(
+        "verbosity",
+        "v",
+        false,
+        Scalar,
+        "Log verbosity (0-10) [default 0]",
+    ),
+];
+
+/// Upstream KubeletConfiguration fields nodelet accepts in a config file but does not act on yet.
+/// They are warned about instead of refused, so a kubeadm-written file keeps working.
+pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
+    "authentication",
+    "authorization",
+    "clusterDNS",
+    "clusterDomain",
+    "cpuManagerPolicy",
+    "cpuManagerReconcilePeriod",
+    "containerLogMaxFiles",
+    "containerLogMaxSize",
+    "enableServer",
+    "evictionPressureTransitionPeriod",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "failSwapOn",
+    "featureGates",
+    "imageGCHighThresholdPercent",
+    "imageGCLowThresholdPercent",
+    "imageMinimumGCAge",
+    "logging",
+    "memorySwap",
+    "nodeLeaseDurationSeconds",
+    "nodeStatusReportFrequency",
+    "nodeStatusUpdateFrequency",
+    "podPidsLimit",
+    "registerNode",
+    "rotateCertificates",
+    "serializeImagePulls",
+    "shutdownGracePeriod",
+    "shutdownGracePeriodCriticalPods",
+    "streamingConnectionIdleTimeout",
+    "tlsCertFile",
+    "tlsPrivateKeyFile",
+    "volumeStatsAggPeriod",
+];
+
+/// One knob's raw text as given by a flag or the file, before validation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RawValue {
+    Scalar(String),
+    Map(BTreeMap<String, Vec<String>>),
+}
+
+/// Raw knobs keyed by field name. Merging is `extend`: later layers win per knob.
+pub type Raw = BTreeMap<&'static str, RawValue>;
+
+/// The field with this config-file name.
+pub fn by_name(name: &str) -> Option<&'static Field> {
+    FIELDS.iter().find(|f| f.name == name)
+}

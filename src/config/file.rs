@@ -1,0 +1,182 @@
+//! Reading a KubeletConfiguration file (YAML or JSON) into raw knobs, reporting every problem at once.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::fields::{ACCEPTED_UPSTREAM_FIELDS, Kind, Raw, RawValue, by_name};
+
+const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+const KIND: &str = "KubeletConfiguration";
+
+/// What a config file said: its knobs, its problems and the fields that are accepted but not acted on.
+#[derive(Debug, Default)]
+pub struct FileKnobs {
+    pub raw: Raw,
+    pub errors: Vec<String>,
+    pub ignored: Vec<String>,
+}
+
+/// Reads and checks the file at `path`. Every problem names the file and the field.
+pub fn read(path: &Path) -> FileKnobs {
+    let mut out = FileKnobs::default();
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) => {
+            out.errors
+                .push(format!("config file {}: cannot read: {e}", path.display()));
+            return out;
+        }
+    };
+    parse(&text, &path.display().to_string(), &mut out);
+    out
+}
+
+fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
+    let doc: Value = match serde_yaml_ng::from_str(text) {
+        Ok(doc) => doc,
+        Err(e) => {
+            out.errors
+                .push(format!("config file {origin}: not valid YAML or JSON: {e}"));
+            return;
+        }
+    };
+    let Value::Object(fields) = doc else {
+        out.errors.push(format!(
+            "config file {origin}: expected a KubeletConfiguration object"
+        ));
+        return;
+    };
+    let err = |field: &str, msg: String| format!("config file {origin}: {field}: {msg}");
+    match fields.get("apiVersion") {
+        Some(Value::String(v)) if v == API_VERSION => {}
+        other => out.errors.push(err(
+            "apiVersion",
+            format!("must be {API_VERSION:?}, found {}", describe(other)),
+        )),
+    }
+    match fields.get("kind") {
+        Some(Value::String(v)) if v == KIND => {}
+        other => out.errors.push(err(
+            "kind",
+            format!("must be {KIND:?}, found {}", describe(other)),
+        )),
+    }
+    for (name, value) in &fields {
+        if name == "apiVersion" || name == "kind" {
+            continue;
+        }
+        let Some(field) = by_name(name).filter(|f| f.in_file) else {
+            if ACCEPTED_UPSTREAM_FIELDS.contains(&name.as_str()) {
+                out.ignored.push(name.clone());
+            } else {
+                out.errors.push(err(name, "unknown field".into()));
+            }
+            continue;
+        };
+        let converted = match field.kind {
+            Kind::Scalar | Kind::Bool => scalar(value).map(RawValue::Scalar),
+            Kind::Map => string_map(value).map(RawValue::Map),
+            Kind::Headers => header_map(value).map(RawValue::Map),
+        };
+        match converted {
+            Ok(v) => {
+                out.raw.insert(field.name, v);
+            }
+            Err(msg) => out.errors.push(err(name, msg)),
+        }
+    }
+}
+
+fn describe(v: Option<&Value>) -> String {
+    match v {
+        None => "nothing".into(),
+        Some(v) => v.to_string(),
+    }
+}
+
+fn scalar(v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        other => Err(format!("expected a single value, found {other}")),
+    }
+}
+
+fn string_map(v: &Value) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let Value::Object(m) = v else {
+        return Err(format!("expected a map of strings, found {v}"));
+    };
+    m.iter()
+        .map(|(k, v)| Ok((k.clone(), vec![scalar(v)?])))
+        .collect()
+}
+
+fn header_map(v: &Value) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let Value::Object(m) = v else {
+        return Err(format!("expected a map of string lists, found {v}"));
+    };
+    m.iter()
+        .map(|(k, v)| match v {
+            Value::Array(items) => Ok((
+                k.clone(),
+                items.iter().map(scalar).collect::<Result<_, _>>()?,
+            )),
+            other => Ok((k.clone(), vec![scalar(other)?])),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs(text: &str) -> FileKnobs {
+        let mut out = FileKnobs::default();
+        parse(text, "test.yaml", &mut out);
+        out
+    }
+
+    #[test]
+    fn yaml_and_json_files_give_the_same_knobs() {
+        let yaml = knobs(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 1234\nstaticPodPath: /etc/m\n",
+        );
+        let json = knobs(
+            r#"{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration","healthzPort":1234,"staticPodPath":"/etc/m"}"#,
+        );
+        assert!(yaml.errors.is_empty(), "{:?}", yaml.errors);
+        assert_eq!(yaml.raw, json.raw);
+        assert_eq!(
+            yaml.raw.get("healthzPort"),
+            Some(&RawValue::Scalar("1234".into()))
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_wrong_kind_are_all_reported() {
+        let out = knobs("apiVersion: v1\nkind: Pod\nbogus: 1\nsyncFrequency: [1]\n");
+        assert_eq!(out.errors.len(), 4, "{:?}", out.errors);
+        assert!(
+            out.errors
+                .iter()
+                .any(|e| e.contains("bogus: unknown field"))
+        );
+        assert!(
+            out.errors
+                .iter()
+                .all(|e| e.starts_with("config file test.yaml"))
+        );
+    }
+
+    #[test]
+    fn upstream_fields_not_acted_on_are_accepted() {
+        let out = knobs(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nclusterDNS: [10.96.0.10]\n",
+        );
+        assert!(out.errors.is_empty());
+        assert_eq!(out.ignored, vec!["clusterDNS".to_string()]);
+    }
+}

@@ -1,0 +1,93 @@
+//! Command-line flags with the upstream kubelet's names, built from the knob table.
+
+use std::collections::BTreeMap;
+
+use clap::{Arg, ArgAction, ArgMatches, Command};
+
+use super::fields::{FIELDS, Kind, Raw, RawValue};
+
+/// The clap command: every knob of [`FIELDS`] as a `--flag`.
+pub fn command() -> Command {
+    let mut cmd = Command::new("nodelet")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("nodelet: a node agent that does the kubelet's job")
+        .disable_help_subcommand(true);
+    for f in FIELDS {
+        let mut arg = Arg::new(f.name).long(f.flag).help(f.help);
+        arg = match f.kind {
+            Kind::Scalar => arg.num_args(1),
+            Kind::Bool => arg
+                .num_args(0..=1)
+                .require_equals(true)
+                .default_missing_value("true")
+                .value_parser(["true", "false"]),
+            Kind::Map => arg.num_args(1).action(ArgAction::Append),
+            Kind::Headers => arg
+                .num_args(1)
+                .action(ArgAction::Append)
+                .value_name("Key:Value"),
+        };
+        if f.flag == "run-once" {
+            arg = arg.alias("runonce");
+        }
+        if f.flag == "v" {
+            arg = arg.short('v');
+        }
+        cmd = cmd.arg(arg);
+    }
+    cmd
+}
+
+/// The knobs set on the command line, as raw text; problems found are appended to `errors`.
+pub fn to_raw(matches: &ArgMatches, errors: &mut Vec<String>) -> Raw {
+    let mut raw = Raw::new();
+    for f in FIELDS {
+        let Some(values) = matches.get_many::<String>(f.name) else {
+            continue;
+        };
+        let values: Vec<&String> = values.collect();
+        let value = match f.kind {
+            Kind::Scalar | Kind::Bool => {
+                RawValue::Scalar(values.last().map(|v| v.to_string()).unwrap_or_default())
+            }
+            Kind::Map => {
+                let mut map = BTreeMap::new();
+                for item in values.iter().flat_map(|v| v.split(',')) {
+                    let item = item.trim();
+                    if item.is_empty() {
+                        continue;
+                    }
+                    match item.split_once(['=', '<']) {
+                        Some((k, v)) => {
+                            map.insert(k.trim().to_string(), vec![v.trim().to_string()]);
+                        }
+                        None => errors.push(format!(
+                            "--{}: {item:?} is not of the form key=value",
+                            f.flag
+                        )),
+                    }
+                }
+                RawValue::Map(map)
+            }
+            Kind::Headers => {
+                let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for item in values {
+                    match item.split_once(':') {
+                        Some((k, v)) if !k.trim().is_empty() => {
+                            map.entry(k.trim().to_string())
+                                .or_default()
+                                .push(v.trim().to_string());
+                        }
+                        _ => errors.push(format!(
+                            "--{}: {item:?} is not of the form Key:Value",
+                            f.flag
+                        )),
+                    }
+                }
+                RawValue::Map(map)
+            }
+        };
+        raw.insert(f.name, value);
+    }
+    raw
+}

@@ -1,0 +1,433 @@
+//! Agent settings: upstream kubelet flags and a KubeletConfiguration file, merged as
+//! defaults < file < flags, then validated into a [`Config`] that reports every problem at once.
+
+mod duration;
+mod fields;
+mod file;
+mod flags;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use duration::{format as format_duration, parse as parse_duration};
+pub use fields::FIELDS;
+use fields::{Raw, RawValue, by_name};
+
+/// How the pod cgroups are named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupDriver {
+    Cgroupfs,
+    Systemd,
+}
+
+/// The validated settings of the agent.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub static_pod_path: Option<PathBuf>,
+    pub static_pod_url: Option<String>,
+    pub static_pod_url_header: BTreeMap<String, Vec<String>>,
+    pub file_check_frequency: Duration,
+    pub http_check_frequency: Duration,
+    pub sync_frequency: Duration,
+    /// Path of the runtime's unix socket.
+    pub container_runtime_endpoint: PathBuf,
+    /// Path of the image service's unix socket.
+    pub image_service_endpoint: PathBuf,
+    pub runtime_request_timeout: Duration,
+    pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub container_logs_dir: PathBuf,
+    /// Host resolver file for dnsPolicy Default; `None` when disabled with an empty value.
+    pub resolv_conf: Option<PathBuf>,
+    /// The node's name: --hostname-override or the lower-cased hostname.
+    pub node_name: String,
+    pub node_ip: Option<IpAddr>,
+    pub healthz_port: u16,
+    pub healthz_bind_address: IpAddr,
+    pub port: u16,
+    pub read_only_port: u16,
+    pub address: IpAddr,
+    pub kubeconfig: Option<PathBuf>,
+    pub run_once: bool,
+    pub lock_file: Option<PathBuf>,
+    pub exit_on_lock_contention: bool,
+    pub cgroup_root: String,
+    pub cgroups_per_qos: bool,
+    pub cgroup_driver: CgroupDriver,
+    pub max_pods: u32,
+    pub kube_reserved: BTreeMap<String, String>,
+    pub system_reserved: BTreeMap<String, String>,
+    pub eviction_hard: BTreeMap<String, String>,
+    pub node_labels: BTreeMap<String, String>,
+    pub verbosity: u8,
+}
+
+/// Why no configuration could be made: every problem found, each naming its field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  - {}", .problems.join("\n  - "))]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+/// A loaded configuration plus what the user should be told about it.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: Config,
+    /// Config file fields accepted but not acted on.
+    pub ignored_fields: Vec<String>,
+}
+
+/// What the command line asked for: a run, or help/version text to print.
+pub enum Invocation {
+    Run(Box<Result<Loaded, ConfigError>>),
+    Exit(clap::Error),
+}
+
+/// Parses the command line (and the --config file it names) into a validated configuration.
+pub fn from_args<I, T>(args: I) -> Invocation
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = match flags::command().try_get_matches_from(args) {
+        Ok(m) => m,
+        Err(e) => return Invocation::Exit(e),
+    };
+    let mut problems = Vec::new();
+    let flag_raw = flags::to_raw(&matches, &mut problems);
+    Invocation::Run(Box::new(load(flag_raw, problems)))
+}
+
+fn load(flag_raw: Raw, mut problems: Vec<String>) -> Result<Loaded, ConfigError> {
+    let mut raw = Raw::new();
+    let mut ignored_fields = Vec::new();
+    if let Some(RawValue::Scalar(path)) = flag_raw.get("config") {
+        let knobs = file::read(std::path::Path::new(path));
+        raw.extend(knobs.raw);
+        problems.extend(knobs.errors);
+        ignored_fields = knobs.ignored;
+    }
+    raw.extend(flag_raw);
+    match validate(&raw) {
+        Ok(config) if problems.is_empty() => Ok(Loaded {
+            config,
+            ignored_fields,
+        }),
+        Ok(_) => Err(ConfigError { problems }),
+        Err(more) => {
+            problems.extend(more);
+            Err(ConfigError { problems })
+        }
+    }
+}
+
+/// Reads raw knobs into typed values, collecting every problem.
+struct Reader<'a> {
+    raw: &'a Raw,
+    problems: Vec<String>,
+}
+
+impl Reader<'_> {
+    fn label(name: &str) -> String {
+        match by_name(name) {
+            Some(f) => format!("{name} (--{})", f.flag),
+            None => name.to_string(),
+        }
+    }
+
+    fn text(&mut self, name: &str) -> Option<String> {
+        match self.raw.get(name) {
+            Some(RawValue::Scalar(s)) => Some(s.clone()),
+            Some(RawValue::Map(_)) => {
+                let label = Self::label(name);
+                self.problems
+                    .push(format!("{label}: expected a single value"));
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn parsed<T>(
+        &mut self,
+        name: &str,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> T {
+        match self.text(name) {
+            None => default,
+            Some(text) => match parse(&text) {
+                Ok(v) => v,
+                Err(msg) => {
+                    let label = Self::label(name);
+                    self.problems.push(format!("{label}: {msg}"));
+                    default
+                }
+            },
+        }
+    }
+
+    fn positive_duration(&mut self, name: &str, default: Duration) -> Duration {
+        self.parsed(name, default, |s| match duration::parse(s)? {
+            d if d.is_zero() => Err("must be greater than zero".into()),
+            d => Ok(d),
+        })
+    }
+
+    fn port(&mut self, name: &str, default: u16) -> u16 {
+        self.parsed(name, default, |s| {
+            s.trim()
+                .parse::<u16>()
+                .map_err(|_| format!("port {s:?} is not a number from 0 to 65535"))
+        })
+    }
+
+    fn ip(&mut self, name: &str, default: Option<IpAddr>) -> Option<IpAddr> {
+        self.parsed(name, default, |s| {
+            s.trim()
+                .parse::<IpAddr>()
+                .map(Some)
+                .map_err(|_| format!("{s:?} is not an IP address"))
+        })
+    }
+
+    fn bool(&mut self, name: &str, default: bool) -> bool {
+        self.parsed(name, default, |s| match s.trim() {
+            "true" | "True" | "1" => Ok(true),
+            "false" | "False" | "0" => Ok(false),
+            other => Err(format!("{other:?} is not true or false")),
+        })
+    }
+
+    fn path(&mut self, name: &str) -> Option<PathBuf> {
+        self.text(name).filter(|s| !s.is_empty()).map(PathBuf::from)
+    }
+
+    fn endpoint(&mut self, name: &str, default: &str) -> PathBuf {
+        let fallback = PathBuf::from(default.trim_start_matches("unix://"));
+        self.parsed(name, fallback, |s| match s.split_once("://") {
+            Some(("unix", path)) if path.starts_with('/') => Ok(PathBuf::from(path)),
+            Some(("unix", path)) => Err(format!("unix endpoint {path:?} must be an absolute path")),
+            Some((scheme, _)) => Err(format!(
+                "endpoint scheme {scheme:?} is not supported; use unix:///path/to/socket"
+            )),
+            None => Err(format!("endpoint {s:?} has no scheme; use unix://{s}")),
+        })
+    }
+
+    fn map(&mut self, name: &str) -> BTreeMap<String, String> {
+        match self.raw.get(name) {
+            Some(RawValue::Map(m)) => m
+                .iter()
+                .map(|(k, v)| (k.clone(), v.last().cloned().unwrap_or_default()))
+                .collect(),
+            Some(RawValue::Scalar(_)) => {
+                let label = Self::label(name);
+                self.problems.push(format!("{label}: expected a map"));
+                BTreeMap::new()
+            }
+            None => BTreeMap::new(),
+        }
+    }
+}
+
+/// Is `s` a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253 characters)?
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
+}
+
+fn system_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Turns raw knobs into a [`Config`], applying the upstream defaults.
+fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
+    let mut r = Reader {
+        raw,
+        problems: Vec::new(),
+    };
+    let runtime = r.endpoint(
+        "containerRuntimeEndpoint",
+        "unix:///run/containerd/containerd.sock",
+    );
+    let image = match r.raw.get("imageServiceEndpoint") {
+        Some(RawValue::Scalar(s)) if !s.is_empty() => r.endpoint("imageServiceEndpoint", ""),
+        _ => runtime.clone(),
+    };
+    let node_name = r
+        .text("hostnameOverride")
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(system_hostname)
+        .trim()
+        .to_lowercase();
+    if !is_dns1123_subdomain(&node_name) {
+        r.problems.push(format!(
+            "{}: node name {node_name:?} is not a valid DNS-1123 subdomain",
+            Reader::label("hostnameOverride")
+        ));
+    }
+    let cgroup_driver = r.parsed("cgroupDriver", CgroupDriver::Cgroupfs, |s| match s {
+        "cgroupfs" => Ok(CgroupDriver::Cgroupfs),
+        "systemd" => Ok(CgroupDriver::Systemd),
+        other => Err(format!("{other:?} is not cgroupfs or systemd")),
+    });
+    let static_pod_url = r.text("staticPodURL").filter(|s| !s.is_empty());
+    if let Some(url) = &static_pod_url
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        r.problems.push(format!(
+            "{}: {url:?} is not an http:// or https:// URL",
+            Reader::label("staticPodURL")
+        ));
+    }
+    let static_pod_url_header = match raw.get("staticPodURLHeader") {
+        Some(RawValue::Map(m)) => m.clone(),
+        _ => BTreeMap::new(),
+    };
+    let config = Config {
+        static_pod_path: r.path("staticPodPath"),
+        static_pod_url,
+        static_pod_url_header,
+        file_check_frequency: r.positive_duration("fileCheckFrequency", Duration::from_secs(20)),
+        http_check_frequency: r.positive_duration("httpCheckFrequency", Duration::from_secs(20)),
+        sync_frequency: r.positive_duration("syncFrequency", Duration::from_secs(60)),
+        container_runtime_endpoint: runtime,
+        image_service_endpoint: image,
+        runtime_request_timeout: r
+            .positive_duration("runtimeRequestTimeout", Duration::from_secs(120)),
+        root_dir: r
+            .path("rootDir")
+            .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet")),
+        pod_logs_dir: r
+            .path("podLogsDir")
+            .unwrap_or_else(|| PathBuf::from("/var/log/pods")),
+        container_logs_dir: r
+            .path("containerLogsDir")
+            .unwrap_or_else(|| PathBuf::from("/var/log/containers")),
+        resolv_conf: match raw.get("resolvConf") {
+            None => Some(PathBuf::from("/etc/resolv.conf")),
+            Some(_) => r.path("resolvConf"),
+        },
+        node_name,
+        node_ip: r.ip("nodeIP", None),
+        healthz_port: r.port("healthzPort", 10248),
+        healthz_bind_address: r
+            .ip("healthzBindAddress", None)
+            .unwrap_or(IpAddr::from([127, 0, 0, 1])),
+        port: r.port("port", 10250),
+        read_only_port: r.port("readOnlyPort", 0),
+        address: r.ip("address", None).unwrap_or(IpAddr::from([0, 0, 0, 0])),
+        kubeconfig: r.path("kubeconfig"),
+        run_once: r.bool("runOnce", false),
+        lock_file: r.path("lockFile"),
+        exit_on_lock_contention: r.bool("exitOnLockContention", false),
+        cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
+        cgroups_per_qos: r.bool("cgroupsPerQOS", true),
+        cgroup_driver,
+        max_pods: r.parsed("maxPods", 110, |s| match s.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        }),
+        kube_reserved: r.map("kubeReserved"),
+        system_reserved: r.map("systemReserved"),
+        eviction_hard: r.map("evictionHard"),
+        node_labels: r.map("nodeLabels"),
+        verbosity: r.parsed("verbosity", 0, |s| match s.trim().parse::<u8>() {
+            Ok(n) if n <= 10 => Ok(n),
+            _ => Err(format!("{s:?} is not a level from 0 to 10")),
+        }),
+    };
+    if config.exit_on_lock_contention && config.lock_file.is_none() {
+        r.problems
+            .push("exitOnLockContention (--exit-on-lock-contention): needs --lock-file".into());
+    }
+    if r.problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(r.problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Loaded, ConfigError> {
+        let argv = std::iter::once("nodelet").chain(args.iter().copied());
+        match from_args(argv) {
+            Invocation::Run(result) => *result,
+            Invocation::Exit(e) => panic!("unexpected clap exit: {e}"),
+        }
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let c = run(&["--hostname-override", "Node-A"]).unwrap().config;
+        assert_eq!(c.node_name, "node-a");
+        assert_eq!(c.file_check_frequency, Duration::from_secs(20));
+        assert_eq!(c.sync_frequency, Duration::from_secs(60));
+        assert_eq!(c.runtime_request_timeout, Duration::from_secs(120));
+        assert_eq!(
+            c.container_runtime_endpoint,
+            PathBuf::from("/run/containerd/containerd.sock")
+        );
+        assert_eq!(c.image_service_endpoint, c.container_runtime_endpoint);
+        assert_eq!(c.healthz_port, 10248);
+        assert_eq!(c.read_only_port, 0);
+        assert_eq!(c.max_pods, 110);
+        assert!(c.cgroups_per_qos);
+        assert_eq!(c.pod_logs_dir, PathBuf::from("/var/log/pods"));
+    }
+
+    #[test]
+    fn flags_parse_like_the_kubelets() {
+        let c = run(&[
+            "--hostname-override=n1",
+            "--runonce",
+            "--cgroups-per-qos=false",
+            "--manifest-url-header",
+            "A:1",
+            "--manifest-url-header=A:2",
+            "--eviction-hard",
+            "memory.available<200Mi,nodefs.available<5%",
+            "--node-labels=a=b,c=d",
+            "-v",
+            "4",
+        ])
+        .unwrap()
+        .config;
+        assert!(c.run_once);
+        assert!(!c.cgroups_per_qos);
+        assert_eq!(c.static_pod_url_header["A"], vec!["1", "2"]);
+        assert_eq!(c.eviction_hard["memory.available"], "200Mi");
+        assert_eq!(c.node_labels["c"], "d");
+        assert_eq!(c.verbosity, 4);
+    }
+
+    #[test]
+    fn bad_flags_are_all_reported() {
+        let err = run(&[
+            "--hostname-override=n1",
+            "--healthz-port=70000",
+            "--sync-frequency=soon",
+            "--container-runtime-endpoint=/run/x.sock",
+        ])
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 3, "{err}");
+        assert!(err.problems[0].contains("containerRuntimeEndpoint"));
+    }
+}

@@ -1,0 +1,25 @@
+//! nodelet: a node agent that does the kubelet's job.
+//!
+//! Data flow: sources (`sources::file`) produce full snapshots of the pods they want;
+//! `sources::mux` merges them into ordered [`types::PodUpdate`]s; the `sync_loop` owns the
+//! desired state and hands each pod to its worker in `pod_workers`; a worker runs `pod_sync`,
+//! which plans the pod's actions and carries them out through `runtime` (CRI).
+//!
+//! Dependency rules (arrows mean "may use"): `types` and `pod` are leaves; `config`, `runtime`,
+//! `sources` and `volumes` use only leaves; `images` uses `runtime`; `pod_workers` defines the
+//! `PodSyncer` trait and knows nothing of the runtime; `pod_sync` uses runtime, images and
+//! volumes and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read
+//! handles only; `agent` is the one place that wires everything together.
+
+pub mod agent;
+pub mod config;
+pub mod images;
+pub mod pod;
+pub mod pod_sync;
+pub mod pod_workers;
+pub mod runtime;
+pub mod server;
+pub mod sources;
+pub mod sync_loop;
+pub mod types;
+pub mod volumes;

@@ -1,0 +1,83 @@
+//! The nodelet binary: parse flags, set up logging, load and validate the configuration, run
+//! the agent, and map failures to exit codes (2: bad configuration, 1: runtime failure).
+
+use std::process::ExitCode;
+
+use nodelet::config::{self, Invocation};
+use tokio_util::sync::CancellationToken;
+
+fn init_tracing(verbosity: u8) {
+    let default = match verbosity {
+        0..=3 => "info",
+        4..=5 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("nodelet={default},warn")));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+}
+
+async fn shutdown_signal(cancel: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("signal received; stopping (a second signal exits at once)");
+    cancel.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    std::process::exit(130);
+}
+
+fn main() -> ExitCode {
+    let loaded = match config::from_args(std::env::args_os()) {
+        Invocation::Exit(e) => {
+            let code = e.exit_code();
+            let _ = e.print();
+            return ExitCode::from(code as u8);
+        }
+        Invocation::Run(result) => match *result {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                eprintln!("nodelet: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    init_tracing(loaded.config.verbosity);
+    for field in &loaded.ignored_fields {
+        tracing::warn!(field = %field, "config file field is accepted but not acted on yet");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nodelet: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        let cancel = CancellationToken::new();
+        tokio::spawn(shutdown_signal(cancel.clone()));
+        nodelet::agent::run(loaded.config, cancel).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nodelet: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

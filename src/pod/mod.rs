@@ -1,0 +1,42 @@
+//! Pure pod logic: decoding manifests, API defaulting, validation, static-pod naming and UIDs,
+//! and the container spec hash. Nothing here does I/O.
+
+mod decode;
+mod defaults;
+mod hash;
+mod quantity;
+mod static_pod;
+mod validate;
+
+pub use decode::decode_pods;
+pub use defaults::{apply_defaults, image_has_tag_or_digest};
+pub use hash::container_hash;
+pub use quantity::parse_quantity;
+pub use static_pod::{
+    ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,
+    ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,
+};
+pub use validate::validate;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+
+/// The pod's spec, or an empty one (validation guarantees a spec for pods that reach the agent).
+pub fn spec(pod: &Pod) -> &PodSpec {
+    static EMPTY: std::sync::OnceLock<PodSpec> = std::sync::OnceLock::new();
+    pod.spec
+        .as_ref()
+        .unwrap_or_else(|| EMPTY.get_or_init(PodSpec::default))
+}
+
+/// The pod's init containers then its app containers.
+pub fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+}
+
+/// The pod's termination grace period in seconds (30 when unset, as the API defaults it).
+pub fn grace_period_seconds(pod: &Pod) -> i64 {
+    spec(pod).termination_grace_period_seconds.unwrap_or(30)
+}

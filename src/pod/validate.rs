@@ -1,0 +1,318 @@
+//! Validation of a pod as an API create would do it, reporting every problem with its field path.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use serde_json::Value;
+
+use crate::config::is_dns1123_subdomain;
+
+fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && is_dns1123_subdomain(s)
+}
+
+fn is_port_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 15
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().any(|b| b.is_ascii_lowercase())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
+}
+
+/// The volume source kinds nodelet can materialise today.
+const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath"];
+
+/// Every problem of a decoded, defaulted pod, each as `field.path: what is wrong`. Empty means valid.
+pub fn validate(pod: &Pod) -> Vec<String> {
+    let mut p = Vec::new();
+    match pod.metadata.name.as_deref() {
+        None | Some("") => p.push("metadata.name: required".into()),
+        Some(n) if !is_dns1123_subdomain(n) => p.push(format!(
+            "metadata.name: {n:?} must be lower-case alphanumerics, '-' or '.' (DNS-1123 subdomain)"
+        )),
+        _ => {}
+    }
+    if let Some(ns) = pod.metadata.namespace.as_deref()
+        && !is_dns1123_label(ns)
+    {
+        p.push(format!(
+            "metadata.namespace: {ns:?} is not a DNS-1123 label"
+        ));
+    }
+    let Some(spec) = &pod.spec else {
+        p.push("spec: required".into());
+        return p;
+    };
+    if spec.containers.is_empty() {
+        p.push("spec.containers: at least one container is required".into());
+    }
+    check_one_of(
+        &mut p,
+        "spec.restartPolicy",
+        spec.restart_policy.as_deref(),
+        &["Always", "OnFailure", "Never"],
+    );
+    check_one_of(
+        &mut p,
+        "spec.dnsPolicy",
+        spec.dns_policy.as_deref(),
+        &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"],
+    );
+    if spec.termination_grace_period_seconds.unwrap_or(0) < 0 {
+        p.push("spec.terminationGracePeriodSeconds: must not be negative".into());
+    }
+    if let Some(h) = spec.hostname.as_deref()
+        && !is_dns1123_label(h)
+    {
+        p.push(format!("spec.hostname: {h:?} is not a DNS-1123 label"));
+    }
+    let mut volume_names = HashSet::new();
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        let field = format!("spec.volumes[{i}]");
+        if !is_dns1123_label(&v.name) {
+            p.push(format!(
+                "{field}.name: {:?} is not a DNS-1123 label",
+                v.name
+            ));
+        }
+        if !volume_names.insert(v.name.as_str()) {
+            p.push(format!("{field}.name: duplicate volume {:?}", v.name));
+        }
+        check_volume(&mut p, &field, v);
+    }
+    let mut container_names = HashSet::new();
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c));
+    let app = spec
+        .containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.containers[{i}]"), c));
+    for (field, c) in init.chain(app) {
+        if !is_dns1123_label(&c.name) {
+            p.push(format!(
+                "{field}.name: {:?} is not a DNS-1123 label",
+                c.name
+            ));
+        }
+        if !container_names.insert(c.name.as_str()) {
+            p.push(format!(
+                "{field}.name: duplicate container name {:?}",
+                c.name
+            ));
+        }
+        check_container(&mut p, &field, c, &volume_names);
+    }
+    p
+}
+
+fn check_one_of(p: &mut Vec<String>, field: &str, value: Option<&str>, allowed: &[&str]) {
+    if let Some(v) = value
+        && !allowed.contains(&v)
+    {
+        p.push(format!(
+            "{field}: {v:?} is not one of {}",
+            allowed.join(", ")
+        ));
+    }
+}
+
+fn volume_kinds(v: &Volume) -> Vec<String> {
+    match serde_json::to_value(v) {
+        Ok(Value::Object(m)) => m.keys().filter(|k| *k != "name").cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
+    let kinds = volume_kinds(v);
+    match kinds.as_slice() {
+        [] => p.push(format!("{field}: a volume source is required")),
+        [kind] if !SUPPORTED_VOLUMES.contains(&kind.as_str()) => p.push(format!(
+            "{field}.{kind}: volume type not supported by nodelet (supported: {})",
+            SUPPORTED_VOLUMES.join(", ")
+        )),
+        [_] => {}
+        many => p.push(format!(
+            "{field}: exactly one volume source may be given, found {}",
+            many.join(", ")
+        )),
+    }
+    if let Some(hp) = &v.host_path {
+        if !hp.path.starts_with('/') {
+            p.push(format!(
+                "{field}.hostPath.path: {:?} must be an absolute path",
+                hp.path
+            ));
+        }
+        if hp.path.split('/').any(|part| part == "..") {
+            p.push(format!("{field}.hostPath.path: must not contain '..'"));
+        }
+        check_one_of(
+            p,
+            &format!("{field}.hostPath.type"),
+            hp.type_.as_deref(),
+            &[
+                "",
+                "DirectoryOrCreate",
+                "Directory",
+                "FileOrCreate",
+                "File",
+                "Socket",
+                "CharDevice",
+                "BlockDevice",
+            ],
+        );
+    }
+    if let Some(ed) = &v.empty_dir {
+        check_one_of(
+            p,
+            &format!("{field}.emptyDir.medium"),
+            ed.medium.as_deref(),
+            &["", "Memory"],
+        );
+    }
+}
+
+fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &HashSet<&str>) {
+    if c.image.as_deref().unwrap_or("").trim().is_empty() {
+        p.push(format!("{field}.image: required"));
+    }
+    check_one_of(
+        p,
+        &format!("{field}.imagePullPolicy"),
+        c.image_pull_policy.as_deref(),
+        &["Always", "IfNotPresent", "Never"],
+    );
+    let mut port_names = HashSet::new();
+    for (i, port) in c.ports.iter().flatten().enumerate() {
+        let pf = format!("{field}.ports[{i}]");
+        if !(1..=65535).contains(&port.container_port) {
+            p.push(format!(
+                "{pf}.containerPort: {} is not a port from 1 to 65535",
+                port.container_port
+            ));
+        }
+        if let Some(hp) = port.host_port
+            && !(0..=65535).contains(&hp)
+        {
+            p.push(format!("{pf}.hostPort: {hp} is not a port from 0 to 65535"));
+        }
+        check_one_of(
+            p,
+            &format!("{pf}.protocol"),
+            port.protocol.as_deref(),
+            &["TCP", "UDP", "SCTP"],
+        );
+        if let Some(name) = port.name.as_deref() {
+            if !is_port_name(name) {
+                p.push(format!("{pf}.name: {name:?} is not a valid port name (at most 15 lower-case alphanumerics or '-')"));
+            }
+            if !port_names.insert(name) {
+                p.push(format!("{pf}.name: duplicate port name {name:?}"));
+            }
+        }
+    }
+    for (i, env) in c.env.iter().flatten().enumerate() {
+        if env.name.is_empty() || env.name.contains('=') {
+            p.push(format!(
+                "{field}.env[{i}].name: {:?} must be non-empty and contain no '='",
+                env.name
+            ));
+        }
+        if let Some(from) = &env.value_from
+            && (from.config_map_key_ref.is_some() || from.secret_key_ref.is_some())
+        {
+            p.push(format!(
+                "{field}.env[{i}].valueFrom: static pods cannot reference ConfigMaps or Secrets"
+            ));
+        }
+    }
+    if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+        p.push(format!(
+            "{field}.envFrom: static pods cannot reference ConfigMaps or Secrets"
+        ));
+    }
+    let mut mount_paths = HashSet::new();
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
+        let mf = format!("{field}.volumeMounts[{i}]");
+        if !volumes.contains(m.name.as_str()) {
+            p.push(format!(
+                "{mf}.name: no volume named {:?} in spec.volumes",
+                m.name
+            ));
+        }
+        if m.mount_path.is_empty() {
+            p.push(format!("{mf}.mountPath: required"));
+        } else if m.mount_path.contains(':') {
+            p.push(format!("{mf}.mountPath: must not contain ':'"));
+        }
+        if !mount_paths.insert(m.mount_path.as_str()) {
+            p.push(format!(
+                "{mf}.mountPath: {:?} is mounted twice",
+                m.mount_path
+            ));
+        }
+        if let Some(sub) = m.sub_path.as_deref()
+            && (sub.starts_with('/') || sub.split('/').any(|part| part == ".."))
+        {
+            p.push(format!(
+                "{mf}.subPath: {sub:?} must be a relative path without '..'"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::{apply_defaults, decode_pods};
+
+    fn problems(yaml: &str) -> Vec<String> {
+        let mut pod = decode_pods(yaml).unwrap().remove(0);
+        apply_defaults(&mut pod);
+        validate(&pod)
+    }
+
+    #[test]
+    fn a_good_pod_is_valid() {
+        let p = problems(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: good}\nspec:\n  volumes: [{name: data, emptyDir: {}}, {name: etc, hostPath: {path: /etc, type: Directory}}]\n  containers:\n  - name: c\n    image: busybox\n    ports: [{name: http, containerPort: 80}]\n    volumeMounts: [{name: data, mountPath: /data, subPath: x}]\n",
+        );
+        assert!(p.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_field() {
+        let p = problems(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: Bad_Name}\nspec:\n  restartPolicy: Sometimes\n  volumes: [{name: v, nfs: {server: s, path: /}}]\n  containers:\n  - {name: c, image: '', ports: [{containerPort: 70000}]}\n  - name: c\n    image: i\n    volumeMounts: [{name: missing, mountPath: /m, subPath: ../x}]\n",
+        );
+        let expect = [
+            "metadata.name",
+            "spec.restartPolicy",
+            "spec.volumes[0].nfs",
+            "spec.containers[0].image",
+            "spec.containers[0].ports[0].containerPort",
+            "spec.containers[1].name: duplicate",
+            "spec.containers[1].volumeMounts[0].name",
+            "spec.containers[1].volumeMounts[0].subPath",
+        ];
+        for e in expect {
+            assert!(p.iter().any(|x| x.starts_with(e)), "missing {e} in {p:?}");
+        }
+        assert_eq!(p.len(), expect.len(), "{p:?}");
+    }
+
+    #[test]
+    fn a_pod_without_containers_or_name_is_invalid() {
+        let p = problems("apiVersion: v1\nkind: Pod\nspec: {containers: []}\n");
+        assert_eq!(p.len(), 2, "{p:?}");
+    }
+}

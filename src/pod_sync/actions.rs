@@ -1,0 +1,446 @@
+//! The plan of one pod sync: from the desired spec and what the runtime holds, decide whether a
+//! sandbox must be (re)created, which containers to kill, which to start, what to collect.
+//! Pure: no I/O, so every transition is unit-tested.
+
+use k8s_openapi::api::core::v1::{Container as SpecContainer, Pod};
+
+use crate::pod::{container_hash, spec};
+use crate::runtime::{Container, ContainerState, PodRuntime, SandboxState};
+
+/// A container to stop, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kill {
+    pub id: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// A container to create and start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub name: String,
+    pub init: bool,
+    pub restart_count: u32,
+}
+
+/// What one sync does, in order: kill the old pod, create a sandbox, kill containers, start
+/// containers, collect dead ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Stop every container and sandbox of the pod first (its sandbox is gone or duplicated).
+    pub kill_pod: bool,
+    /// Create a sandbox with this attempt number.
+    pub create_sandbox: Option<u32>,
+    /// The ready sandbox to start containers in, when no new one is made.
+    pub sandbox_id: Option<String>,
+    pub kill: Vec<Kill>,
+    pub start: Vec<Start>,
+    /// Dead containers no longer needed (older attempts, old sandboxes).
+    pub remove_containers: Vec<String>,
+    /// Old, not ready sandboxes.
+    pub remove_sandboxes: Vec<String>,
+}
+
+fn next_restart_count(rt: &PodRuntime, name: &str) -> u32 {
+    rt.containers
+        .iter()
+        .filter(|c| c.name == name)
+        .map(|c| c.attempt + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+fn start(rt: &PodRuntime, c: &SpecContainer, init: bool) -> Start {
+    Start {
+        name: c.name.clone(),
+        init,
+        restart_count: next_restart_count(rt, &c.name),
+    }
+}
+
+fn exited_ok(c: &Container) -> bool {
+    c.state == ContainerState::Exited && c.exit.is_some_and(|e| e.code == 0)
+}
+
+/// Should a container that ended be started again under this restart policy?
+fn restarts(policy: &str, c: &Container) -> bool {
+    match policy {
+        "Never" => false,
+        "OnFailure" => !exited_ok(c),
+        _ => true,
+    }
+}
+
+/// Has the pod run to completion (no container will ever be started again)?
+fn finished(pod: &Pod, rt: &PodRuntime) -> bool {
+    let s = spec(pod);
+    let policy = s.restart_policy.as_deref().unwrap_or("Always");
+    policy != "Always"
+        && s.containers.iter().all(|c| {
+            rt.latest_container(&c.name).is_some_and(|latest| {
+                latest.state == ContainerState::Exited && !restarts(policy, latest)
+            })
+        })
+}
+
+/// Computes the actions that bring the runtime to the pod's spec.
+pub fn plan(pod: &Pod, rt: &PodRuntime) -> Plan {
+    let s = spec(pod);
+    let policy = s.restart_policy.as_deref().unwrap_or("Always");
+    let mut plan = Plan::default();
+    let ready: Vec<_> = rt
+        .sandboxes
+        .iter()
+        .filter(|sb| sb.state == SandboxState::Ready)
+        .collect();
+    let current = match ready.as_slice() {
+        [only] => Some(*only),
+        _ => None,
+    };
+    let Some(current) = current else {
+        if finished(pod, rt) {
+            return plan;
+        }
+        plan.kill_pod = !rt.sandboxes.is_empty() || !rt.containers.is_empty();
+        plan.create_sandbox = Some(rt.latest_sandbox().map_or(0, |sb| sb.attempt + 1));
+        match s.init_containers.iter().flatten().next() {
+            Some(first) => plan.start.push(start(rt, first, true)),
+            None => plan.start = s.containers.iter().map(|c| start(rt, c, false)).collect(),
+        }
+        return plan;
+    };
+    plan.sandbox_id = Some(current.id.clone());
+    let in_sandbox = |name: &str| {
+        rt.containers
+            .iter()
+            .find(|c| c.name == name && c.sandbox_id == current.id)
+    };
+    collect_garbage(rt, &current.id, &mut plan);
+
+    for init in s.init_containers.iter().flatten() {
+        match in_sandbox(&init.name) {
+            Some(c) if exited_ok(c) => continue,
+            Some(c) if c.state == ContainerState::Running => return plan,
+            None => {
+                plan.start.push(start(rt, init, true));
+                return plan;
+            }
+            Some(c) => {
+                if policy != "Never" {
+                    if c.state != ContainerState::Exited {
+                        plan.kill.push(kill(c, "init container is not running"));
+                    }
+                    plan.start.push(start(rt, init, true));
+                }
+                return plan;
+            }
+        }
+    }
+
+    for want in &s.containers {
+        let Some(c) = in_sandbox(&want.name) else {
+            plan.start.push(start(rt, want, false));
+            continue;
+        };
+        let hash_changed = c.hash != container_hash(want);
+        match c.state {
+            ContainerState::Running if hash_changed => {
+                plan.kill.push(kill(c, "container spec changed"));
+                plan.start.push(start(rt, want, false));
+            }
+            ContainerState::Running => {}
+            ContainerState::Exited => {
+                if restarts(policy, c) {
+                    plan.start.push(start(rt, want, false));
+                }
+            }
+            ContainerState::Created | ContainerState::Unknown => {
+                plan.kill.push(kill(c, "container is not running"));
+                plan.start.push(start(rt, want, false));
+            }
+        }
+    }
+    plan
+}
+
+fn kill(c: &Container, reason: &str) -> Kill {
+    Kill {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// Keeps the newest container per name (its logs and exit status matter); removes older dead
+/// ones and not-ready sandboxes other than the current one.
+fn collect_garbage(rt: &PodRuntime, current: &str, plan: &mut Plan) {
+    let mut seen = std::collections::HashSet::new();
+    for c in &rt.containers {
+        let newest = seen.insert(c.name.as_str());
+        if !newest && c.state == ContainerState::Exited {
+            plan.remove_containers.push(c.id.clone());
+        }
+    }
+    plan.remove_sandboxes = rt
+        .sandboxes
+        .iter()
+        .filter(|sb| sb.id != current && sb.state == SandboxState::NotReady)
+        .filter(|sb| {
+            !rt.containers
+                .iter()
+                .any(|c| c.sandbox_id == sb.id && !plan.remove_containers.contains(&c.id))
+        })
+        .map(|sb| sb.id.clone())
+        .collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{Exit, Sandbox};
+    use crate::types::PodUid;
+
+    fn pod(policy: &str, init: &[&str], apps: &[&str]) -> Pod {
+        let c = |n: &&str| serde_json::json!({"name": n, "image": "busybox:1"});
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {
+                "restartPolicy": policy,
+                "initContainers": init.iter().map(c).collect::<Vec<_>>(),
+                "containers": apps.iter().map(c).collect::<Vec<_>>(),
+            }
+        }))
+        .unwrap()
+    }
+
+    fn sandbox(id: &str, attempt: u32, ready: bool) -> Sandbox {
+        Sandbox {
+            id: id.into(),
+            uid: PodUid("u".into()),
+            name: "p".into(),
+            namespace: "default".into(),
+            attempt,
+            state: if ready {
+                SandboxState::Ready
+            } else {
+                SandboxState::NotReady
+            },
+            created_at: attempt as i64,
+            annotations: Default::default(),
+        }
+    }
+
+    fn container(
+        pod: &Pod,
+        id: &str,
+        sb: &str,
+        name: &str,
+        attempt: u32,
+        state: ContainerState,
+        code: Option<i32>,
+    ) -> Container {
+        let s = spec(pod);
+        let want = s
+            .containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .find(|c| c.name == name)
+            .unwrap();
+        Container {
+            id: id.into(),
+            sandbox_id: sb.into(),
+            name: name.into(),
+            attempt,
+            state,
+            created_at: attempt as i64,
+            hash: container_hash(want),
+            exit: code.map(|code| Exit {
+                code,
+                finished_at: 0,
+            }),
+            grace_seconds: None,
+        }
+    }
+
+    fn names(plan: &Plan) -> Vec<(&str, u32)> {
+        plan.start
+            .iter()
+            .map(|s| (s.name.as_str(), s.restart_count))
+            .collect()
+    }
+
+    #[test]
+    fn a_new_pod_gets_a_sandbox_and_all_its_containers() {
+        let p = pod("Always", &[], &["a", "b"]);
+        let plan = plan(&p, &PodRuntime::default());
+        assert_eq!(plan.create_sandbox, Some(0));
+        assert!(!plan.kill_pod);
+        assert_eq!(names(&plan), [("a", 0), ("b", 0)]);
+    }
+
+    #[test]
+    fn a_running_pod_with_matching_hashes_is_left_alone() {
+        let p = pod("Always", &[], &["a"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "a",
+                0,
+                ContainerState::Running,
+                None,
+            )],
+        };
+        let plan = plan(&p, &rt);
+        assert_eq!(plan.sandbox_id.as_deref(), Some("s1"));
+        assert!(plan.start.is_empty() && plan.kill.is_empty() && plan.create_sandbox.is_none());
+    }
+
+    #[test]
+    fn a_changed_container_spec_replaces_the_container() {
+        let p = pod("Always", &[], &["a"]);
+        let mut c = container(&p, "c1", "s1", "a", 0, ContainerState::Running, None);
+        c.hash = "old".into();
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![c],
+        };
+        let plan = plan(&p, &rt);
+        assert_eq!(plan.kill[0].id, "c1");
+        assert_eq!(names(&plan), [("a", 1)]);
+    }
+
+    #[test]
+    fn exited_containers_follow_the_restart_policy() {
+        for (policy, code, restarted) in [
+            ("Always", 0, true),
+            ("Always", 1, true),
+            ("OnFailure", 0, false),
+            ("OnFailure", 2, true),
+            ("Never", 1, false),
+        ] {
+            let p = pod(policy, &[], &["a"]);
+            let rt = PodRuntime {
+                sandboxes: vec![sandbox("s1", 0, true)],
+                containers: vec![container(
+                    &p,
+                    "c1",
+                    "s1",
+                    "a",
+                    4,
+                    ContainerState::Exited,
+                    Some(code),
+                )],
+            };
+            let plan = plan(&p, &rt);
+            assert_eq!(!plan.start.is_empty(), restarted, "{policy} exit {code}");
+            if restarted {
+                assert_eq!(names(&plan), [("a", 5)]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_dead_sandbox_is_replaced_and_restart_counts_continue() {
+        let p = pod("Always", &[], &["a"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "a",
+                2,
+                ContainerState::Exited,
+                Some(137),
+            )],
+        };
+        let plan = plan(&p, &rt);
+        assert!(plan.kill_pod);
+        assert_eq!(plan.create_sandbox, Some(1));
+        assert_eq!(names(&plan), [("a", 3)]);
+    }
+
+    #[test]
+    fn a_finished_pod_is_not_recreated_when_its_sandbox_dies() {
+        let p = pod("Never", &[], &["a"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "a",
+                0,
+                ContainerState::Exited,
+                Some(0),
+            )],
+        };
+        assert_eq!(plan(&p, &rt), Plan::default());
+    }
+
+    #[test]
+    fn init_containers_run_one_at_a_time_before_the_app() {
+        let p = pod("Always", &["i1", "i2"], &["a"]);
+        let fresh = plan(&p, &PodRuntime::default());
+        assert_eq!(names(&fresh), [("i1", 0)]);
+        let mut rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "i1",
+                0,
+                ContainerState::Running,
+                None,
+            )],
+        };
+        assert!(plan(&p, &rt).start.is_empty());
+        rt.containers[0] = container(&p, "c1", "s1", "i1", 0, ContainerState::Exited, Some(0));
+        assert_eq!(names(&plan(&p, &rt)), [("i2", 0)]);
+        rt.containers.insert(
+            0,
+            container(&p, "c2", "s1", "i2", 0, ContainerState::Exited, Some(1)),
+        );
+        assert_eq!(names(&plan(&p, &rt)), [("i2", 1)]);
+        rt.containers[0] = container(&p, "c2", "s1", "i2", 0, ContainerState::Exited, Some(0));
+        assert_eq!(names(&plan(&p, &rt)), [("a", 0)]);
+    }
+
+    #[test]
+    fn a_failed_init_container_fails_a_never_pod() {
+        let p = pod("Never", &["i1"], &["a"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "i1",
+                0,
+                ContainerState::Exited,
+                Some(1),
+            )],
+        };
+        assert!(plan(&p, &rt).start.is_empty());
+    }
+
+    #[test]
+    fn older_dead_containers_and_sandboxes_are_collected() {
+        let p = pod("Always", &[], &["a"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s2", 1, true), sandbox("s1", 0, false)],
+            containers: vec![
+                container(&p, "c3", "s2", "a", 2, ContainerState::Running, None),
+                container(&p, "c2", "s1", "a", 1, ContainerState::Exited, Some(1)),
+                container(&p, "c1", "s1", "a", 0, ContainerState::Exited, Some(1)),
+            ],
+        };
+        let plan = plan(&p, &rt);
+        assert_eq!(plan.remove_containers, ["c2", "c1"]);
+        assert_eq!(plan.remove_sandboxes, ["s1"]);
+    }
+}

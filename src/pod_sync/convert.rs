@@ -1,0 +1,621 @@
+//! PodSpec to CRI: the sandbox and container configs, with the kubelet's labels, annotations,
+//! log paths, namespaces, DNS, port mappings, mounts and environment. Pure functions.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::pod::{container_hash, grace_period_seconds, parse_quantity, spec};
+use crate::runtime::{
+    ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ANNOTATION_RESTART_COUNT,
+    ANNOTATION_TERMINATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE,
+    LABEL_POD_UID, cri,
+};
+
+/// Node-level settings the conversion needs.
+#[derive(Clone, Debug)]
+pub struct Context {
+    pub node_name: String,
+    pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub container_logs_dir: PathBuf,
+    pub resolv_conf: Option<PathBuf>,
+}
+
+fn meta(pod: &Pod) -> (&str, &str, &str) {
+    (
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.uid.as_deref().unwrap_or_default(),
+    )
+}
+
+/// `<pod-logs-dir>/<namespace>_<name>_<uid>`.
+pub fn pod_log_dir(ctx: &Context, pod: &Pod) -> PathBuf {
+    let (name, namespace, uid) = meta(pod);
+    ctx.pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
+}
+
+/// `<container>/<restartCount>.log`, relative to the pod log dir.
+pub fn container_log_path(container: &str, restart_count: u32) -> String {
+    format!("{container}/{restart_count}.log")
+}
+
+/// `<container-logs-dir>/<pod>_<namespace>_<container>-<containerID>.log`.
+pub fn container_log_link(ctx: &Context, pod: &Pod, container: &str, id: &str) -> PathBuf {
+    let (name, namespace, _) = meta(pod);
+    ctx.container_logs_dir
+        .join(format!("{name}_{namespace}_{container}-{id}.log"))
+}
+
+fn pod_labels(pod: &Pod) -> HashMap<String, String> {
+    let (name, namespace, uid) = meta(pod);
+    let mut labels: HashMap<String, String> = pod
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.insert(LABEL_POD_NAME.into(), name.into());
+    labels.insert(LABEL_POD_NAMESPACE.into(), namespace.into());
+    labels.insert(LABEL_POD_UID.into(), uid.into());
+    labels
+}
+
+fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
+    let s = spec(pod);
+    let mode = |host: Option<bool>, otherwise: cri::NamespaceMode| {
+        if host.unwrap_or(false) {
+            cri::NamespaceMode::Node as i32
+        } else {
+            otherwise as i32
+        }
+    };
+    let pid_default = if s.share_process_namespace.unwrap_or(false) {
+        cri::NamespaceMode::Pod
+    } else {
+        cri::NamespaceMode::Container
+    };
+    cri::NamespaceOption {
+        network: mode(s.host_network, cri::NamespaceMode::Pod),
+        pid: mode(s.host_pid, pid_default),
+        ipc: mode(s.host_ipc, cri::NamespaceMode::Pod),
+        ..Default::default()
+    }
+}
+
+/// Host resolver settings read from a resolv.conf text.
+pub fn parse_resolv_conf(text: &str) -> cri::DnsConfig {
+    let mut dns = cri::DnsConfig::default();
+    for line in text.lines() {
+        let line = line.split(['#', ';']).next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => dns.servers.extend(words.next().map(String::from)),
+            Some("search") => dns.searches = words.map(String::from).collect(),
+            Some("options") => dns.options.extend(words.map(String::from)),
+            _ => {}
+        }
+    }
+    dns
+}
+
+/// The pod's DNS settings per its dnsPolicy. Without cluster DNS, ClusterFirst falls back to the
+/// host's resolver like upstream; `host` is the host's resolv.conf content.
+pub fn dns_config(pod: &Pod, host: &cri::DnsConfig) -> cri::DnsConfig {
+    let s = spec(pod);
+    let mut dns = match s.dns_policy.as_deref() {
+        Some("None") => cri::DnsConfig::default(),
+        _ => host.clone(),
+    };
+    if let Some(extra) = &s.dns_config {
+        for server in extra.nameservers.iter().flatten() {
+            if !dns.servers.contains(server) {
+                dns.servers.push(server.clone());
+            }
+        }
+        for search in extra.searches.iter().flatten() {
+            if !dns.searches.contains(search) {
+                dns.searches.push(search.clone());
+            }
+        }
+        for opt in extra.options.iter().flatten() {
+            let text = match &opt.value {
+                Some(v) => format!("{}:{v}", opt.name.as_deref().unwrap_or_default()),
+                None => opt.name.clone().unwrap_or_default(),
+            };
+            dns.options
+                .retain(|o| o.split(':').next() != opt.name.as_deref());
+            dns.options.push(text);
+        }
+    }
+    dns.servers.truncate(3);
+    dns
+}
+
+/// The sandbox config of the pod's `attempt`th sandbox.
+pub fn sandbox_config(
+    pod: &Pod,
+    attempt: u32,
+    ctx: &Context,
+    dns: cri::DnsConfig,
+) -> cri::PodSandboxConfig {
+    let (name, namespace, uid) = meta(pod);
+    let s = spec(pod);
+    let host_network = s.host_network.unwrap_or(false);
+    let hostname = if host_network {
+        String::new()
+    } else {
+        let h = s.hostname.clone().unwrap_or_else(|| name.to_string());
+        h.chars()
+            .take(63)
+            .collect::<String>()
+            .trim_end_matches(['-', '.'])
+            .to_string()
+    };
+    let mut annotations: HashMap<String, String> = pod
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    annotations.insert(ANNOTATION_NODE_NAME.into(), ctx.node_name.clone());
+    let port_mappings = s
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.unwrap_or(0) > 0)
+        .map(|p| cri::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => cri::Protocol::Udp as i32,
+                Some("SCTP") => cri::Protocol::Sctp as i32,
+                _ => cri::Protocol::Tcp as i32,
+            },
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or(0),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect();
+    let privileged = s
+        .containers
+        .iter()
+        .chain(s.init_containers.iter().flatten())
+        .any(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|sc| sc.privileged)
+                .unwrap_or(false)
+        });
+    let sysctls = s
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.sysctls.as_ref())
+        .map(|list| {
+            list.iter()
+                .map(|x| (x.name.clone(), x.value.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: uid.into(),
+            namespace: namespace.into(),
+            attempt,
+        }),
+        hostname,
+        log_directory: pod_log_dir(ctx, pod).to_string_lossy().into_owned(),
+        dns_config: Some(dns),
+        port_mappings,
+        labels: pod_labels(pod),
+        annotations,
+        linux: Some(cri::LinuxPodSandboxConfig {
+            sysctls,
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                privileged,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        windows: None,
+    }
+}
+
+/// Values the downward API may hand to a container's environment.
+fn field_value(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
+    let (name, namespace, uid) = meta(pod);
+    let s = spec(pod);
+    Some(match path {
+        "metadata.name" => name.into(),
+        "metadata.namespace" => namespace.into(),
+        "metadata.uid" => uid.into(),
+        "spec.nodeName" => s.node_name.clone().unwrap_or_default(),
+        "spec.serviceAccountName" => s.service_account_name.clone().unwrap_or_default(),
+        "status.podIP" | "status.podIPs" => pod_ip.into(),
+        _ => {
+            let key = path
+                .strip_prefix("metadata.labels['")
+                .map(|k| ("labels", k))
+                .or_else(|| {
+                    path.strip_prefix("metadata.annotations['")
+                        .map(|k| ("annotations", k))
+                })?;
+            let k = key.1.strip_suffix("']")?;
+            let map = if key.0 == "labels" {
+                &pod.metadata.labels
+            } else {
+                &pod.metadata.annotations
+            };
+            map.as_ref()
+                .and_then(|m| m.get(k))
+                .cloned()
+                .unwrap_or_default()
+        }
+    })
+}
+
+/// Expands `$(VAR)` references to earlier variables; `$$` is a literal `$`; unknown references
+/// stay as they are (the Kubernetes rules).
+pub fn expand(text: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match vars.get(name) {
+                Some(v) => out.push_str(v),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A container's config for the runtime. `volumes` maps volume names to host paths;
+/// `image_ref` is what the image service resolved the image to.
+pub struct ContainerInput<'a> {
+    pub pod: &'a Pod,
+    pub container: &'a Container,
+    pub init: bool,
+    pub restart_count: u32,
+    pub image_ref: &'a str,
+    pub volumes: &'a HashMap<String, PathBuf>,
+    pub pod_ip: &'a str,
+}
+
+/// Builds the CRI container config, or says which field cannot be honoured.
+pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConfig, String> {
+    let ContainerInput {
+        pod, container: c, ..
+    } = *input;
+    let (_, _, _) = meta(pod);
+    let mut vars: HashMap<String, String> = HashMap::new();
+    let mut envs = Vec::new();
+    for e in c.env.iter().flatten() {
+        let value = match (
+            &e.value,
+            e.value_from.as_ref().and_then(|f| f.field_ref.as_ref()),
+        ) {
+            (Some(v), _) => expand(v, &vars),
+            (None, Some(field)) => {
+                field_value(pod, &field.field_path, input.pod_ip).ok_or_else(|| {
+                    format!(
+                        "env {}: fieldRef {:?} is not supported",
+                        e.name, field.field_path
+                    )
+                })?
+            }
+            (None, None) if e.value_from.is_some() => {
+                return Err(format!(
+                    "env {}: this valueFrom source is not supported",
+                    e.name
+                ));
+            }
+            (None, None) => String::new(),
+        };
+        vars.insert(e.name.clone(), value.clone());
+        envs.push(cri::KeyValue {
+            key: e.name.clone(),
+            value,
+        });
+    }
+    let mut mounts = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let Some(base) = input.volumes.get(&m.name) else {
+            return Err(format!("volumeMount {}: volume is not set up", m.name));
+        };
+        let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            Some(sub) => {
+                let p = base.join(sub);
+                if !p.exists() {
+                    std::fs::create_dir_all(&p).map_err(|e| {
+                        format!(
+                            "volumeMount {}: cannot create subPath {}: {e}",
+                            m.name,
+                            p.display()
+                        )
+                    })?;
+                }
+                p
+            }
+            None => base.clone(),
+        };
+        mounts.push(cri::Mount {
+            container_path: m.mount_path.clone(),
+            host_path: host_path.to_string_lossy().into_owned(),
+            readonly: m.read_only.unwrap_or(false),
+            ..Default::default()
+        });
+    }
+    let mut labels = HashMap::new();
+    let (name, namespace, uid) = meta(pod);
+    labels.insert(LABEL_POD_NAME.to_string(), name.to_string());
+    labels.insert(LABEL_POD_NAMESPACE.to_string(), namespace.to_string());
+    labels.insert(LABEL_POD_UID.to_string(), uid.to_string());
+    labels.insert(LABEL_CONTAINER_NAME.to_string(), c.name.clone());
+    let mut annotations = HashMap::new();
+    annotations.insert(ANNOTATION_CONTAINER_HASH.to_string(), container_hash(c));
+    annotations.insert(
+        ANNOTATION_RESTART_COUNT.to_string(),
+        input.restart_count.to_string(),
+    );
+    annotations.insert(
+        "io.kubernetes.container.terminationMessagePath".to_string(),
+        c.termination_message_path.clone().unwrap_or_default(),
+    );
+    annotations.insert(
+        "io.kubernetes.container.terminationMessagePolicy".to_string(),
+        c.termination_message_policy.clone().unwrap_or_default(),
+    );
+    annotations.insert(
+        ANNOTATION_TERMINATION_GRACE.to_string(),
+        grace_period_seconds(pod).to_string(),
+    );
+    annotations.insert(
+        "io.kubernetes.container.type".to_string(),
+        if input.init { "init" } else { "container" }.to_string(),
+    );
+    if let Some(ports) = c.ports.as_ref().filter(|p| !p.is_empty()) {
+        annotations.insert(
+            "io.kubernetes.container.ports".to_string(),
+            serde_json::to_string(ports).unwrap_or_default(),
+        );
+    }
+    if let Some(handler) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+        annotations.insert(
+            "io.kubernetes.container.preStopHandler".to_string(),
+            serde_json::to_string(handler).unwrap_or_default(),
+        );
+    }
+    Ok(cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: input.restart_count,
+        }),
+        image: Some(cri::ImageSpec {
+            image: input.image_ref.to_string(),
+            user_specified_image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command: c
+            .command
+            .iter()
+            .flatten()
+            .map(|s| expand(s, &vars))
+            .collect(),
+        args: c.args.iter().flatten().map(|s| expand(s, &vars)).collect(),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs,
+        mounts,
+        labels,
+        annotations,
+        log_path: container_log_path(&c.name, input.restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(linux_config(pod, c)),
+        ..Default::default()
+    })
+}
+
+fn linux_config(pod: &Pod, c: &Container) -> cri::LinuxContainerConfig {
+    let quantity = |map: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
+                    key: &str| {
+        map.and_then(|m| m.get(key))
+            .and_then(|q| parse_quantity(&q.0))
+    };
+    let res = c.resources.as_ref();
+    let requests = res.and_then(|r| r.requests.as_ref());
+    let limits = res.and_then(|r| r.limits.as_ref());
+    let mut resources = cri::LinuxContainerResources {
+        cpu_shares: 2,
+        ..Default::default()
+    };
+    if let Some(cpu) = quantity(requests, "cpu") {
+        resources.cpu_shares = ((cpu * 1024.0).round() as i64).max(2);
+    }
+    if let Some(cpu) = quantity(limits, "cpu") {
+        resources.cpu_period = 100_000;
+        resources.cpu_quota = ((cpu * 100_000.0).round() as i64).max(1000);
+    }
+    if let Some(mem) = quantity(limits, "memory") {
+        resources.memory_limit_in_bytes = mem as i64;
+    }
+    let pod_sc = spec(pod).security_context.as_ref();
+    let sc = c.security_context.as_ref();
+    let run_as_user = sc
+        .and_then(|s| s.run_as_user)
+        .or(pod_sc.and_then(|s| s.run_as_user));
+    let run_as_group = sc
+        .and_then(|s| s.run_as_group)
+        .or(pod_sc.and_then(|s| s.run_as_group));
+    let caps = sc.and_then(|s| s.capabilities.as_ref());
+    cri::LinuxContainerConfig {
+        resources: Some(resources),
+        security_context: Some(cri::LinuxContainerSecurityContext {
+            capabilities: caps.map(|c| cri::Capability {
+                add_capabilities: c.add.clone().unwrap_or_default(),
+                drop_capabilities: c.drop.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
+            privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
+            namespace_options: Some(namespace_options(pod)),
+            run_as_user: run_as_user.map(|value| cri::Int64Value { value }),
+            run_as_group: run_as_group.map(|value| cri::Int64Value { value }),
+            readonly_rootfs: sc
+                .and_then(|s| s.read_only_root_filesystem)
+                .unwrap_or(false),
+            supplemental_groups: pod_sc
+                .and_then(|s| s.supplemental_groups.clone())
+                .unwrap_or_default(),
+            no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Reads the host resolver file, or an empty config when there is none.
+pub fn host_dns(path: Option<&Path>) -> cri::DnsConfig {
+    path.and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|text| parse_resolv_conf(&text))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::{StaticOrigin, apply_defaults, decode_pods, make_static};
+
+    fn ctx() -> Context {
+        Context {
+            node_name: "n1".into(),
+            root_dir: "/r".into(),
+            pod_logs_dir: "/logs".into(),
+            container_logs_dir: "/clogs".into(),
+            resolv_conf: None,
+        }
+    }
+
+    fn pod(yaml: &str) -> Pod {
+        let mut p = decode_pods(yaml).unwrap().remove(0);
+        apply_defaults(&mut p);
+        make_static(&mut p, "n1", StaticOrigin::File("/m/p.yaml"), "t");
+        p
+    }
+
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web, labels: {app: web}}\nspec:\n  hostPID: true\n  containers:\n  - name: c\n    image: busybox:1\n    command: [sh, -c, 'echo $(GREETING) $$HOME']\n    env: [{name: WHO, value: world}, {name: GREETING, value: hello-$(WHO)}, {name: POD, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]\n    ports: [{containerPort: 80, hostPort: 8080}]\n";
+
+    #[test]
+    fn sandbox_config_carries_the_kubelet_conventions() {
+        let p = pod(POD);
+        let uid = p.metadata.uid.clone().unwrap();
+        let cfg = sandbox_config(&p, 2, &ctx(), cri::DnsConfig::default());
+        let m = cfg.metadata.unwrap();
+        assert_eq!(
+            (
+                m.name.as_str(),
+                m.namespace.as_str(),
+                m.uid.as_str(),
+                m.attempt
+            ),
+            ("web-n1", "default", uid.as_str(), 2)
+        );
+        assert_eq!(cfg.labels[LABEL_POD_NAME], "web-n1");
+        assert_eq!(cfg.labels[LABEL_POD_UID], uid);
+        assert_eq!(cfg.labels["app"], "web");
+        assert_eq!(cfg.annotations["kubernetes.io/config.source"], "file");
+        assert_eq!(cfg.log_directory, format!("/logs/default_web-n1_{uid}"));
+        assert_eq!(cfg.hostname, "web-n1");
+        assert_eq!(cfg.port_mappings[0].host_port, 8080);
+        let ns = cfg
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(ns.pid, cri::NamespaceMode::Node as i32);
+        assert_eq!(ns.network, cri::NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn container_config_expands_env_and_labels_everything() {
+        let p = pod(POD);
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let cfg = container_config(&ContainerInput {
+            pod: &p,
+            container: c,
+            init: false,
+            restart_count: 3,
+            image_ref: "sha256:abc",
+            volumes: &HashMap::new(),
+            pod_ip: "10.0.0.2",
+        })
+        .unwrap();
+        assert_eq!(cfg.command[2], "echo hello-world $HOME");
+        let env: HashMap<_, _> = cfg
+            .envs
+            .iter()
+            .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+            .collect();
+        assert_eq!(env["POD"], "web-n1");
+        assert_eq!(cfg.log_path, "c/3.log");
+        assert_eq!(cfg.metadata.unwrap().attempt, 3);
+        assert_eq!(cfg.labels[LABEL_CONTAINER_NAME], "c");
+        assert_eq!(cfg.annotations[ANNOTATION_RESTART_COUNT], "3");
+        assert_eq!(
+            cfg.annotations[ANNOTATION_CONTAINER_HASH],
+            container_hash(c)
+        );
+        assert_eq!(cfg.annotations[ANNOTATION_TERMINATION_GRACE], "30");
+    }
+
+    #[test]
+    fn resolv_conf_and_dns_policy() {
+        let host = parse_resolv_conf(
+            "# c\nnameserver 1.1.1.1\nnameserver 8.8.8.8\nsearch a b\noptions ndots:2 edns0\n",
+        );
+        assert_eq!(host.servers, ["1.1.1.1", "8.8.8.8"]);
+        assert_eq!(host.searches, ["a", "b"]);
+        let p = pod(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: d}\nspec:\n  dnsPolicy: None\n  dnsConfig: {nameservers: [9.9.9.9], options: [{name: ndots, value: '1'}]}\n  containers: [{name: c, image: i}]\n",
+        );
+        let dns = dns_config(&p, &host);
+        assert_eq!(dns.servers, ["9.9.9.9"]);
+        assert_eq!(dns.options, ["ndots:1"]);
+        let p = pod(POD);
+        assert_eq!(dns_config(&p, &host), host);
+    }
+
+    #[test]
+    fn variable_expansion_follows_kubernetes_rules() {
+        let vars: HashMap<String, String> = [("A".to_string(), "x".to_string())].into();
+        assert_eq!(expand("$(A)-$(B)-$$(A)-$", &vars), "x-$(B)-$(A)-$");
+    }
+}

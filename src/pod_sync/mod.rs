@@ -1,0 +1,326 @@
+//! What one sync of one pod does: read the pod's runtime state, plan (actions.rs), then carry the
+//! plan out through the CRI, preparing volumes, images and log paths on the way.
+
+pub mod actions;
+pub mod convert;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::task::JoinSet;
+
+use crate::images;
+use crate::pod::{grace_period_seconds, spec};
+use crate::pod_workers::PodSyncer;
+use crate::runtime::{self, ANNOTATION_NODE_NAME, ContainerState, PodRuntime, RuntimeClient, cri};
+use crate::types::{PodUid, full_name};
+use crate::volumes;
+pub use convert::Context;
+
+/// Why a sync step failed; each message names the pod part involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Runtime(#[from] runtime::Error),
+    #[error(transparent)]
+    Volume(#[from] volumes::Error),
+    #[error("container {container:?}: {reason}: {source}")]
+    Image {
+        container: String,
+        reason: &'static str,
+        #[source]
+        source: images::Error,
+    },
+    #[error("container {container:?}: CreateContainerConfigError: {message}")]
+    Config { container: String, message: String },
+    #[error("cannot prepare {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Syncs pods against one runtime.
+pub struct Syncer {
+    runtime: RuntimeClient,
+    ctx: Context,
+}
+
+fn display_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        src = s.source();
+    }
+    out
+}
+
+impl Syncer {
+    pub fn new(runtime: RuntimeClient, ctx: Context) -> Self {
+        Syncer { runtime, ctx }
+    }
+
+    async fn sync(&self, pod: &Pod) -> Result<(), Error> {
+        let uid = PodUid::of(pod);
+        let rt = self.runtime.pod_runtime(&uid).await?;
+        let plan = actions::plan(pod, &rt);
+        tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
+        if plan.kill_pod {
+            self.kill_all(pod, &rt).await?;
+        }
+        let volume_paths = volumes::setup(pod, &self.ctx.root_dir)?;
+        let host_dns = convert::host_dns(self.ctx.resolv_conf.as_deref());
+        let dns = convert::dns_config(pod, &host_dns);
+        let attempt = plan
+            .create_sandbox
+            .or_else(|| rt.latest_sandbox().map(|s| s.attempt))
+            .unwrap_or(0);
+        let sandbox_config = convert::sandbox_config(pod, attempt, &self.ctx, dns);
+        let sandbox_id = match (&plan.create_sandbox, &plan.sandbox_id) {
+            (Some(_), _) => {
+                let log_dir = convert::pod_log_dir(&self.ctx, pod);
+                std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
+                    path: log_dir.clone(),
+                    source,
+                })?;
+                let id = self.runtime.run_pod_sandbox(sandbox_config.clone()).await?;
+                tracing::info!(pod = %full_name(pod), sandbox = %id, attempt, "started pod sandbox");
+                id
+            }
+            (None, Some(id)) => id.clone(),
+            (None, None) => return Ok(()),
+        };
+        for k in &plan.kill {
+            tracing::info!(pod = %full_name(pod), container = %k.name, reason = %k.reason, "killing container");
+            self.stop_container(&k.id, grace_period_seconds(pod))
+                .await?;
+        }
+        let pod_ip = if plan.start.is_empty() {
+            String::new()
+        } else {
+            self.pod_ip(&sandbox_id).await?
+        };
+        let mut first_error = None;
+        for start in &plan.start {
+            let result = self
+                .start_container(
+                    pod,
+                    start,
+                    &sandbox_id,
+                    &sandbox_config,
+                    &volume_paths,
+                    &pod_ip,
+                )
+                .await;
+            if let Err(e) = result {
+                tracing::warn!(pod = %full_name(pod), container = %start.name, error = %display_chain(&e), "cannot start container");
+                first_error.get_or_insert(e);
+            }
+        }
+        for id in &plan.remove_containers {
+            self.remove_container(pod, &rt, id).await?;
+        }
+        for id in &plan.remove_sandboxes {
+            ignore_not_found(self.runtime.remove_pod_sandbox(id).await)?;
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    async fn pod_ip(&self, sandbox_id: &str) -> Result<String, Error> {
+        let status = self.runtime.pod_sandbox_status(sandbox_id).await?;
+        Ok(status.network.map(|n| n.ip).unwrap_or_default())
+    }
+
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        start: &actions::Start,
+        sandbox_id: &str,
+        sandbox_config: &cri::PodSandboxConfig,
+        volume_paths: &HashMap<String, PathBuf>,
+        pod_ip: &str,
+    ) -> Result<(), Error> {
+        let s = spec(pod);
+        let Some(container) = crate::pod::all_containers(s).find(|c| c.name == start.name) else {
+            return Ok(());
+        };
+        let image = container.image.as_deref().unwrap_or_default();
+        let policy = container
+            .image_pull_policy
+            .as_deref()
+            .unwrap_or("IfNotPresent");
+        let image_ref = images::ensure(&self.runtime, image, policy, sandbox_config)
+            .await
+            .map_err(|source| Error::Image {
+                container: start.name.clone(),
+                reason: source.reason(),
+                source,
+            })?;
+        let config = convert::container_config(&convert::ContainerInput {
+            pod,
+            container,
+            init: start.init,
+            restart_count: start.restart_count,
+            image_ref: &image_ref,
+            volumes: volume_paths,
+            pod_ip,
+        })
+        .map_err(|message| Error::Config {
+            container: start.name.clone(),
+            message,
+        })?;
+        let log_dir = convert::pod_log_dir(&self.ctx, pod).join(&start.name);
+        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
+            path: log_dir.clone(),
+            source,
+        })?;
+        let log_file = convert::pod_log_dir(&self.ctx, pod).join(&config.log_path);
+        let id = self
+            .runtime
+            .create_container(sandbox_id, config, sandbox_config.clone())
+            .await?;
+        self.link_log(pod, &start.name, &id, &log_file);
+        self.runtime.start_container(&id).await?;
+        tracing::info!(pod = %full_name(pod), container = %start.name, id = %id, restart_count = start.restart_count, "started container");
+        Ok(())
+    }
+
+    /// The `/var/log/containers` style symlink; a failure only costs log shippers, so it is logged.
+    fn link_log(&self, pod: &Pod, container: &str, id: &str, target: &std::path::Path) {
+        let link = convert::container_log_link(&self.ctx, pod, container, id);
+        let made = std::fs::create_dir_all(&self.ctx.container_logs_dir)
+            .and_then(|()| match std::fs::remove_file(&link) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            })
+            .and_then(|()| std::os::unix::fs::symlink(target, &link));
+        if let Err(e) = made {
+            tracing::warn!(link = %link.display(), error = %e, "cannot create container log symlink");
+        }
+    }
+
+    async fn stop_container(&self, id: &str, grace: i64) -> Result<(), Error> {
+        ignore_not_found(self.runtime.stop_container(id, grace).await)?;
+        Ok(())
+    }
+
+    async fn remove_container(&self, pod: &Pod, rt: &PodRuntime, id: &str) -> Result<(), Error> {
+        ignore_not_found(self.runtime.remove_container(id).await)?;
+        if let Some(c) = rt.containers.iter().find(|c| c.id == id) {
+            let link = convert::container_log_link(&self.ctx, pod, &c.name, id);
+            let _ = std::fs::remove_file(link);
+        }
+        Ok(())
+    }
+
+    /// Stops every running container of the pod in parallel (each gets the grace period:
+    /// SIGTERM, then SIGKILL at the deadline), then its sandboxes, then removes them all.
+    async fn kill_all(&self, pod: &Pod, rt: &PodRuntime) -> Result<(), Error> {
+        let mut stops = JoinSet::new();
+        for c in rt
+            .containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running || c.state == ContainerState::Created)
+        {
+            let grace = if pod.spec.is_some() {
+                grace_period_seconds(pod)
+            } else {
+                c.grace_seconds.unwrap_or(30)
+            };
+            let runtime = self.runtime.clone();
+            let id = c.id.clone();
+            stops.spawn(async move { ignore_not_found(runtime.stop_container(&id, grace).await) });
+        }
+        while let Some(joined) = stops.join_next().await {
+            if let Ok(result) = joined {
+                result?;
+            }
+        }
+        for sb in &rt.sandboxes {
+            ignore_not_found(self.runtime.stop_pod_sandbox(&sb.id).await)?;
+        }
+        for c in &rt.containers {
+            self.remove_container(pod, rt, &c.id).await?;
+        }
+        for sb in &rt.sandboxes {
+            ignore_not_found(self.runtime.remove_pod_sandbox(&sb.id).await)?;
+        }
+        Ok(())
+    }
+
+    async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
+        let uid = PodUid::of(pod);
+        let rt = self.runtime.pod_runtime(&uid).await?;
+        self.kill_all(pod, &rt).await?;
+        volumes::teardown(&self.ctx.root_dir, &uid.0)?;
+        let log_dir = convert::pod_log_dir(&self.ctx, pod);
+        match std::fs::remove_dir_all(&log_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::Io {
+                    path: log_dir,
+                    source: e,
+                });
+            }
+            _ => {}
+        }
+        tracing::info!(pod = %full_name(pod), %uid, "pod terminated and cleaned up");
+        Ok(())
+    }
+}
+
+fn ignore_not_found(r: runtime::Result<()>) -> runtime::Result<()> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+impl PodSyncer for Syncer {
+    async fn sync_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
+        self.sync(&pod).await.map_err(|e| display_chain(&e))
+    }
+
+    async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
+        self.terminate(&pod).await.map_err(|e| display_chain(&e))
+    }
+
+    async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {
+        let sandboxes = self
+            .runtime
+            .list_sandboxes(None)
+            .await
+            .map_err(|e| display_chain(&e))?;
+        let mut seen = std::collections::HashSet::new();
+        Ok(sandboxes
+            .into_iter()
+            .filter(|sb| {
+                sb.annotations
+                    .get(ANNOTATION_NODE_NAME)
+                    .is_none_or(|n| *n == self.ctx.node_name)
+            })
+            .filter(|sb| seen.insert(sb.uid.clone()))
+            .map(|sb| {
+                Arc::new(Pod {
+                    metadata: ObjectMeta {
+                        name: Some(sb.name),
+                        namespace: Some(sb.namespace),
+                        uid: Some(sb.uid.0),
+                        annotations: Some(sb.annotations.into_iter().collect()),
+                        ..Default::default()
+                    },
+                    spec: None,
+                    status: None,
+                })
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,270 @@
+//! Pod workers: one task per pod UID that syncs the pod, then terminates it when asked.
+//! The latest update wins; a kill is never lost (syncs that arrive after it are ignored); a
+//! terminated worker reports back and is gone, so a terminated pod never restarts under it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::types::{PodUid, full_name};
+
+/// What one sync or termination of one pod does. Implemented by `pod_sync` against the runtime.
+pub trait PodSyncer: Send + Sync + 'static {
+    /// Brings the runtime to the pod's spec.
+    fn sync_pod(&self, pod: Arc<Pod>) -> impl Future<Output = Result<(), String>> + Send;
+    /// Stops the pod gracefully and removes everything it had on the node.
+    fn terminate_pod(&self, pod: Arc<Pod>) -> impl Future<Output = Result<(), String>> + Send;
+    /// The pods this node has in the runtime, as pods carrying only their metadata (name,
+    /// namespace, uid, annotations), for housekeeping.
+    fn runtime_pods(&self) -> impl Future<Output = Result<Vec<Arc<Pod>>, String>> + Send;
+}
+
+/// The work a worker is asked to do next.
+#[derive(Clone, Debug)]
+pub enum Work {
+    Sync(Arc<Pod>),
+    Terminate(Arc<Pod>),
+}
+
+struct Worker {
+    tx: watch::Sender<Work>,
+    terminating: bool,
+}
+
+/// Retry delays after a failed sync or termination: 1 s doubling to 1 min. A new update wakes
+/// the worker at once.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// All pod workers, owned by the sync loop.
+pub struct PodWorkers<S> {
+    syncer: Arc<S>,
+    workers: HashMap<PodUid, Worker>,
+    done: mpsc::UnboundedSender<PodUid>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl<S: PodSyncer> PodWorkers<S> {
+    /// Workers that report finished terminations on `done`.
+    pub fn new(
+        syncer: Arc<S>,
+        done: mpsc::UnboundedSender<PodUid>,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        PodWorkers {
+            syncer,
+            workers: HashMap::new(),
+            done,
+            tracker,
+            cancel,
+        }
+    }
+
+    /// Hands work to the pod's worker, starting one if needed. Returns false when the work was
+    /// dropped because the pod is already terminating.
+    pub fn update(&mut self, work: Work) -> bool {
+        let pod = match &work {
+            Work::Sync(p) | Work::Terminate(p) => p.clone(),
+        };
+        let uid = PodUid::of(&pod);
+        let terminate = matches!(work, Work::Terminate(_));
+        if let Some(w) = self.workers.get_mut(&uid) {
+            if w.terminating {
+                return false;
+            }
+            w.terminating = terminate;
+            w.tx.send_replace(work);
+            return true;
+        }
+        let (tx, rx) = watch::channel(work);
+        self.workers.insert(
+            uid.clone(),
+            Worker {
+                tx,
+                terminating: terminate,
+            },
+        );
+        let syncer = self.syncer.clone();
+        let done = self.done.clone();
+        let cancel = self.cancel.clone();
+        self.tracker
+            .spawn(run_worker(syncer, rx, uid, done, cancel));
+        true
+    }
+
+    /// Is there a worker for this pod (syncing or terminating)?
+    pub fn contains(&self, uid: &PodUid) -> bool {
+        self.workers.contains_key(uid)
+    }
+
+    /// Is this pod's worker terminating it?
+    pub fn is_terminating(&self, uid: &PodUid) -> bool {
+        self.workers.get(uid).is_some_and(|w| w.terminating)
+    }
+
+    /// Forgets a worker that reported its pod terminated.
+    pub fn forget(&mut self, uid: &PodUid) {
+        self.workers.remove(uid);
+    }
+
+    /// How many workers exist.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// True when there are no workers.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+}
+
+async fn run_worker<S: PodSyncer>(
+    syncer: Arc<S>,
+    mut rx: watch::Receiver<Work>,
+    uid: PodUid,
+    done: mpsc::UnboundedSender<PodUid>,
+    cancel: CancellationToken,
+) {
+    let mut retry = RETRY_FIRST;
+    loop {
+        let work = rx.borrow_and_update().clone();
+        let (result, pod, terminating) = match work {
+            Work::Sync(pod) => (syncer.sync_pod(pod.clone()).await, pod, false),
+            Work::Terminate(pod) => (syncer.terminate_pod(pod.clone()).await, pod, true),
+        };
+        let wait = match result {
+            Ok(()) if terminating => {
+                let _ = done.send(uid);
+                return;
+            }
+            Ok(()) => {
+                retry = RETRY_FIRST;
+                None
+            }
+            Err(e) => {
+                let what = if terminating {
+                    "terminating"
+                } else {
+                    "syncing"
+                };
+                tracing::warn!(pod = %full_name(&pod), %uid, error = %e, retry_in = ?retry, "{what} pod failed; will retry");
+                let wait = retry;
+                retry = (retry * 2).min(RETRY_MAX);
+                Some(wait)
+            }
+        };
+        let woken = async {
+            match wait {
+                Some(d) => {
+                    tokio::select! {
+                        r = rx.changed() => r.is_ok(),
+                        _ = tokio::time::sleep(d) => true,
+                    }
+                }
+                None => rx.changed().await.is_ok(),
+            }
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            alive = woken => if !alive { return },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Recorder {
+        calls: Mutex<Vec<String>>,
+        fail_syncs: Mutex<u32>,
+    }
+
+    impl PodSyncer for Recorder {
+        async fn sync_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("sync {}", pod.metadata.name.clone().unwrap()));
+            let mut fails = self.fail_syncs.lock().unwrap();
+            if *fails > 0 {
+                *fails -= 1;
+                return Err("boom".into());
+            }
+            Ok(())
+        }
+        async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("kill {}", pod.metadata.name.clone().unwrap()));
+            Ok(())
+        }
+        async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn pod(name: &str) -> Arc<Pod> {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.uid = Some("u1".into());
+        Arc::new(p)
+    }
+
+    async fn until(recorder: &Recorder, n: usize) -> Vec<String> {
+        for _ in 0..10_000 {
+            let calls = recorder.calls.lock().unwrap().clone();
+            if calls.len() >= n {
+                return calls;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("never saw {n} calls: {:?}", recorder.calls.lock().unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_is_never_lost_and_later_syncs_are_ignored() {
+        let rec = Arc::new(Recorder::default());
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        let mut workers = PodWorkers::new(
+            rec.clone(),
+            done_tx,
+            TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        assert!(workers.update(Work::Sync(pod("v1"))));
+        until(&rec, 1).await;
+        assert!(workers.update(Work::Terminate(pod("v1"))));
+        assert!(!workers.update(Work::Sync(pod("v2"))));
+        assert!(workers.is_terminating(&PodUid("u1".into())));
+        assert_eq!(done_rx.recv().await, Some(PodUid("u1".into())));
+        assert_eq!(until(&rec, 2).await, ["sync v1", "kill v1"]);
+        workers.forget(&PodUid("u1".into()));
+        assert!(workers.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_sync_is_retried() {
+        let rec = Arc::new(Recorder::default());
+        *rec.fail_syncs.lock().unwrap() = 2;
+        let (done_tx, _done_rx) = mpsc::unbounded_channel();
+        let mut workers = PodWorkers::new(
+            rec.clone(),
+            done_tx,
+            TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        workers.update(Work::Sync(pod("v1")));
+        assert_eq!(until(&rec, 3).await, ["sync v1", "sync v1", "sync v1"]);
+    }
+}

@@ -1,0 +1,152 @@
+//! The CRI boundary: a client for the runtime and image services, and the runtime's state in our
+//! vocabulary (sandboxes and containers of a pod, keyed by the kubelet's CRI labels).
+
+mod remote;
+
+use std::collections::HashMap;
+
+pub use k8s_cri::v1 as cri;
+pub use remote::{Error, Result, RuntimeClient, wait_for_runtime};
+
+use crate::types::PodUid;
+
+/// CRI label: the pod's name.
+pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
+/// CRI label: the pod's namespace.
+pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+/// CRI label: the pod's UID.
+pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
+/// CRI label: the container's name.
+pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// CRI annotation: the hash of the container spec the container was created from.
+pub const ANNOTATION_CONTAINER_HASH: &str = "io.kubernetes.container.hash";
+/// CRI annotation: the container's restart count.
+pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
+/// CRI annotation: the pod's termination grace period in seconds.
+pub const ANNOTATION_TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+/// Sandbox annotation naming the node agent that owns the sandbox, so agents sharing one runtime
+/// (tests, several nodes on one host) never collect each other's pods.
+pub const ANNOTATION_NODE_NAME: &str = "nodelet.io/node-name";
+
+/// Whether a sandbox is up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SandboxState {
+    Ready,
+    NotReady,
+}
+
+/// A pod sandbox as the runtime reports it.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    pub id: String,
+    pub uid: PodUid,
+    pub name: String,
+    pub namespace: String,
+    pub attempt: u32,
+    pub state: SandboxState,
+    pub created_at: i64,
+    pub annotations: HashMap<String, String>,
+}
+
+/// Where a container is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// A container as the runtime reports it.
+#[derive(Clone, Debug)]
+pub struct Container {
+    pub id: String,
+    pub sandbox_id: String,
+    pub name: String,
+    pub attempt: u32,
+    pub state: ContainerState,
+    pub created_at: i64,
+    /// The spec hash recorded at creation (`io.kubernetes.container.hash`).
+    pub hash: String,
+    /// Exit code and finish time, for exited containers.
+    pub exit: Option<Exit>,
+    /// The pod's termination grace period recorded at creation, for pods no longer desired.
+    pub grace_seconds: Option<i64>,
+}
+
+/// How an exited container ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+    pub finished_at: i64,
+}
+
+/// Everything the runtime holds for one pod UID.
+#[derive(Clone, Debug, Default)]
+pub struct PodRuntime {
+    /// Newest first.
+    pub sandboxes: Vec<Sandbox>,
+    /// Newest first.
+    pub containers: Vec<Container>,
+}
+
+impl PodRuntime {
+    /// The newest sandbox, if any.
+    pub fn latest_sandbox(&self) -> Option<&Sandbox> {
+        self.sandboxes.first()
+    }
+
+    /// The newest container with this name, if any.
+    pub fn latest_container(&self, name: &str) -> Option<&Container> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+}
+
+fn sandbox_from_cri(s: cri::PodSandbox) -> Sandbox {
+    let meta = s.metadata.unwrap_or_default();
+    Sandbox {
+        id: s.id,
+        uid: PodUid(meta.uid),
+        name: meta.name,
+        namespace: meta.namespace,
+        attempt: meta.attempt,
+        state: if s.state == cri::PodSandboxState::SandboxReady as i32 {
+            SandboxState::Ready
+        } else {
+            SandboxState::NotReady
+        },
+        created_at: s.created_at,
+        annotations: s.annotations,
+    }
+}
+
+fn container_from_cri(c: cri::Container) -> Container {
+    let meta = c.metadata.unwrap_or_default();
+    Container {
+        id: c.id,
+        sandbox_id: c.pod_sandbox_id,
+        name: meta.name,
+        attempt: meta.attempt,
+        state: state_from_cri(c.state),
+        created_at: c.created_at,
+        hash: c
+            .annotations
+            .get(ANNOTATION_CONTAINER_HASH)
+            .cloned()
+            .unwrap_or_default(),
+        exit: None,
+        grace_seconds: c
+            .annotations
+            .get(ANNOTATION_TERMINATION_GRACE)
+            .and_then(|g| g.parse().ok()),
+    }
+}
+
+fn state_from_cri(state: i32) -> ContainerState {
+    match cri::ContainerState::try_from(state) {
+        Ok(cri::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(cri::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(cri::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}

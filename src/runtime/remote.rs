@@ -1,0 +1,356 @@
+//! A tonic client for the CRI RuntimeService and ImageService over unix sockets, with a timeout
+//! on every call and errors that name the call.
+
+use std::path::Path;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+
+use super::{
+    Container, PodRuntime, Sandbox, container_from_cri, cri, sandbox_from_cri, state_from_cri,
+};
+use super::{ContainerState, Exit, LABEL_POD_UID};
+use crate::types::PodUid;
+
+/// A failed CRI call.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("CRI {call} failed: {}", .status.message())]
+    Call {
+        call: &'static str,
+        #[source]
+        status: tonic::Status,
+    },
+    #[error("CRI {call} timed out after {timeout:?}")]
+    Timeout {
+        call: &'static str,
+        timeout: Duration,
+    },
+}
+
+impl Error {
+    /// The gRPC code of a failed call, if the runtime answered.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Error::Call { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+
+    /// True when the object the call was about does not exist (any more).
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(tonic::Code::NotFound)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A cheap-to-clone client of one runtime (and its image service).
+#[derive(Clone)]
+pub struct RuntimeClient {
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    timeout: Duration,
+}
+
+fn channel(path: &Path) -> Channel {
+    let socket = path.to_path_buf();
+    // The URI is a placeholder: the connector below always dials the unix socket.
+    let endpoint = Endpoint::from_static("http://[::1]:50051");
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let socket = socket.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+    });
+    endpoint.connect_with_connector_lazy(connector)
+}
+
+impl RuntimeClient {
+    /// A client of the runtime at `runtime` and the image service at `images` (unix socket paths).
+    /// Connections are made lazily and re-made after the runtime restarts.
+    pub fn new(runtime: &Path, images: &Path, timeout: Duration) -> Self {
+        RuntimeClient {
+            runtime: RuntimeServiceClient::new(channel(runtime)),
+            images: ImageServiceClient::new(channel(images)),
+            timeout,
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        call: &'static str,
+        timeout: Duration,
+        fut: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(Error::Call { call, status }),
+            Err(_) => Err(Error::Timeout { call, timeout }),
+        }
+    }
+
+    /// The runtime's name and version.
+    pub async fn version(&self) -> Result<cri::VersionResponse> {
+        let mut c = self.runtime.clone();
+        self.call(
+            "Version",
+            self.timeout,
+            c.version(cri::VersionRequest::default()),
+        )
+        .await
+    }
+
+    /// Like [`Self::version`] but with a short timeout of its own, for health checks and start-up.
+    pub async fn ping(&self, timeout: Duration) -> Result<cri::VersionResponse> {
+        let mut c = self.runtime.clone();
+        self.call(
+            "Version",
+            timeout,
+            c.version(cri::VersionRequest::default()),
+        )
+        .await
+    }
+
+    pub async fn run_pod_sandbox(&self, config: cri::PodSandboxConfig) -> Result<String> {
+        let mut c = self.runtime.clone();
+        let req = cri::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        };
+        Ok(self
+            .call("RunPodSandbox", self.timeout, c.run_pod_sandbox(req))
+            .await?
+            .pod_sandbox_id)
+    }
+
+    pub async fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn remove_pod_sandbox(&self, id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::RemovePodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.call("RemovePodSandbox", self.timeout, c.remove_pod_sandbox(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn pod_sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatus> {
+        let mut c = self.runtime.clone();
+        let req = cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        };
+        self.call("PodSandboxStatus", self.timeout, c.pod_sandbox_status(req))
+            .await?
+            .status
+            .ok_or(Error::Call {
+                call: "PodSandboxStatus",
+                status: tonic::Status::internal("the runtime returned no status"),
+            })
+    }
+
+    /// Every sandbox, or only those carrying the given label.
+    pub async fn list_sandboxes(&self, label: Option<(&str, &str)>) -> Result<Vec<Sandbox>> {
+        let mut c = self.runtime.clone();
+        let filter = label.map(|(k, v)| cri::PodSandboxFilter {
+            label_selector: [(k.to_string(), v.to_string())].into(),
+            ..Default::default()
+        });
+        let resp = self
+            .call(
+                "ListPodSandbox",
+                self.timeout,
+                c.list_pod_sandbox(cri::ListPodSandboxRequest { filter }),
+            )
+            .await?;
+        let mut out: Vec<Sandbox> = resp.items.into_iter().map(sandbox_from_cri).collect();
+        out.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        Ok(out)
+    }
+
+    /// Every container, or only those carrying the given label.
+    pub async fn list_containers(&self, label: Option<(&str, &str)>) -> Result<Vec<Container>> {
+        let mut c = self.runtime.clone();
+        let filter = label.map(|(k, v)| cri::ContainerFilter {
+            label_selector: [(k.to_string(), v.to_string())].into(),
+            ..Default::default()
+        });
+        let resp = self
+            .call(
+                "ListContainers",
+                self.timeout,
+                c.list_containers(cri::ListContainersRequest { filter }),
+            )
+            .await?;
+        let mut out: Vec<Container> = resp
+            .containers
+            .into_iter()
+            .map(container_from_cri)
+            .collect();
+        out.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        Ok(out)
+    }
+
+    /// Everything the runtime holds for one pod, with exit details of exited containers.
+    pub async fn pod_runtime(&self, uid: &PodUid) -> Result<PodRuntime> {
+        let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
+        let mut containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
+        for c in containers
+            .iter_mut()
+            .filter(|c| c.state == ContainerState::Exited)
+        {
+            match self.container_status(&c.id).await {
+                Ok(status) => {
+                    c.state = state_from_cri(status.state);
+                    c.exit = Some(Exit {
+                        code: status.exit_code,
+                        finished_at: status.finished_at,
+                    });
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(PodRuntime {
+            sandboxes,
+            containers,
+        })
+    }
+
+    pub async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: cri::ContainerConfig,
+        sandbox_config: cri::PodSandboxConfig,
+    ) -> Result<String> {
+        let mut c = self.runtime.clone();
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.into(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        };
+        Ok(self
+            .call("CreateContainer", self.timeout, c.create_container(req))
+            .await?
+            .container_id)
+    }
+
+    pub async fn start_container(&self, id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::StartContainerRequest {
+            container_id: id.into(),
+        };
+        self.call("StartContainer", self.timeout, c.start_container(req))
+            .await
+            .map(drop)
+    }
+
+    /// Stops a container: SIGTERM, then SIGKILL after `grace_seconds`.
+    pub async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::StopContainerRequest {
+            container_id: id.into(),
+            timeout: grace_seconds,
+        };
+        // The call lasts as long as the grace period: allow for it on top of the usual timeout.
+        let timeout = self.timeout + Duration::from_secs(grace_seconds.max(0) as u64);
+        self.call("StopContainer", timeout, c.stop_container(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn remove_container(&self, id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::RemoveContainerRequest {
+            container_id: id.into(),
+        };
+        self.call("RemoveContainer", self.timeout, c.remove_container(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn container_status(&self, id: &str) -> Result<cri::ContainerStatus> {
+        let mut c = self.runtime.clone();
+        let req = cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        };
+        self.call("ContainerStatus", self.timeout, c.container_status(req))
+            .await?
+            .status
+            .ok_or(Error::Call {
+                call: "ContainerStatus",
+                status: tonic::Status::internal("the runtime returned no status"),
+            })
+    }
+
+    /// The image's status, or `None` when the runtime does not have it.
+    pub async fn image_status(&self, image: &str) -> Result<Option<cri::Image>> {
+        let mut c = self.images.clone();
+        let req = cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        Ok(self
+            .call("ImageStatus", self.timeout, c.image_status(req))
+            .await?
+            .image)
+    }
+
+    /// Pulls an image and returns its reference (image ID or digest).
+    pub async fn pull_image(
+        &self,
+        image: &str,
+        sandbox: Option<cri::PodSandboxConfig>,
+    ) -> Result<String> {
+        let mut c = self.images.clone();
+        let req = cri::PullImageRequest {
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config: sandbox,
+        };
+        Ok(self
+            .call("PullImage", self.timeout, c.pull_image(req))
+            .await?
+            .image_ref)
+    }
+}
+
+/// Waits until the runtime answers, up to `deadline`, logging each failed attempt.
+pub async fn wait_for_runtime(
+    client: &RuntimeClient,
+    endpoint: &Path,
+    deadline: Duration,
+) -> Result<cri::VersionResponse> {
+    let started = tokio::time::Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        match client.ping(Duration::from_secs(2)).await {
+            Ok(v) => return Ok(v),
+            Err(e) if started.elapsed() + Duration::from_secs(1) >= deadline => return Err(e),
+            Err(e) => {
+                tracing::warn!(endpoint = %endpoint.display(), attempt, error = %e, "container runtime not answering yet; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}

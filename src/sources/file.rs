@@ -1,0 +1,319 @@
+//! The file source: static pod manifests in a directory (or one file), seen through inotify plus
+//! a full relist every --file-check-frequency. Each scan yields the source's complete snapshot.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::pod::{StaticOrigin, apply_defaults, decode_pods, make_static, validate};
+use crate::types::{Source, SourceSnapshot, full_name};
+
+/// Largest manifest file accepted, as upstream.
+pub const MAX_MANIFEST_BYTES: u64 = 10 * 1024 * 1024;
+
+/// Events arriving within this window are handled by one scan, so an editor's save (several
+/// writes, renames and chmods) is read once, after it is done.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Settings of the file source.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub path: PathBuf,
+    pub node_name: String,
+    pub check_frequency: Duration,
+}
+
+/// Is this directory entry an editor or package-manager artifact rather than a manifest?
+pub fn is_ignored_name(name: &str) -> bool {
+    name.starts_with('.')
+        || name == "4913"
+        || name.ends_with('~')
+        || [
+            ".swp", ".swx", ".bak", ".tmp", ".orig", ".rpmnew", ".rpmsave",
+        ]
+        .iter()
+        .any(|ext| name.ends_with(ext))
+        || name.contains(".dpkg-")
+}
+
+/// Scans the manifest path and remembers what it needs across scans: the last good pods of each
+/// file (kept while a file is being rewritten or is broken) and the last error per file (so a
+/// broken file is reported once, not on every relist).
+pub struct Scanner {
+    config: Config,
+    last_good: HashMap<PathBuf, Vec<Pod>>,
+    last_error: HashMap<PathBuf, String>,
+}
+
+impl Scanner {
+    pub fn new(config: Config) -> Self {
+        Scanner {
+            config,
+            last_good: HashMap::new(),
+            last_error: HashMap::new(),
+        }
+    }
+
+    /// The manifest files to read, in lexical order.
+    fn files(&self) -> Vec<PathBuf> {
+        let path = &self.config.path;
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!(path = %path.display(), "manifest path does not exist; no static pods");
+                return Vec::new();
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the manifest path");
+                return Vec::new();
+            }
+        };
+        if meta.is_file() {
+            return vec![path.clone()];
+        }
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot list the manifest directory");
+                return Vec::new();
+            }
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        let mut files = Vec::new();
+        for name in names {
+            if is_ignored_name(&name) {
+                tracing::debug!(file = %name, "ignoring hidden or editor file in the manifest directory");
+                continue;
+            }
+            let file = path.join(&name);
+            // Follows symlinks; subdirectories are not entered.
+            match std::fs::metadata(&file) {
+                Ok(m) if m.is_file() => files.push(file),
+                Ok(_) => tracing::debug!(file = %file.display(), "not a regular file; skipped"),
+                Err(e) => {
+                    tracing::debug!(file = %file.display(), error = %e, "cannot stat; skipped")
+                }
+            }
+        }
+        files
+    }
+
+    /// The pods one file describes, or every problem found in it.
+    fn read_file(&self, file: &Path, seen: &str) -> Result<Vec<Pod>, Vec<String>> {
+        let size = std::fs::metadata(file)
+            .map_err(|e| vec![format!("cannot stat: {e}")])?
+            .len();
+        if size > MAX_MANIFEST_BYTES {
+            return Err(vec![format!(
+                "file is {size} bytes, larger than the {MAX_MANIFEST_BYTES} bytes a manifest may have"
+            )]);
+        }
+        let bytes = std::fs::read(file).map_err(|e| vec![format!("cannot read: {e}")])?;
+        let text = String::from_utf8(bytes).map_err(|_| vec!["not UTF-8 text".to_string()])?;
+        let mut pods = decode_pods(&text)?;
+        let mut problems = Vec::new();
+        let origin = file.to_string_lossy();
+        for (i, pod) in pods.iter_mut().enumerate() {
+            apply_defaults(pod);
+            let found = validate(pod);
+            if found.is_empty() {
+                make_static(
+                    pod,
+                    &self.config.node_name,
+                    StaticOrigin::File(&origin),
+                    seen,
+                );
+            } else {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                problems.extend(
+                    found
+                        .into_iter()
+                        .map(|p| format!("pod {} ({name}): {p}", i + 1)),
+                );
+            }
+        }
+        if problems.is_empty() {
+            Ok(pods)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Reads every manifest and returns the source's full snapshot.
+    pub fn scan(&mut self) -> SourceSnapshot {
+        let seen = now_rfc3339();
+        let files = self.files();
+        let present: HashSet<&PathBuf> = files.iter().collect();
+        self.last_good.retain(|f, _| present.contains(f));
+        self.last_error.retain(|f, _| present.contains(f));
+        let mut pods = Vec::new();
+        let mut names: HashMap<String, PathBuf> = HashMap::new();
+        for file in &files {
+            let file_pods = match self.read_file(file, &seen) {
+                Ok(file_pods) => {
+                    if self.last_error.remove(file).is_some() {
+                        tracing::info!(file = %file.display(), "manifest is valid again");
+                    }
+                    self.last_good.insert(file.clone(), file_pods.clone());
+                    file_pods
+                }
+                Err(problems) => {
+                    let message = problems.join("; ");
+                    let kept = self.last_good.get(file).cloned().unwrap_or_default();
+                    if self.last_error.get(file) != Some(&message) {
+                        tracing::error!(
+                            file = %file.display(),
+                            kept_pods = kept.len(),
+                            "invalid static pod manifest, ignored (pods it described before keep running): {message}"
+                        );
+                        self.last_error.insert(file.clone(), message);
+                    }
+                    kept
+                }
+            };
+            for pod in file_pods {
+                let name = full_name(&pod);
+                if let Some(first) = names.get(&name) {
+                    tracing::warn!(pod = %name, file = %file.display(), first = %first.display(),
+                        "duplicate static pod name; the one from the first file is kept");
+                    continue;
+                }
+                names.insert(name, file.clone());
+                pods.push(pod);
+            }
+        }
+        SourceSnapshot {
+            source: Source::File,
+            pods,
+        }
+    }
+}
+
+fn now_rfc3339() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        now.subsec_nanos()
+    )
+}
+
+/// Watches the manifest path and sends a snapshot after every settled change and every relist
+/// period, until `cancel`.
+pub async fn run(config: Config, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
+    let changed = Arc::new(Notify::new());
+    let mut scanner = Scanner::new(config.clone());
+    let mut watcher: Option<notify::RecommendedWatcher> = None;
+    let mut ticker = tokio::time::interval(config.check_frequency);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if watcher.is_none() {
+            watcher = watch(&config.path, changed.clone());
+        }
+        if tx.send(scanner.scan()).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+            _ = changed.notified() => {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(SETTLE) => {}
+                }
+            }
+        }
+    }
+}
+
+/// An inotify watch on the directory that holds the manifests (the parent, for a single file),
+/// so renames and symlink swaps are seen. `None` when it cannot be set up yet (e.g. the directory
+/// does not exist): the periodic relist retries.
+fn watch(path: &Path, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
+    let dir = if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        path.parent().filter(|p| p.is_dir())?.to_path_buf()
+    };
+    let handler = move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            changed.notify_one();
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot create an inotify watcher; relying on the periodic relist");
+            return None;
+        }
+    };
+    match watcher.watch(&dir, RecursiveMode::NonRecursive) {
+        Ok(()) => Some(watcher),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the manifest directory; relying on the periodic relist");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn editor_and_package_manager_files_are_ignored() {
+        for name in [
+            ".web.yaml",
+            "web.yaml.swp",
+            "web.yaml.swx",
+            "web.yaml~",
+            "4913",
+            "web.yaml.bak",
+            "web.tmp",
+            "web.yaml.orig",
+            "web.yaml.dpkg-new",
+            "web.yaml.dpkg-old",
+            "web.yaml.rpmnew",
+            "web.yaml.rpmsave",
+            "..data",
+        ] {
+            assert!(is_ignored_name(name), "{name}");
+        }
+        for name in ["web.yaml", "etcd.json", "pod", "tmp.yaml"] {
+            assert!(!is_ignored_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let t = now_rfc3339();
+        assert_eq!(t.len(), 30, "{t}");
+        assert!(t.starts_with("20") && t.ends_with('Z'), "{t}");
+    }
+}

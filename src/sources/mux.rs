@@ -1,0 +1,255 @@
+//! The PodConfig mux: per-source state, merged into ordered [`PodUpdate`]s
+//! (REMOVE, ADD, UPDATE, DELETE, RECONCILE), as upstream's PodStorage does.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::pod::{ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN, ANNOTATION_CONFIG_SOURCE};
+use crate::types::{PodOperation, PodUid, PodUpdate, Source, SourceSnapshot, full_name};
+
+/// Pod state per source. A source is ready once it delivered its first snapshot; sources never
+/// wait for each other.
+#[derive(Default)]
+pub struct Mux {
+    sources: HashMap<Source, BTreeMap<PodUid, Arc<Pod>>>,
+}
+
+/// A pod without the parts that do not make it "changed": local annotations and status.
+fn comparable(pod: &Pod) -> Pod {
+    let mut p = pod.clone();
+    p.status = None;
+    if let Some(a) = p.metadata.annotations.as_mut() {
+        for local in [
+            ANNOTATION_CONFIG_SEEN,
+            ANNOTATION_CONFIG_SOURCE,
+            ANNOTATION_CONFIG_MIRROR,
+        ] {
+            a.remove(local);
+        }
+    }
+    p
+}
+
+impl Mux {
+    /// Has this source delivered a snapshot yet?
+    pub fn is_ready(&self, source: Source) -> bool {
+        self.sources.contains_key(&source)
+    }
+
+    /// Every desired pod of every source.
+    pub fn desired(&self) -> impl Iterator<Item = &Arc<Pod>> {
+        self.sources.values().flat_map(|pods| pods.values())
+    }
+
+    /// Replaces a source's state with its new snapshot and says what changed, in upstream order.
+    /// Duplicate namespace/name pairs within the snapshot keep the first and are reported.
+    pub fn merge(&mut self, snapshot: SourceSnapshot) -> Vec<PodUpdate> {
+        let source = snapshot.source;
+        let old = self.sources.remove(&source).unwrap_or_default();
+        let mut new = BTreeMap::new();
+        let mut names = HashSet::new();
+        let (mut adds, mut updates, mut deletes, mut reconciles) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for pod in snapshot.pods {
+            let name = full_name(&pod);
+            if !names.insert(name.clone()) {
+                tracing::warn!(pod = %name, %source, "duplicate pod name in one source; keeping the first one");
+                continue;
+            }
+            let uid = PodUid::of(&pod);
+            let kept = match old.get(&uid) {
+                None => {
+                    let pod = Arc::new(pod);
+                    adds.push(pod.clone());
+                    pod
+                }
+                Some(prev) => {
+                    if pod.metadata.deletion_timestamp.is_some()
+                        && prev.metadata.deletion_timestamp.is_none()
+                    {
+                        let pod = Arc::new(pod);
+                        deletes.push(pod.clone());
+                        pod
+                    } else if comparable(prev) != comparable(&pod) {
+                        let pod = Arc::new(keep_seen(prev, pod));
+                        updates.push(pod.clone());
+                        pod
+                    } else if prev.status != pod.status {
+                        let pod = Arc::new(keep_seen(prev, pod));
+                        reconciles.push(pod.clone());
+                        pod
+                    } else {
+                        prev.clone()
+                    }
+                }
+            };
+            new.insert(uid, kept);
+        }
+        let removes: Vec<Arc<Pod>> = old
+            .iter()
+            .filter(|(uid, _)| !new.contains_key(*uid))
+            .map(|(_, pod)| pod.clone())
+            .collect();
+        self.sources.insert(source, new);
+        [
+            (PodOperation::Remove, removes),
+            (PodOperation::Add, adds),
+            (PodOperation::Update, updates),
+            (PodOperation::Delete, deletes),
+            (PodOperation::Reconcile, reconciles),
+        ]
+        .into_iter()
+        .filter(|(_, pods)| !pods.is_empty())
+        .map(|(op, pods)| PodUpdate { op, source, pods })
+        .collect()
+    }
+}
+
+/// The new pod, but with the first-seen time of the one it replaces.
+fn keep_seen(prev: &Pod, mut pod: Pod) -> Pod {
+    let seen = prev
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_CONFIG_SEEN))
+        .cloned();
+    if let Some(seen) = seen {
+        pod.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANNOTATION_CONFIG_SEEN.into(), seen);
+    }
+    pod
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn pod(name: &str, uid: &str, image: &str) -> Pod {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default", "uid": uid,
+                          "annotations": {ANNOTATION_CONFIG_SEEN: "t0", ANNOTATION_CONFIG_SOURCE: "file"}},
+            "spec": {"containers": [{"name": "c", "image": image}]}
+        }))
+        .unwrap();
+        p.metadata.namespace = Some("default".into());
+        p
+    }
+
+    fn set(mux: &mut Mux, pods: Vec<Pod>) -> Vec<(PodOperation, Vec<String>)> {
+        mux.merge(SourceSnapshot {
+            source: Source::File,
+            pods,
+        })
+        .into_iter()
+        .map(|u| {
+            (
+                u.op,
+                u.pods
+                    .iter()
+                    .map(|p| p.metadata.uid.clone().unwrap())
+                    .collect(),
+            )
+        })
+        .collect()
+    }
+
+    #[test]
+    fn first_snapshot_adds_and_makes_the_source_ready() {
+        let mut mux = Mux::default();
+        assert!(!mux.is_ready(Source::File));
+        assert_eq!(set(&mut mux, vec![]), vec![]);
+        assert!(mux.is_ready(Source::File));
+        assert!(!mux.is_ready(Source::Http));
+        let ops = set(&mut mux, vec![pod("a", "1", "i"), pod("b", "2", "i")]);
+        assert_eq!(ops, vec![(PodOperation::Add, vec!["1".into(), "2".into()])]);
+    }
+
+    #[test]
+    fn an_unchanged_snapshot_is_silent_even_with_a_new_seen_time() {
+        let mut mux = Mux::default();
+        set(&mut mux, vec![pod("a", "1", "i")]);
+        let mut again = pod("a", "1", "i");
+        again
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION_CONFIG_SEEN.into(), "t1".into());
+        assert_eq!(set(&mut mux, vec![again]), vec![]);
+    }
+
+    #[test]
+    fn changes_come_out_in_upstream_order() {
+        let mut mux = Mux::default();
+        set(
+            &mut mux,
+            vec![
+                pod("a", "1", "i"),
+                pod("b", "2", "i"),
+                pod("c", "3", "i"),
+                pod("d", "4", "i"),
+            ],
+        );
+        let mut deleted = pod("c", "3", "i");
+        deleted.metadata.deletion_timestamp = Some(Time(Default::default()));
+        let mut status_only = pod("d", "4", "i");
+        status_only.status = Some(Default::default());
+        let ops = set(
+            &mut mux,
+            vec![pod("b", "2", "j"), deleted, status_only, pod("e", "5", "i")],
+        );
+        assert_eq!(
+            ops,
+            vec![
+                (PodOperation::Remove, vec!["1".into()]),
+                (PodOperation::Add, vec!["5".into()]),
+                (PodOperation::Update, vec!["2".into()]),
+                (PodOperation::Delete, vec!["3".into()]),
+                (PodOperation::Reconcile, vec!["4".into()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_updated_pod_keeps_its_first_seen_time() {
+        let mut mux = Mux::default();
+        set(&mut mux, vec![pod("a", "1", "i")]);
+        let mut changed = pod("a", "1", "j");
+        changed
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION_CONFIG_SEEN.into(), "t9".into());
+        set(&mut mux, vec![changed]);
+        let kept = mux.desired().next().unwrap();
+        assert_eq!(
+            kept.metadata.annotations.as_ref().unwrap()[ANNOTATION_CONFIG_SEEN],
+            "t0"
+        );
+    }
+
+    #[test]
+    fn duplicate_names_keep_the_first() {
+        let mut mux = Mux::default();
+        let ops = set(&mut mux, vec![pod("a", "1", "i"), pod("a", "2", "i")]);
+        assert_eq!(ops, vec![(PodOperation::Add, vec!["1".into()])]);
+    }
+
+    #[test]
+    fn sources_do_not_touch_each_other() {
+        let mut mux = Mux::default();
+        set(&mut mux, vec![pod("a", "1", "i")]);
+        let ops = mux.merge(SourceSnapshot {
+            source: Source::Http,
+            pods: vec![],
+        });
+        assert!(ops.is_empty());
+        assert_eq!(mux.desired().count(), 1);
+    }
+}

@@ -1,0 +1,207 @@
+//! The sync loop: the one task that owns the desired state. It merges source snapshots through
+//! the mux, hands work to pod workers, resyncs pods periodically and does housekeeping.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::pod::ANNOTATION_CONFIG_SOURCE;
+use crate::pod_workers::{PodSyncer, PodWorkers, Work};
+use crate::sources::Mux;
+use crate::types::{PodOperation, PodUid, Source, SourceSnapshot, full_name};
+
+/// Timing of the loop.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// How often pods whose resync time has come are synced (upstream: 1 s).
+    pub tick: Duration,
+    /// How often pods no longer desired are collected (upstream: 2 s).
+    pub housekeeping: Duration,
+    /// Time between resyncs of a pod; a jitter of up to half of it is added (upstream: 1 m).
+    pub resync: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            tick: Duration::from_secs(1),
+            housekeeping: Duration::from_secs(2),
+            resync: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The loop's state.
+pub struct SyncLoop<S> {
+    config: Config,
+    mux: Mux,
+    workers: PodWorkers<S>,
+    syncer: Arc<S>,
+    next_resync: HashMap<PodUid, Instant>,
+    /// Full names of pods being terminated: a new pod with the same name (an edited static pod)
+    /// starts only once the old one is gone, so both never hold the same ports or files.
+    terminating_names: HashMap<String, PodUid>,
+    heartbeat: watch::Sender<Instant>,
+    done: mpsc::UnboundedReceiver<PodUid>,
+}
+
+impl<S: PodSyncer> SyncLoop<S> {
+    /// A loop driving `syncer`; its workers are spawned on `tracker` and stop on `cancel`.
+    pub fn new(
+        config: Config,
+        syncer: Arc<S>,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let (done_tx, done) = mpsc::unbounded_channel();
+        SyncLoop {
+            config,
+            mux: Mux::default(),
+            workers: PodWorkers::new(syncer.clone(), done_tx, tracker, cancel),
+            syncer,
+            next_resync: HashMap::new(),
+            terminating_names: HashMap::new(),
+            heartbeat: watch::channel(Instant::now()).0,
+            done,
+        }
+    }
+
+    /// A handle that sees the time of the loop's last iteration, for health checks.
+    pub fn heartbeat(&self) -> watch::Receiver<Instant> {
+        self.heartbeat.subscribe()
+    }
+
+    fn schedule_resync(&mut self, uid: PodUid) {
+        let base = self.config.resync;
+        let jitter = base.mul_f64(fastrand_unit() * 0.5);
+        self.next_resync.insert(uid, Instant::now() + base + jitter);
+    }
+
+    fn dispatch(&mut self, pods: &[Arc<Pod>], terminate: bool) {
+        for pod in pods {
+            let uid = PodUid::of(pod);
+            let name = full_name(pod);
+            if terminate {
+                self.next_resync.remove(&uid);
+                if self.workers.update(Work::Terminate(pod.clone())) {
+                    self.terminating_names.insert(name, uid);
+                }
+            } else if self
+                .terminating_names
+                .get(&name)
+                .is_some_and(|old| *old != uid)
+            {
+                tracing::debug!(pod = %name, "waiting for the previous pod of this name to terminate");
+            } else if self.workers.update(Work::Sync(pod.clone())) {
+                self.schedule_resync(uid);
+            } else {
+                tracing::info!(pod = %full_name(pod), "pod is still terminating; it starts again once that is done");
+            }
+        }
+    }
+
+    fn handle_snapshot(&mut self, snapshot: SourceSnapshot) {
+        for update in self.mux.merge(snapshot) {
+            tracing::info!(op = ?update.op, source = %update.source,
+                pods = ?update.pods.iter().map(|p| full_name(p)).collect::<Vec<_>>(), "pod update");
+            let terminate = matches!(update.op, PodOperation::Remove | PodOperation::Delete);
+            self.dispatch(&update.pods, terminate);
+        }
+    }
+
+    fn resync_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Arc<Pod>> = self
+            .mux
+            .desired()
+            .filter(|p| {
+                self.next_resync
+                    .get(&PodUid::of(p))
+                    .is_none_or(|t| *t <= now)
+            })
+            .cloned()
+            .collect();
+        self.dispatch(&due, false);
+    }
+
+    /// Terminates pods the runtime holds for this node that no source wants, once their source
+    /// is ready (so a slow source never gets its pods killed, and never blocks another source).
+    async fn housekeeping(&mut self) {
+        let running = match self.syncer.runtime_pods().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "housekeeping cannot list the runtime's pods");
+                return;
+            }
+        };
+        let desired: std::collections::HashSet<PodUid> =
+            self.mux.desired().map(|p| PodUid::of(p)).collect();
+        for pod in running {
+            let uid = PodUid::of(&pod);
+            if desired.contains(&uid) || self.workers.contains(&uid) {
+                continue;
+            }
+            let source = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_CONFIG_SOURCE))
+                .and_then(|s| Source::parse(s));
+            if source.is_some_and(|s| !self.mux.is_ready(s)) {
+                continue;
+            }
+            tracing::info!(pod = %full_name(&pod), %uid, "terminating pod that no source wants");
+            self.dispatch(&[pod], true);
+        }
+    }
+
+    /// Runs until `cancel` or until every source channel is closed.
+    pub async fn run(
+        mut self,
+        mut snapshots: mpsc::Receiver<SourceSnapshot>,
+        cancel: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(self.config.tick);
+        let mut housekeeping = tokio::time::interval(self.config.housekeeping);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                snapshot = snapshots.recv() => match snapshot {
+                    Some(s) => self.handle_snapshot(s),
+                    None => return,
+                },
+                Some(uid) = self.done.recv() => {
+                    self.workers.forget(&uid);
+                    self.terminating_names.retain(|_, old| *old != uid);
+                    // Pods that waited for this one (same UID re-added, or same name) start now.
+                    let again: Vec<Arc<Pod>> = self
+                        .mux
+                        .desired()
+                        .filter(|p| !self.workers.contains(&PodUid::of(p)))
+                        .cloned()
+                        .collect();
+                    self.dispatch(&again, false);
+                }
+                _ = tick.tick() => self.resync_due(),
+                _ = housekeeping.tick() => self.housekeeping().await,
+            }
+            self.heartbeat.send_replace(Instant::now());
+        }
+    }
+}
+
+/// A number in [0, 1) for resync jitter; quality does not matter, only spread.
+fn fastrand_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}

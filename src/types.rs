@@ -1,0 +1,95 @@
+//! Shared vocabulary: pod identities, pod sources and the updates that flow from sources to the sync loop.
+
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// A pod's UID as the runtime and the API know it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodUid(pub String);
+
+impl fmt::Display for PodUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PodUid {
+    /// The UID of a decoded pod (empty when the pod has none yet).
+    pub fn of(pod: &Pod) -> PodUid {
+        PodUid(pod.metadata.uid.clone().unwrap_or_default())
+    }
+}
+
+/// Where a desired pod comes from; the value of the `kubernetes.io/config.source` annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    File,
+    Http,
+    Api,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::File => "file",
+            Source::Http => "http",
+            Source::Api => "api",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Source> {
+        match s {
+            "file" => Some(Source::File),
+            "http" => Some(Source::Http),
+            "api" => Some(Source::Api),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happened to a set of pods, in the order the mux emits them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodOperation {
+    /// The pods are gone from their source.
+    Remove,
+    /// The pods are new.
+    Add,
+    /// The pods' specs changed.
+    Update,
+    /// The pods are being deleted gracefully (deletionTimestamp set).
+    Delete,
+    /// Only the pods' status changed.
+    Reconcile,
+}
+
+/// One operation on pods of one source.
+#[derive(Clone, Debug)]
+pub struct PodUpdate {
+    pub op: PodOperation,
+    pub source: Source,
+    pub pods: Vec<Arc<Pod>>,
+}
+
+/// A source's complete current state: every pod it wants on this node.
+#[derive(Clone, Debug)]
+pub struct SourceSnapshot {
+    pub source: Source,
+    pub pods: Vec<Pod>,
+}
+
+/// `namespace/name` of a pod, for messages and duplicate detection.
+pub fn full_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}

@@ -1,0 +1,257 @@
+//! Pod volumes on the host: emptyDir (disk, or tmpfs for medium Memory) under the pod's
+//! directory, and hostPath with the checks and creation rules of its `type`.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Pod, Volume};
+
+use crate::pod::{parse_quantity, spec};
+
+/// Why a volume could not be set up or torn down.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("volume {volume:?}: {message}")]
+    Volume { volume: String, message: String },
+    #[error("{action} {}", .path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// `<root-dir>/pods/<uid>`: the pod's own directory.
+pub fn pod_dir(root_dir: &Path, uid: &str) -> PathBuf {
+    root_dir.join("pods").join(uid)
+}
+
+/// Makes every volume of the pod available on the host and returns each volume's host path.
+/// Idempotent: a pod's volumes are set up on every sync.
+pub fn setup(pod: &Pod, root_dir: &Path) -> Result<HashMap<String, PathBuf>> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let dir = pod_dir(root_dir, uid);
+    for sub in ["volumes", "plugins", "containers"] {
+        std::fs::create_dir_all(dir.join(sub)).map_err(io("cannot create", &dir.join(sub)))?;
+    }
+    let mut paths = HashMap::new();
+    for v in spec(pod).volumes.iter().flatten() {
+        let path = if v.empty_dir.is_some() {
+            empty_dir(v, &dir)?
+        } else if let Some(hp) = &v.host_path {
+            host_path(
+                &v.name,
+                Path::new(&hp.path),
+                hp.type_.as_deref().unwrap_or(""),
+            )?;
+            PathBuf::from(&hp.path)
+        } else {
+            return Err(Error::Volume {
+                volume: v.name.clone(),
+                message: "volume type is not supported".into(),
+            });
+        };
+        paths.insert(v.name.clone(), path);
+    }
+    Ok(paths)
+}
+
+fn empty_dir(v: &Volume, pod_dir: &Path) -> Result<PathBuf> {
+    let path = pod_dir
+        .join("volumes/kubernetes.io~empty-dir")
+        .join(&v.name);
+    std::fs::create_dir_all(&path).map_err(io("cannot create", &path))?;
+    let ed = v.empty_dir.as_ref();
+    if ed.and_then(|e| e.medium.as_deref()) == Some("Memory") && !is_mount_point(&path) {
+        let size = ed
+            .and_then(|e| e.size_limit.as_ref())
+            .and_then(|q| parse_quantity(&q.0))
+            .map(|bytes| format!(",size={}", bytes as u64))
+            .unwrap_or_default();
+        mount_tmpfs(&path, &format!("mode=0777{size}")).map_err(|e| Error::Volume {
+            volume: v.name.clone(),
+            message: format!("cannot mount tmpfs on {}: {e}", path.display()),
+        })?;
+    }
+    // Containers running as any user may write an emptyDir, as upstream.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+        .map_err(io("cannot chmod", &path))?;
+    Ok(path)
+}
+
+fn host_path(volume: &str, path: &Path, kind: &str) -> Result<()> {
+    let err = |message: String| Error::Volume {
+        volume: volume.into(),
+        message,
+    };
+    let meta = std::fs::metadata(path);
+    let shown = path.display();
+    match (kind, &meta) {
+        ("", _) => Ok(()),
+        ("DirectoryOrCreate", Err(_)) => std::fs::create_dir_all(path)
+            .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)))
+            .map_err(|e| err(format!("cannot create directory {shown}: {e}"))),
+        ("FileOrCreate", Err(_)) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o644)))
+            .map_err(|e| {
+                err(format!(
+                    "cannot create file {shown} (its directory must exist): {e}"
+                ))
+            }),
+        (_, Err(e)) => Err(err(format!(
+            "hostPath {shown} of type {kind} does not exist: {e}"
+        ))),
+        ("Directory" | "DirectoryOrCreate", Ok(m)) if !m.is_dir() => {
+            Err(err(format!("hostPath {shown} is not a directory")))
+        }
+        ("File" | "FileOrCreate", Ok(m)) if !m.is_file() => {
+            Err(err(format!("hostPath {shown} is not a file")))
+        }
+        ("Socket", Ok(m)) if !m.file_type().is_socket() => {
+            Err(err(format!("hostPath {shown} is not a socket")))
+        }
+        ("CharDevice", Ok(m)) if !m.file_type().is_char_device() => {
+            Err(err(format!("hostPath {shown} is not a character device")))
+        }
+        ("BlockDevice", Ok(m)) if !m.file_type().is_block_device() => {
+            Err(err(format!("hostPath {shown} is not a block device")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Removes the pod's directory and everything in it, unmounting its tmpfs volumes first.
+pub fn teardown(root_dir: &Path, uid: &str) -> Result<()> {
+    let dir = pod_dir(root_dir, uid);
+    let mut mounts = mount_points_under(&dir);
+    // Deepest first.
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+    for m in mounts {
+        unmount(&m).map_err(io("cannot unmount", &m))?;
+    }
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("cannot remove", &dir)(e)),
+        _ => Ok(()),
+    }
+}
+
+fn mount_points_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape_mount_path)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+fn unescape_mount_path(field: &str) -> PathBuf {
+    // mountinfo escapes space, tab, newline and backslash as octal.
+    let mut out = Vec::new();
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    mount_points_under(path).iter().any(|m| m == path)
+}
+
+fn cstr(path: &Path) -> std::io::Result<std::ffi::CString> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+}
+
+fn mount_tmpfs(path: &Path, options: &str) -> std::io::Result<()> {
+    let target = cstr(path)?;
+    let opts = std::ffi::CString::new(options)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            opts.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn unmount(path: &Path) -> std::io::Result<()> {
+    let target = cstr(path)?;
+    // SAFETY: `target` is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_path_types_are_checked_and_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("made/deep");
+        host_path("v", &dir, "DirectoryOrCreate").unwrap();
+        assert!(dir.is_dir());
+        host_path("v", &dir, "Directory").unwrap();
+        let file = tmp.path().join("f");
+        host_path("v", &file, "FileOrCreate").unwrap();
+        assert!(file.is_file());
+        host_path("v", &file, "File").unwrap();
+        let err = host_path("v", &file, "Directory").unwrap_err().to_string();
+        assert!(
+            err.contains("volume \"v\"") && err.contains("not a directory"),
+            "{err}"
+        );
+        assert!(host_path("v", &tmp.path().join("missing"), "File").is_err());
+        assert!(host_path("v", &tmp.path().join("no/parent"), "FileOrCreate").is_err());
+        assert!(host_path("v", &file, "Socket").is_err());
+        host_path("v", &tmp.path().join("anything"), "").unwrap();
+    }
+
+    #[test]
+    fn mount_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path("/a\\040b"), PathBuf::from("/a b"));
+        assert_eq!(unescape_mount_path("/plain"), PathBuf::from("/plain"));
+    }
+}
