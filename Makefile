@@ -55,7 +55,7 @@ test: deps runtime-up images
 	exit $$status
 
 run: deps runtime-up images build
-	$(TARGET_DIR)/debug/nodelet --pod-manifest-path manifests \
+	$(TARGET_DIR)/debug/nodelet --pod-manifest-path $(CURDIR)/manifests \
 		--container-runtime-endpoint unix://$(NODELET_TESTBED)/containerd.sock \
 		--root-dir $(NODELET_TESTBED)/kubelet \
 		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \

@@ -496,7 +496,6 @@ fn linux_config(pod: &Pod, c: &Container) -> cri::LinuxContainerConfig {
             no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
             ..Default::default()
         }),
-        ..Default::default()
     }
 }
 

@@ -176,7 +176,7 @@ impl RuntimeClient {
             )
             .await?;
         let mut out: Vec<Sandbox> = resp.items.into_iter().map(sandbox_from_cri).collect();
-        out.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        out.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         Ok(out)
     }
 
@@ -199,7 +199,7 @@ impl RuntimeClient {
             .into_iter()
             .map(container_from_cri)
             .collect();
-        out.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        out.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         Ok(out)
     }
 

@@ -1,0 +1,352 @@
+//! Test bed helpers: the private containerd, and an in-process nodelet per test with its own
+//! node name, directories and pods, so tests run in parallel without touching each other.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nodelet::config::{Invocation, from_args};
+use nodelet::runtime::{
+    ANNOTATION_NODE_NAME, Container, ContainerState, LABEL_POD_NAME, LABEL_POD_UID, RuntimeClient,
+    Sandbox,
+};
+use nodelet::types::PodUid;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The busybox image the test bed imports.
+pub const BUSYBOX: &str = "localhost/busybox:local";
+
+/// The test bed's CRI socket. Fails loudly when the test bed is expected but missing: these
+/// tests never skip.
+pub fn endpoint() -> PathBuf {
+    let endpoint = std::env::var("NODELET_TEST_ENDPOINT").unwrap_or_default();
+    let Some(path) = endpoint.strip_prefix("unix://").filter(|p| !p.is_empty()) else {
+        panic!(
+            "NODELET_TEST_ENDPOINT is not set: these tests need the containerd test bed; run them with `make test`"
+        );
+    };
+    PathBuf::from(path)
+}
+
+/// The test bed's directory; per-test directories are made below it.
+pub fn testbed_dir() -> PathBuf {
+    PathBuf::from(
+        std::env::var("NODELET_TESTBED").unwrap_or_else(|_| "/var/lib/nodelet-testbed".into()),
+    )
+}
+
+/// A client of the test bed's runtime, checked to answer.
+pub async fn runtime() -> RuntimeClient {
+    let path = endpoint();
+    let client = RuntimeClient::new(&path, &path, Duration::from_secs(60));
+    if let Err(e) = client.ping(Duration::from_secs(10)).await {
+        panic!(
+            "the test bed runtime at {} does not answer: {e}; is `make runtime-up` done?",
+            path.display()
+        );
+    }
+    client
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("nodelet=debug"))
+        .with_test_writer()
+        .try_init();
+}
+
+/// One nodelet running in this process against the test bed, with its own node name and dirs.
+pub struct Node {
+    pub name: String,
+    pub dir: tempfile::TempDir,
+    pub runtime: RuntimeClient,
+    cancel: CancellationToken,
+    agent: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Node {
+    /// Starts nodelet for test `test` (a short unique name) with extra flags.
+    pub async fn start(test: &str, extra: &[&str]) -> Node {
+        init_tracing();
+        let runtime = runtime().await;
+        let base = testbed_dir().join("tests");
+        std::fs::create_dir_all(&base).expect("create the tests dir");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{test}-"))
+            .tempdir_in(&base)
+            .expect("tempdir");
+        let name = format!("t-{test}");
+        let mut node = Node {
+            name,
+            dir,
+            runtime,
+            cancel: CancellationToken::new(),
+            agent: None,
+        };
+        std::fs::create_dir_all(node.manifests()).expect("manifest dir");
+        node.launch(extra);
+        node
+    }
+
+    fn launch(&mut self, extra: &[&str]) {
+        let endpoint = format!("unix://{}", endpoint().display());
+        let manifests = self.manifests().display().to_string();
+        let root = self.path("root").display().to_string();
+        let pod_logs = self.pod_logs().display().to_string();
+        let container_logs = self.path("containers").display().to_string();
+        let mut args = vec![
+            "nodelet",
+            "--pod-manifest-path",
+            &manifests,
+            "--container-runtime-endpoint",
+            &endpoint,
+            "--root-dir",
+            &root,
+            "--pod-logs-dir",
+            &pod_logs,
+            "--container-logs-dir",
+            &container_logs,
+            "--hostname-override",
+            &self.name,
+            "--healthz-port",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let config = match from_args(args) {
+            Invocation::Run(r) => match *r {
+                Ok(loaded) => loaded.config,
+                Err(e) => panic!("test config is invalid: {e}"),
+            },
+            Invocation::Exit(e) => panic!("test flags are invalid: {e}"),
+        };
+        self.cancel = CancellationToken::new();
+        self.agent = Some(tokio::spawn(nodelet::agent::run(
+            config,
+            self.cancel.clone(),
+        )));
+    }
+
+    pub fn path(&self, sub: &str) -> PathBuf {
+        self.dir.path().join(sub)
+    }
+
+    pub fn manifests(&self) -> PathBuf {
+        self.path("manifests")
+    }
+
+    pub fn pod_logs(&self) -> PathBuf {
+        self.path("pods")
+    }
+
+    /// The static pod's full name on this node.
+    pub fn pod_name(&self, name: &str) -> String {
+        format!("{name}-{}", self.name)
+    }
+
+    /// Writes a manifest atomically (a dotfile renamed into place), as careful tools do.
+    pub fn write_manifest(&self, file: &str, content: &str) {
+        let tmp = self.manifests().join(format!(".{file}.partial"));
+        std::fs::write(&tmp, content).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests().join(file)).expect("rename manifest");
+    }
+
+    pub fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests().join(file)).expect("remove manifest");
+    }
+
+    /// Is the agent task still running (it never exits on bad input)?
+    pub fn agent_alive(&self) -> bool {
+        self.agent.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    /// Ready sandboxes of the static pod `name`.
+    pub async fn sandboxes(&self, name: &str) -> Vec<Sandbox> {
+        let full = self.pod_name(name);
+        self.runtime
+            .list_sandboxes(Some((LABEL_POD_NAME, &full)))
+            .await
+            .expect("list sandboxes")
+    }
+
+    /// Every sandbox this node owns.
+    pub async fn all_sandboxes(&self) -> Vec<Sandbox> {
+        self.runtime
+            .list_sandboxes(None)
+            .await
+            .expect("list sandboxes")
+            .into_iter()
+            .filter(|s| s.annotations.get(ANNOTATION_NODE_NAME) == Some(&self.name))
+            .collect()
+    }
+
+    /// Waits until the pod has a ready sandbox with `containers` running containers.
+    pub async fn wait_running(&self, name: &str, containers: usize) -> (Sandbox, Vec<Container>) {
+        let what = format!(
+            "pod {} with {containers} running containers",
+            self.pod_name(name)
+        );
+        eventually(&what, Duration::from_secs(60), || async {
+            let sandboxes = self.sandboxes(name).await;
+            let ready: Vec<_> = sandboxes
+                .into_iter()
+                .filter(|s| s.state == nodelet::runtime::SandboxState::Ready)
+                .collect();
+            let [sandbox] = ready.as_slice() else {
+                return None;
+            };
+            let running: Vec<Container> = self
+                .runtime
+                .list_containers(Some((LABEL_POD_UID, &sandbox.uid.0)))
+                .await
+                .ok()?
+                .into_iter()
+                .filter(|c| c.sandbox_id == sandbox.id && c.state == ContainerState::Running)
+                .collect();
+            (running.len() == containers).then(|| (sandbox.clone(), running))
+        })
+        .await
+    }
+
+    /// Waits until the runtime holds nothing of the pod with this UID.
+    pub async fn wait_gone(&self, uid: &PodUid, timeout: Duration) {
+        eventually(
+            &format!("pod {uid} removed from the runtime"),
+            timeout,
+            || async {
+                let sandboxes = self
+                    .runtime
+                    .list_sandboxes(Some((LABEL_POD_UID, &uid.0)))
+                    .await
+                    .ok()?;
+                let containers = self
+                    .runtime
+                    .list_containers(Some((LABEL_POD_UID, &uid.0)))
+                    .await
+                    .ok()?;
+                (sandboxes.is_empty() && containers.is_empty()).then_some(())
+            },
+        )
+        .await
+    }
+
+    /// Waits until the container's log (any restart) contains `needle`, and returns the log.
+    pub async fn wait_log(&self, pod: &str, container: &str, needle: &str) -> String {
+        let prefix = format!("default_{}_", self.pod_name(pod));
+        let what = format!("{needle:?} in the log of {pod}/{container}");
+        eventually(&what, Duration::from_secs(60), || async {
+            let text = read_logs(&self.pod_logs(), &prefix, container);
+            text.contains(needle).then_some(text)
+        })
+        .await
+    }
+
+    /// Starts the agent again after [`Node::stop_agent`], with the same node and dirs.
+    pub fn restart(&mut self, extra: &[&str]) {
+        self.launch(extra);
+    }
+
+    /// Stops the agent (pods keep running, as upstream) and waits for it.
+    pub async fn stop_agent(&mut self) {
+        self.cancel.cancel();
+        if let Some(h) = self.agent.take() {
+            let result = tokio::time::timeout(Duration::from_secs(10), h).await;
+            let result = result
+                .expect("agent stops within 10 s")
+                .expect("agent task");
+            result.expect("agent ends cleanly");
+        }
+    }
+
+    /// Stops the agent and removes every pod of this node from the runtime.
+    pub async fn finish(mut self) {
+        self.stop_agent().await;
+        for sb in self.all_sandboxes().await {
+            for c in self
+                .runtime
+                .list_containers(Some((LABEL_POD_UID, &sb.uid.0)))
+                .await
+                .unwrap_or_default()
+            {
+                let _ = self.runtime.stop_container(&c.id, 0).await;
+                let _ = self.runtime.remove_container(&c.id).await;
+            }
+            let _ = self.runtime.stop_pod_sandbox(&sb.id).await;
+            let _ = self.runtime.remove_pod_sandbox(&sb.id).await;
+        }
+        unmount_all_under(self.dir.path());
+    }
+}
+
+fn read_logs(pod_logs: &Path, prefix: &str, container: &str) -> String {
+    let mut out = String::new();
+    let Ok(pods) = std::fs::read_dir(pod_logs) else {
+        return out;
+    };
+    for pod_dir in pods.flatten() {
+        if !pod_dir.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(pod_dir.path().join(container)) else {
+            continue;
+        };
+        let mut files: Vec<_> = files.flatten().map(|f| f.path()).collect();
+        files.sort();
+        for f in files {
+            out.push_str(&std::fs::read_to_string(f).unwrap_or_default());
+        }
+    }
+    out
+}
+
+fn unmount_all_under(dir: &Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<&str> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(dir))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(m)
+            .status();
+    }
+}
+
+/// A static pod manifest running busybox `sh -c script` in each named container; every
+/// container exits at once on SIGTERM.
+pub fn pod_yaml(name: &str, containers: &[(&str, &str)], extra_spec: &str) -> String {
+    let mut out = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 5\n{extra_spec}  containers:\n"
+    );
+    for (c, script) in containers {
+        let script = format!("trap 'exit 0' TERM; {script}");
+        out += &format!(
+            "  - name: {c}\n    image: {BUSYBOX}\n    command: [sh, -c, {}]\n",
+            serde_json::to_string(&script).expect("json string")
+        );
+    }
+    out
+}
+
+/// A script fragment that keeps a container running until it is stopped.
+pub const FOREVER: &str = "while true; do sleep 1; done";

@@ -1,0 +1,143 @@
+//! Configuration: built-in defaults < config file < flags, and a bad file reports every problem.
+
+use std::process::Command;
+
+use nodelet::config::{Invocation, from_args};
+
+fn load(args: &[&str]) -> Result<nodelet::config::Config, Vec<String>> {
+    match from_args(std::iter::once("nodelet").chain(args.iter().copied())) {
+        Invocation::Run(r) => match *r {
+            Ok(loaded) => Ok(loaded.config),
+            Err(e) => Err(e.problems),
+        },
+        Invocation::Exit(e) => panic!("clap exit: {e}"),
+    }
+}
+
+#[test]
+fn flags_override_the_file_which_overrides_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kubelet.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: /from/file\nsyncFrequency: 1m30s\nhealthzPort: 20000\nclusterDNS: [10.96.0.10]\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let c = load(&[
+        "--config",
+        &path,
+        "--healthz-port",
+        "30000",
+        "--hostname-override",
+        "n",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.static_pod_path.as_deref(),
+        Some(std::path::Path::new("/from/file"))
+    );
+    assert_eq!(c.sync_frequency, std::time::Duration::from_secs(90));
+    assert_eq!(c.healthz_port, 30000, "the flag wins over the file");
+    assert_eq!(
+        c.file_check_frequency,
+        std::time::Duration::from_secs(20),
+        "default when neither sets it"
+    );
+    let json = dir.path().join("kubelet.json");
+    std::fs::write(
+        &json,
+        r#"{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration","readOnlyPort":10255}"#,
+    )
+    .unwrap();
+    let c = load(&[
+        "--config",
+        &json.display().to_string(),
+        "--hostname-override",
+        "n",
+    ])
+    .unwrap();
+    assert_eq!(c.read_only_port, 10255);
+}
+
+#[test]
+fn a_config_file_with_three_errors_reports_all_three_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfileCheckFrequency: 20 seconds\nhealthzPort: 99999\ncontainerRuntimeEndpoint: /run/containerd/containerd.sock\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let problems = load(&["--config", &path, "--hostname-override", "n"]).unwrap_err();
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    for field in [
+        "fileCheckFrequency",
+        "healthzPort",
+        "containerRuntimeEndpoint",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.starts_with(field)),
+            "{field} missing in {problems:?}"
+        );
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_nodelet"))
+        .args(["--config", &path, "--hostname-override", "n"])
+        .output()
+        .expect("run nodelet");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for field in [
+        "fileCheckFrequency",
+        "healthzPort",
+        "containerRuntimeEndpoint",
+    ] {
+        assert!(stderr.contains(field), "{field} missing in {stderr}");
+    }
+}
+
+#[test]
+fn unknown_fields_in_the_file_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("k.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPat: /x\n",
+    )
+    .unwrap();
+    let problems = load(&[
+        "--config",
+        &file.display().to_string(),
+        "--hostname-override",
+        "n",
+    ])
+    .unwrap_err();
+    assert!(
+        problems[0].contains("staticPodPat: unknown field"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn a_runtime_that_never_answers_fails_start_up_naming_the_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("none.sock");
+    let out = Command::new(env!("CARGO_BIN_EXE_nodelet"))
+        .args([
+            "--container-runtime-endpoint",
+            &format!("unix://{}", sock.display()),
+            "--hostname-override",
+            "n",
+            "--healthz-port",
+            "0",
+            "--runtime-request-timeout",
+            "1s",
+        ])
+        .output()
+        .expect("run nodelet");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&sock.display().to_string()), "{stderr}");
+}

@@ -1,0 +1,134 @@
+//! The CRI client against the real containerd: a sandbox and a busybox container that echoes a
+//! line, read back from the CRI log file, then stopped and removed.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use nodelet::runtime::{ContainerState, LABEL_POD_UID, cri};
+
+use crate::bed::{BUSYBOX, eventually, runtime, testbed_dir};
+
+#[tokio::test]
+async fn the_cri_client_runs_a_container_whose_output_lands_in_its_log() {
+    let rt = runtime().await;
+    let version = rt.version().await.expect("Version");
+    assert_eq!(version.runtime_name, "containerd");
+
+    std::fs::create_dir_all(testbed_dir().join("tests")).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("cri-client-")
+        .tempdir_in(testbed_dir().join("tests"))
+        .unwrap();
+    let uid = format!("cri-client-{}", std::process::id());
+    let labels: HashMap<String, String> = [(LABEL_POD_UID.to_string(), uid.clone())].into();
+    let sandbox_config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "cri-client".into(),
+            uid: uid.clone(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: "cri-client".into(),
+        log_directory: dir.path().display().to_string(),
+        labels: labels.clone(),
+        ..Default::default()
+    };
+    let sandbox = rt
+        .run_pod_sandbox(sandbox_config.clone())
+        .await
+        .expect("RunPodSandbox");
+    assert!(
+        !rt.pod_sandbox_status(&sandbox)
+            .await
+            .expect("PodSandboxStatus")
+            .id
+            .is_empty()
+    );
+
+    let image = rt
+        .image_status(BUSYBOX)
+        .await
+        .expect("ImageStatus")
+        .expect("busybox image imported");
+    let config = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: "echo".into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.id,
+            ..Default::default()
+        }),
+        command: vec!["sh".into(), "-c".into(), "echo hello from nodelet".into()],
+        log_path: "echo.log".into(),
+        labels,
+        ..Default::default()
+    };
+    let id = rt
+        .create_container(&sandbox, config, sandbox_config)
+        .await
+        .expect("CreateContainer");
+    rt.start_container(&id).await.expect("StartContainer");
+
+    let log = dir.path().join("echo.log");
+    let line = eventually(
+        "the echoed line in the CRI log",
+        Duration::from_secs(30),
+        || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines()
+                .find(|l| l.ends_with("hello from nodelet"))
+                .map(String::from)
+        },
+    )
+    .await;
+    let fields: Vec<&str> = line.splitn(4, ' ').collect();
+    assert_eq!(&fields[1..3], ["stdout", "F"], "CRI log format: {line}");
+    assert!(
+        fields[0].contains('T') && fields[0].ends_with('Z'),
+        "RFC 3339 time: {line}"
+    );
+
+    eventually("the container to exit", Duration::from_secs(30), || async {
+        let status = rt.container_status(&id).await.ok()?;
+        (status.state == cri::ContainerState::ContainerExited as i32 && status.exit_code == 0)
+            .then_some(())
+    })
+    .await;
+    let listed = rt
+        .list_containers(Some((LABEL_POD_UID, &uid)))
+        .await
+        .expect("ListContainers");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].state, ContainerState::Exited);
+
+    rt.stop_container(&id, 0).await.expect("StopContainer");
+    rt.remove_container(&id).await.expect("RemoveContainer");
+    rt.stop_pod_sandbox(&sandbox).await.expect("StopPodSandbox");
+    rt.remove_pod_sandbox(&sandbox)
+        .await
+        .expect("RemovePodSandbox");
+    let err = rt
+        .container_status(&id)
+        .await
+        .expect_err("removed container");
+    assert!(err.is_not_found(), "{err}");
+    assert!(
+        err.to_string().contains("ContainerStatus"),
+        "errors name the call: {err}"
+    );
+    assert!(
+        rt.list_sandboxes(Some((LABEL_POD_UID, &uid)))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_runtime_gives_an_error_naming_the_call() {
+    let missing = testbed_dir().join("tests/no-such.sock");
+    let rt = nodelet::runtime::RuntimeClient::new(&missing, &missing, Duration::from_secs(2));
+    let err = rt.version().await.expect_err("no runtime there");
+    assert!(err.to_string().contains("Version"), "{err}");
+}

@@ -1,0 +1,408 @@
+//! Static pods from a manifest directory, end to end against containerd.
+
+use std::time::Duration;
+
+use nodelet::runtime::{
+    ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, LABEL_CONTAINER_NAME, LABEL_POD_NAMESPACE,
+    LABEL_POD_UID,
+};
+
+use crate::bed::{FOREVER, Node, eventually, pod_yaml};
+
+#[tokio::test]
+async fn a_busybox_pod_starts_and_its_output_appears_in_its_log() {
+    let node = Node::start("hello", &[]).await;
+    node.write_manifest(
+        "hello.yaml",
+        &pod_yaml(
+            "hello",
+            &[("greeter", &format!("echo hello-static-pod; {FOREVER}"))],
+            "",
+        ),
+    );
+    let (sandbox, containers) = node.wait_running("hello", 1).await;
+    node.wait_log("hello", "greeter", "hello-static-pod").await;
+
+    let c = node
+        .runtime
+        .container_status(&containers[0].id)
+        .await
+        .unwrap();
+    assert_eq!(c.labels[LABEL_CONTAINER_NAME], "greeter");
+    assert_eq!(c.labels[LABEL_POD_NAMESPACE], "default");
+    assert_eq!(c.labels[LABEL_POD_UID], sandbox.uid.0);
+    assert_eq!(c.annotations[ANNOTATION_RESTART_COUNT], "0");
+    assert!(!c.annotations[ANNOTATION_CONTAINER_HASH].is_empty());
+    assert_eq!(sandbox.annotations["kubernetes.io/config.source"], "file");
+    assert_eq!(
+        sandbox.annotations["kubernetes.io/config.hash"],
+        sandbox.uid.0
+    );
+    assert_eq!(sandbox.name, node.pod_name("hello"));
+    let expected_log = node
+        .pod_logs()
+        .join(format!(
+            "default_{}_{}",
+            node.pod_name("hello"),
+            sandbox.uid
+        ))
+        .join("greeter/0.log");
+    assert_eq!(c.log_path, expected_log.display().to_string());
+    let link = node.path("containers").join(format!(
+        "{}_default_greeter-{}.log",
+        node.pod_name("hello"),
+        c.id
+    ));
+    assert_eq!(
+        std::fs::read_link(&link).expect("container log symlink"),
+        expected_log
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_host_network_pod_sees_the_host_network() {
+    let node = Node::start("hostnet", &[]).await;
+    let host_netns = std::fs::read_link("/proc/self/ns/net")
+        .unwrap()
+        .display()
+        .to_string();
+    node.write_manifest(
+        "hostnet.yaml",
+        &pod_yaml(
+            "hostnet",
+            &[(
+                "c",
+                &format!("echo netns=$(readlink /proc/self/ns/net); {FOREVER}"),
+            )],
+            "  hostNetwork: true\n",
+        ),
+    );
+    node.wait_running("hostnet", 1).await;
+    node.wait_log("hostnet", "c", &format!("netns={host_netns}"))
+        .await;
+
+    node.write_manifest(
+        "podnet.yaml",
+        &pod_yaml(
+            "podnet",
+            &[(
+                "c",
+                &format!("echo netns=$(readlink /proc/self/ns/net); {FOREVER}"),
+            )],
+            "",
+        ),
+    );
+    node.wait_running("podnet", 1).await;
+    let log = node.wait_log("podnet", "c", "netns=").await;
+    assert!(
+        !log.contains(&host_netns),
+        "a pod-network pod has its own namespace: {log}"
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_host_path_file_and_an_empty_dir_are_shared_by_two_containers() {
+    let node = Node::start("volumes", &[]).await;
+    let host_dir = node.path("host-data");
+    std::fs::create_dir_all(&host_dir).unwrap();
+    std::fs::write(host_dir.join("greeting"), "from-the-host\n").unwrap();
+    let extra = format!(
+        "  volumes:\n  - name: shared\n    emptyDir: {{}}\n  - name: host\n    hostPath: {{path: {}, type: Directory}}\n  - name: made\n    hostPath: {{path: {}, type: DirectoryOrCreate}}\n",
+        host_dir.display(),
+        node.path("created-by-nodelet").display()
+    );
+    let mut yaml = pod_yaml(
+        "volumes",
+        &[
+            (
+                "writer",
+                &format!("cat /host/greeting > /shared/msg; {FOREVER}"),
+            ),
+            (
+                "reader",
+                &format!(
+                    "until [ -s /shared/msg ]; do sleep 0.2; done; echo got=$(cat /shared/msg); echo made > /made/file; {FOREVER}"
+                ),
+            ),
+        ],
+        &extra,
+    );
+    yaml = yaml.replacen(
+        "    command:",
+        "    volumeMounts: [{name: shared, mountPath: /shared}, {name: host, mountPath: /host, readOnly: true}]\n    command:",
+        1,
+    );
+    let idx = yaml.rfind("    command:").unwrap();
+    yaml.insert_str(
+        idx,
+        "    volumeMounts: [{name: shared, mountPath: /shared}, {name: made, mountPath: /made}]\n",
+    );
+    node.write_manifest("volumes.yaml", &yaml);
+    let (sandbox, _) = node.wait_running("volumes", 2).await;
+    node.wait_log("volumes", "reader", "got=from-the-host")
+        .await;
+    eventually(
+        "the hostPath DirectoryOrCreate to be made and written",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(node.path("created-by-nodelet/file"))
+                .ok()
+                .filter(|s| s.trim() == "made")
+        },
+    )
+    .await;
+    let empty_dir = node
+        .path("root/pods")
+        .join(&sandbox.uid.0)
+        .join("volumes/kubernetes.io~empty-dir/shared/msg");
+    assert_eq!(
+        std::fs::read_to_string(&empty_dir).unwrap(),
+        "from-the-host\n"
+    );
+
+    node.remove_manifest("volumes.yaml");
+    node.wait_gone(&sandbox.uid, Duration::from_secs(30)).await;
+    eventually(
+        "the pod directory to be removed",
+        Duration::from_secs(10),
+        || async { (!node.path("root/pods").join(&sandbox.uid.0).exists()).then_some(()) },
+    )
+    .await;
+    assert!(
+        host_dir.join("greeting").exists(),
+        "hostPath content is never removed"
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn an_edited_manifest_replaces_the_pod_with_a_new_uid() {
+    let node = Node::start("edit", &[]).await;
+    node.write_manifest(
+        "edit.yaml",
+        &pod_yaml(
+            "edit",
+            &[("c", &format!("echo version-one; {FOREVER}"))],
+            "",
+        ),
+    );
+    let (first, _) = node.wait_running("edit", 1).await;
+    node.wait_log("edit", "c", "version-one").await;
+
+    node.write_manifest(
+        "edit.yaml",
+        &pod_yaml(
+            "edit",
+            &[("c", &format!("echo version-two; {FOREVER}"))],
+            "",
+        ),
+    );
+    node.wait_gone(&first.uid, Duration::from_secs(30)).await;
+    let (second, _) = node.wait_running("edit", 1).await;
+    assert_ne!(first.uid, second.uid);
+    node.wait_log("edit", "c", "version-two").await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn removal_stops_containers_within_the_grace_period() {
+    let node = Node::start("grace", &[]).await;
+    let marker = node.path("marker");
+    std::fs::create_dir_all(&marker).unwrap();
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: grace}}\nspec:\n  terminationGracePeriodSeconds: 3\n  volumes: [{{name: m, hostPath: {{path: {}}}}}]\n  containers:\n  - name: polite\n    image: {}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    command: [sh, -c, \"trap 'echo got-term > /m/polite; exit 0' TERM; while true; do sleep 0.1; done\"]\n  - name: stubborn\n    image: {}\n    command: [sh, -c, \"trap '' TERM; while true; do sleep 0.1; done\"]\n",
+        marker.display(),
+        crate::bed::BUSYBOX,
+        crate::bed::BUSYBOX
+    );
+    node.write_manifest("grace.yaml", &yaml);
+    let (sandbox, _) = node.wait_running("grace", 2).await;
+    node.remove_manifest("grace.yaml");
+    eventually(
+        "the polite container to get SIGTERM",
+        Duration::from_secs(10),
+        || async {
+            std::fs::read_to_string(marker.join("polite"))
+                .ok()
+                .filter(|s| s.contains("got-term"))
+        },
+    )
+    .await;
+    // The stubborn one ignores SIGTERM and is killed at the 3 s deadline.
+    node.wait_gone(&sandbox.uid, Duration::from_secs(20)).await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn editor_artifacts_and_dotfiles_never_create_pods() {
+    let node = Node::start("artifacts", &[]).await;
+    let dir = node.manifests();
+    for (i, name) in [
+        ".hidden.yaml",
+        "web.yaml.swp",
+        "web.yaml~",
+        "4913",
+        "web.yaml.bak",
+        "web.tmp",
+        "web.yaml.dpkg-new",
+        "web.yaml.rpmsave",
+    ]
+    .iter()
+    .enumerate()
+    {
+        std::fs::write(
+            dir.join(name),
+            pod_yaml(&format!("artifact{i}"), &[("c", FOREVER)], ""),
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(dir.join("subdir")).unwrap();
+    std::fs::write(
+        dir.join("subdir/nested.yaml"),
+        pod_yaml("nested", &[("c", FOREVER)], ""),
+    )
+    .unwrap();
+    node.write_manifest("real.yaml", &pod_yaml("real", &[("c", FOREVER)], ""));
+    node.wait_running("real", 1).await;
+    let all = node.all_sandboxes().await;
+    assert_eq!(
+        all.len(),
+        1,
+        "only the real manifest makes a pod: {:?}",
+        all.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_data_symlink_swap_and_an_atomic_rename_are_picked_up() {
+    let node = Node::start("swap", &[]).await;
+    let dir = node.manifests();
+    std::fs::create_dir_all(dir.join("..v1")).unwrap();
+    std::fs::write(
+        dir.join("..v1/swap.yaml"),
+        pod_yaml(
+            "swap",
+            &[("c", &format!("echo generation-1; {FOREVER}"))],
+            "",
+        ),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/swap.yaml", dir.join("swap.yaml")).unwrap();
+    let (first, _) = node.wait_running("swap", 1).await;
+    node.wait_log("swap", "c", "generation-1").await;
+
+    std::fs::create_dir_all(dir.join("..v2")).unwrap();
+    std::fs::write(
+        dir.join("..v2/swap.yaml"),
+        pod_yaml(
+            "swap",
+            &[("c", &format!("echo generation-2; {FOREVER}"))],
+            "",
+        ),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    node.wait_gone(&first.uid, Duration::from_secs(30)).await;
+    node.wait_log("swap", "c", "generation-2").await;
+
+    // A plain atomic rename over an existing manifest.
+    let (second, _) = node.wait_running("swap", 1).await;
+    std::fs::remove_file(dir.join("swap.yaml")).unwrap();
+    node.write_manifest(
+        "swap.yaml",
+        &pod_yaml(
+            "swap",
+            &[("c", &format!("echo generation-3; {FOREVER}"))],
+            "",
+        ),
+    );
+    node.wait_gone(&second.uid, Duration::from_secs(30)).await;
+    node.wait_log("swap", "c", "generation-3").await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_half_written_file_breaks_nothing_and_the_finished_file_runs() {
+    let node = Node::start("half", &[]).await;
+    node.write_manifest("steady.yaml", &pod_yaml("steady", &[("c", FOREVER)], ""));
+    let (steady, _) = node.wait_running("steady", 1).await;
+
+    let full = pod_yaml(
+        "half",
+        &[("c", &format!("echo finished-file; {FOREVER}"))],
+        "",
+    );
+    let (head, tail) = full.split_at(full.len() / 2);
+    let path = node.manifests().join("half.yaml");
+    std::fs::write(&path, head).unwrap();
+    // Binary garbage beside it must not hurt either.
+    std::fs::write(
+        node.manifests().join("garbage.yaml"),
+        [0xffu8, 0x00, 0x9c, b':', b'\n', b'-'],
+    )
+    .unwrap();
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(tail.as_bytes()).unwrap();
+    drop(f);
+    node.wait_running("half", 1).await;
+    node.wait_log("half", "c", "finished-file").await;
+    assert!(node.agent_alive());
+    let (still, _) = node.wait_running("steady", 1).await;
+    assert_eq!(still.id, steady.id, "the other pod was not touched");
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_broken_manifest_beside_two_good_ones_loses_nothing() {
+    let node = Node::start("broken", &[]).await;
+    node.write_manifest("a.yaml", &pod_yaml("good-a", &[("c", FOREVER)], ""));
+    node.write_manifest("b.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: Bad_Name}\nspec:\n  containers: [{name: c, image: ''}]\n");
+    node.write_manifest("c.yaml", &pod_yaml("good-c", &[("c", FOREVER)], ""));
+    node.wait_running("good-a", 1).await;
+    node.wait_running("good-c", 1).await;
+    assert_eq!(node.all_sandboxes().await.len(), 2);
+    assert!(node.agent_alive());
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_multi_document_file_runs_every_pod_in_it() {
+    let node = Node::start("multi", &[]).await;
+    let text = format!(
+        "---\n{}---\n{}",
+        pod_yaml("first", &[("c", FOREVER)], ""),
+        pod_yaml("second", &[("c", FOREVER)], "")
+    );
+    node.write_manifest("both.yaml", &text);
+    node.wait_running("first", 1).await;
+    node.wait_running("second", 1).await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn pods_of_a_manifest_removed_while_nodelet_was_down_are_collected() {
+    let mut node = Node::start("orphan", &[]).await;
+    node.write_manifest("orphan.yaml", &pod_yaml("orphan", &[("c", FOREVER)], ""));
+    node.write_manifest("kept.yaml", &pod_yaml("kept", &[("c", FOREVER)], ""));
+    let (orphan, _) = node.wait_running("orphan", 1).await;
+    let (_, kept) = node.wait_running("kept", 1).await;
+    node.stop_agent().await;
+    node.remove_manifest("orphan.yaml");
+    node.restart(&[]);
+    node.wait_gone(&orphan.uid, Duration::from_secs(30)).await;
+    let (_, still) = node.wait_running("kept", 1).await;
+    assert_eq!(
+        still[0].id, kept[0].id,
+        "a running pod is adopted, not restarted"
+    );
+    node.finish().await;
+}
