@@ -11,7 +11,9 @@ pub fn command() -> Command {
     let mut cmd = Command::new("nodelet")
         .version(env!("CARGO_PKG_VERSION"))
         .about("nodelet: a node agent that does the kubelet's job")
-        .disable_help_subcommand(true);
+        .disable_help_subcommand(true)
+        // Like the kubelet's flag parser: a flag given again overrides the earlier value.
+        .args_override_self(true);
     for f in FIELDS {
         let mut arg = Arg::new(f.name).long(f.flag).help(f.help);
         arg = match f.kind {

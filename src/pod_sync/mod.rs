@@ -87,6 +87,12 @@ impl Syncer {
         let sandbox_config = convert::sandbox_config(pod, attempt, &self.ctx, dns);
         let sandbox_id = match (&plan.create_sandbox, &plan.sandbox_id) {
             (Some(_), _) => {
+                if matches!(
+                    spec(pod).dns_policy.as_deref(),
+                    Some("ClusterFirst") | Some("ClusterFirstWithHostNet")
+                ) {
+                    tracing::warn!(pod = %full_name(pod), "no cluster DNS is configured; dnsPolicy ClusterFirst falls back to the host's resolver (dnsPolicy Default)");
+                }
                 let log_dir = convert::pod_log_dir(&self.ctx, pod);
                 std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
                     path: log_dir.clone(),

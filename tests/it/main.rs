@@ -4,4 +4,5 @@
 mod bed;
 mod config;
 mod cri;
+mod healthz;
 mod static_pods;

@@ -406,3 +406,45 @@ async fn pods_of_a_manifest_removed_while_nodelet_was_down_are_collected() {
     );
     node.finish().await;
 }
+
+#[tokio::test]
+async fn a_single_manifest_file_path_and_a_memory_empty_dir_work() {
+    let mut node = Node::start("single", &[]).await;
+    node.stop_agent().await;
+    let file = node.path("only.yaml");
+    let extra = "  volumes: [{name: scratch, emptyDir: {medium: Memory, sizeLimit: 8Mi}}]\n";
+    let yaml = pod_yaml(
+        "single",
+        &[(
+            "c",
+            &format!("df -k /scratch | tail -1; grep ' /scratch ' /proc/mounts; {FOREVER}"),
+        )],
+        extra,
+    )
+    .replacen(
+        "    command:",
+        "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n    command:",
+        1,
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let path = file.display().to_string();
+    node.restart(&["--pod-manifest-path", &path]);
+    let (sandbox, _) = node.wait_running("single", 1).await;
+    let log = node.wait_log("single", "c", "tmpfs").await;
+    assert!(log.contains(" 8192 "), "an 8 MiB tmpfs: {log}");
+    std::fs::remove_file(&file).unwrap();
+    node.wait_gone(&sandbox.uid, Duration::from_secs(30)).await;
+    let volume = node.path("root/pods").join(&sandbox.uid.0);
+    eventually(
+        "the tmpfs to be unmounted and removed",
+        Duration::from_secs(10),
+        || async {
+            let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap_or_default()
+                .contains(&sandbox.uid.0);
+            (!mounted && !volume.exists()).then_some(())
+        },
+    )
+    .await;
+    node.finish().await;
+}
