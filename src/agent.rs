@@ -10,20 +10,47 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::config::{Config, detect_node_ip};
 use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
 use crate::sources::file;
 use crate::sync_loop::{self, SyncLoop};
-use crate::{server, types::SourceSnapshot};
+use crate::{pleg, server, status, types::SourceSnapshot};
 
 /// How long nodelet waits for the runtime at start.
 const RUNTIME_WAIT: Duration = Duration::from_secs(30);
 /// How long the agent waits for its tasks after a shutdown request.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
+/// A started agent: read handles on its state, and its tasks.
+pub struct Agent {
+    /// Every pod's latest status.
+    pub status: status::Reader,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Agent {
+    /// Waits for shutdown (the cancel token), then for the agent's tasks to stop.
+    pub async fn wait(self) {
+        self.cancel.cancelled().await;
+        tracing::info!("shutting down; pods keep running");
+        if tokio::time::timeout(SHUTDOWN_WAIT, self.tracker.wait()).await.is_err() {
+            tracing::warn!("some tasks did not stop within {}s", SHUTDOWN_WAIT.as_secs());
+        }
+    }
+}
+
 /// Runs the agent until `cancel` is triggered. Pods keep running after it returns, as upstream.
 pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
+    if let Some(agent) = start(config, cancel).await? {
+        agent.wait().await;
+    }
+    Ok(())
+}
+
+/// Connects to the runtime and starts every component; `None` when cancelled meanwhile.
+pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<Agent>> {
     let runtime = RuntimeClient::new(
         &config.container_runtime_endpoint,
         &config.image_service_endpoint,
@@ -33,7 +60,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
     let version = tokio::select! {
         v = wait_for_runtime(&runtime, &config.container_runtime_endpoint, RUNTIME_WAIT) => v
             .with_context(|| format!("container runtime at unix://{endpoint} did not answer within {}s; is it running?", RUNTIME_WAIT.as_secs()))?,
-        _ = cancel.cancelled() => return Ok(()),
+        _ = cancel.cancelled() => return Ok(None),
     };
     tracing::info!(
         runtime = %version.runtime_name,
@@ -44,30 +71,46 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
     );
 
     let tracker = TaskTracker::new();
+    let host_ip = config
+        .node_ip
+        .or_else(detect_node_ip)
+        .map(|ip| ip.to_string())
+        .unwrap_or_default();
     let ctx = pod_sync::Context {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
         pod_logs_dir: config.pod_logs_dir.clone(),
         container_logs_dir: config.container_logs_dir.clone(),
         resolv_conf: config.resolv_conf.clone(),
+        host_ip,
+        runtime_name: version.runtime_name.clone(),
     };
-    let syncer = Arc::new(Syncer::new(runtime.clone(), ctx));
+    let (status_writer, status_reader) = status::store();
+    let syncer = Arc::new(Syncer::new(runtime.clone(), ctx, status_writer));
     let loop_config = sync_loop::Config {
         resync: config.sync_frequency,
         ..Default::default()
     };
     let sync_loop = SyncLoop::new(loop_config, syncer, tracker.clone(), cancel.clone());
 
+    let (events_tx, events_rx) = mpsc::channel(1024);
+    let pleg = pleg::Pleg::new(runtime.clone());
+    let pleg_health = pleg.health();
+    tracker.spawn(pleg.run(events_tx, cancel.clone()));
+
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
-            format!("cannot listen on {addr} for healthz (--healthz-port, --healthz-bind-address)")
-        })?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} for healthz (--healthz-port, --healthz-bind-address)"))?;
         tracing::info!(%addr, "serving healthz");
-        let heartbeat = sync_loop.heartbeat();
+        let checks = server::healthz::Checks {
+            sync_loop: sync_loop.heartbeat(),
+            pleg: pleg_health,
+        };
         let cancel = cancel.clone();
         tracker.spawn(async move {
-            if let Err(e) = server::healthz::serve(listener, heartbeat, cancel).await {
+            if let Err(e) = server::healthz::serve(listener, checks, cancel).await {
                 tracing::error!(error = %e, "healthz server stopped");
             }
         });
@@ -88,18 +131,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
     }
     drop(snapshots_tx);
 
-    tracker.spawn(sync_loop.run(snapshots_rx, cancel.clone()));
+    tracker.spawn(sync_loop.run(snapshots_rx, events_rx, cancel.clone()));
     tracker.close();
-    cancel.cancelled().await;
-    tracing::info!("shutting down; pods keep running");
-    if tokio::time::timeout(SHUTDOWN_WAIT, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "some tasks did not stop within {}s",
-            SHUTDOWN_WAIT.as_secs()
-        );
-    }
-    Ok(())
+    Ok(Some(Agent {
+        status: status_reader,
+        tracker,
+        cancel,
+    }))
 }

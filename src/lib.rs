@@ -14,12 +14,14 @@
 pub mod agent;
 pub mod config;
 pub mod images;
+pub mod pleg;
 pub mod pod;
 pub mod pod_sync;
 pub mod pod_workers;
 pub mod runtime;
 pub mod server;
 pub mod sources;
+pub mod status;
 pub mod sync_loop;
 pub mod types;
 pub mod volumes;

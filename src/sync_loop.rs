@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::pleg::{Event, EventKind};
 use crate::pod::ANNOTATION_CONFIG_SOURCE;
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::sources::Mux;
@@ -161,10 +162,26 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 
+    /// A lifecycle event wakes the pod's worker at once instead of at its next resync.
+    fn handle_event(&mut self, event: Event) {
+        if event.kind == EventKind::Removed || self.workers.is_terminating(&event.uid) {
+            return;
+        }
+        let pod = self
+            .mux
+            .desired()
+            .find(|p| PodUid::of(p) == event.uid)
+            .cloned();
+        if let Some(pod) = pod {
+            self.dispatch(&[pod], false);
+        }
+    }
+
     /// Runs until `cancel` or until every source channel is closed.
     pub async fn run(
         mut self,
         mut snapshots: mpsc::Receiver<SourceSnapshot>,
+        mut events: mpsc::Receiver<Event>,
         cancel: CancellationToken,
     ) {
         let mut tick = tokio::time::interval(self.config.tick);
@@ -190,6 +207,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                         .collect();
                     self.dispatch(&again, false);
                 }
+                Some(event) = events.recv() => self.handle_event(event),
                 _ = tick.tick() => self.resync_due(),
                 _ = housekeeping.tick() => self.housekeeping().await,
             }

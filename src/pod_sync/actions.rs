@@ -59,7 +59,7 @@ fn start(rt: &PodRuntime, c: &SpecContainer, init: bool) -> Start {
 }
 
 fn exited_ok(c: &Container) -> bool {
-    c.state == ContainerState::Exited && c.exit.is_some_and(|e| e.code == 0)
+    c.state == ContainerState::Exited && c.exit_code == 0
 }
 
 /// Should a container that ended be started again under this restart policy?
@@ -171,13 +171,13 @@ fn kill(c: &Container, reason: &str) -> Kill {
     }
 }
 
-/// Keeps the newest container per name (its logs and exit status matter); removes older dead
-/// ones and not-ready sandboxes other than the current one.
+/// Keeps one dead container per name besides any live one (the newest dead one gives the
+/// container's last state and logs); removes older dead ones, and not-ready sandboxes other than
+/// the current one once they hold no container.
 fn collect_garbage(rt: &PodRuntime, current: &str, plan: &mut Plan) {
-    let mut seen = std::collections::HashSet::new();
-    for c in &rt.containers {
-        let newest = seen.insert(c.name.as_str());
-        if !newest && c.state == ContainerState::Exited {
+    let mut dead_seen = std::collections::HashSet::new();
+    for c in rt.containers.iter().filter(|c| c.state == ContainerState::Exited) {
+        if !dead_seen.insert(c.name.as_str()) {
             plan.remove_containers.push(c.id.clone());
         }
     }
@@ -197,7 +197,7 @@ fn collect_garbage(rt: &PodRuntime, current: &str, plan: &mut Plan) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{Exit, Sandbox};
+    use crate::runtime::Sandbox;
     use crate::types::PodUid;
 
     fn pod(policy: &str, init: &[&str], apps: &[&str]) -> Pod {
@@ -254,11 +254,8 @@ mod tests {
             state,
             created_at: attempt as i64,
             hash: container_hash(want),
-            exit: code.map(|code| Exit {
-                code,
-                finished_at: 0,
-            }),
-            grace_seconds: None,
+            exit_code: code.unwrap_or(0),
+            ..Default::default()
         }
     }
 
@@ -429,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn older_dead_containers_and_sandboxes_are_collected() {
+    fn older_dead_containers_and_empty_sandboxes_are_collected() {
         let p = pod("Always", &[], &["a"]);
         let rt = PodRuntime {
             sandboxes: vec![sandbox("s2", 1, true), sandbox("s1", 0, false)],
@@ -440,7 +437,7 @@ mod tests {
             ],
         };
         let plan = plan(&p, &rt);
-        assert_eq!(plan.remove_containers, ["c2", "c1"]);
-        assert_eq!(plan.remove_sandboxes, ["s1"]);
+        assert_eq!(plan.remove_containers, ["c1"], "the newest dead one is kept");
+        assert!(plan.remove_sandboxes.is_empty(), "s1 still holds c2");
     }
 }

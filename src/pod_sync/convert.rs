@@ -21,6 +21,10 @@ pub struct Context {
     pub pod_logs_dir: PathBuf,
     pub container_logs_dir: PathBuf,
     pub resolv_conf: Option<PathBuf>,
+    /// The node's IP, reported as the pods' hostIP (and podIP on the host network).
+    pub host_ip: String,
+    /// The runtime's name, the scheme of container IDs in statuses.
+    pub runtime_name: String,
 }
 
 fn meta(pod: &Pod) -> (&str, &str, &str) {
@@ -518,6 +522,8 @@ mod tests {
             pod_logs_dir: "/logs".into(),
             container_logs_dir: "/clogs".into(),
             resolv_conf: None,
+            host_ip: String::new(),
+            runtime_name: "containerd".into(),
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod actions;
 pub mod convert;
+pub mod status;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -44,10 +45,26 @@ pub enum Error {
     },
 }
 
-/// Syncs pods against one runtime.
+impl Error {
+    /// The container waiting reason this failure shows as, as upstream.
+    fn waiting_reason(&self) -> String {
+        match self {
+            Error::Image { reason, .. } => (*reason).into(),
+            Error::Config { .. } => "CreateContainerConfigError".into(),
+            Error::Runtime(e) if e.call() == "StartContainer" => "RunContainerError".into(),
+            _ => "CreateContainerError".into(),
+        }
+    }
+}
+
+/// Syncs pods against one runtime and records their status.
 pub struct Syncer {
     runtime: RuntimeClient,
     ctx: Context,
+    status: crate::status::Writer,
+    statuses: crate::status::Reader,
+    /// Per pod, per container: why the last start failed (cleared by a successful start).
+    waiting: std::sync::Mutex<HashMap<PodUid, HashMap<String, status::Waiting>>>,
 }
 
 fn display_chain(e: &dyn std::error::Error) -> String {
@@ -65,8 +82,74 @@ fn display_chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Syncer {
-    pub fn new(runtime: RuntimeClient, ctx: Context) -> Self {
-        Syncer { runtime, ctx }
+    pub fn new(runtime: RuntimeClient, ctx: Context, status: crate::status::Writer) -> Self {
+        Syncer {
+            runtime,
+            ctx,
+            statuses: status.reader(),
+            status,
+            waiting: Default::default(),
+        }
+    }
+
+    fn record_waiting(&self, uid: &PodUid, container: &str, failure: Option<status::Waiting>) {
+        let mut all = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let pod = all.entry(uid.clone()).or_default();
+        match failure {
+            Some(w) => {
+                pod.insert(container.into(), w);
+            }
+            None => {
+                pod.remove(container);
+            }
+        }
+    }
+
+    /// Reads the pod's runtime state and records its status.
+    async fn update_status(&self, pod: &Pod) -> Result<(), Error> {
+        let uid = PodUid::of(pod);
+        let rt = self.runtime.pod_runtime(&uid).await?;
+        let pod_ips = match rt.latest_sandbox() {
+            Some(sb) if sb.state == runtime::SandboxState::Ready => {
+                match self.runtime.pod_sandbox_status(&sb.id).await {
+                    Ok(st) => st
+                        .network
+                        .map(|n| {
+                            std::iter::once(n.ip)
+                                .chain(n.additional_ips.into_iter().map(|ip| ip.ip))
+                                .filter(|ip| !ip.is_empty())
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    Err(e) if e.is_not_found() => Vec::new(),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            _ => Vec::new(),
+        };
+        let waiting = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&uid)
+            .cloned()
+            .unwrap_or_default();
+        let old = self.statuses.get(&uid);
+        let status = status::generate(&status::Input {
+            pod,
+            rt: &rt,
+            pod_ips,
+            host_ip: &self.ctx.host_ip,
+            waiting: &waiting,
+            probes: &HashMap::new(),
+            old: old.as_ref().and_then(|e| e.pod.status.as_ref()),
+            now: status::now(),
+            runtime_name: &self.ctx.runtime_name,
+        });
+        if self.status.set(pod, status) {
+            tracing::debug!(pod = %full_name(pod), "pod status changed");
+        }
+        Ok(())
     }
 
     async fn sync(&self, pod: &Pod) -> Result<(), Error> {
@@ -103,7 +186,7 @@ impl Syncer {
                 id
             }
             (None, Some(id)) => id.clone(),
-            (None, None) => return Ok(()),
+            (None, None) => return self.update_status(pod).await,
         };
         for k in &plan.kill {
             tracing::info!(pod = %full_name(pod), container = %k.name, reason = %k.reason, "killing container");
@@ -127,9 +210,15 @@ impl Syncer {
                     &pod_ip,
                 )
                 .await;
-            if let Err(e) = result {
-                tracing::warn!(pod = %full_name(pod), container = %start.name, error = %display_chain(&e), "cannot start container");
-                first_error.get_or_insert(e);
+            match result {
+                Ok(()) => self.record_waiting(&uid, &start.name, None),
+                Err(e) => {
+                    let message = display_chain(&e);
+                    tracing::warn!(pod = %full_name(pod), container = %start.name, error = %message, "cannot start container");
+                    let reason = e.waiting_reason();
+                    self.record_waiting(&uid, &start.name, Some(status::Waiting { reason, message }));
+                    first_error.get_or_insert(e);
+                }
             }
         }
         for id in &plan.remove_containers {
@@ -138,6 +227,7 @@ impl Syncer {
         for id in &plan.remove_sandboxes {
             ignore_not_found(self.runtime.remove_pod_sandbox(id).await)?;
         }
+        self.update_status(pod).await?;
         first_error.map_or(Ok(()), Err)
     }
 
@@ -278,6 +368,11 @@ impl Syncer {
             }
             _ => {}
         }
+        self.status.remove(&uid);
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
         tracing::info!(pod = %full_name(pod), %uid, "pod terminated and cleaned up");
         Ok(())
     }

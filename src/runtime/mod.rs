@@ -49,16 +49,17 @@ pub struct Sandbox {
 }
 
 /// Where a container is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ContainerState {
     Created,
     Running,
     Exited,
+    #[default]
     Unknown,
 }
 
 /// A container as the runtime reports it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Container {
     pub id: String,
     pub sandbox_id: String,
@@ -68,17 +69,18 @@ pub struct Container {
     pub created_at: i64,
     /// The spec hash recorded at creation (`io.kubernetes.container.hash`).
     pub hash: String,
-    /// Exit code and finish time, for exited containers.
-    pub exit: Option<Exit>,
+    /// Details from ContainerStatus (zero or empty until fetched): times in Unix nanoseconds.
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    /// The runtime's reason for an exit (`Completed`, `Error`, `OOMKilled`).
+    pub reason: String,
+    pub message: String,
+    /// The image as the user named it, and the image ID it resolved to.
+    pub image: String,
+    pub image_ref: String,
     /// The pod's termination grace period recorded at creation, for pods no longer desired.
     pub grace_seconds: Option<i64>,
-}
-
-/// How an exited container ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Exit {
-    pub code: i32,
-    pub finished_at: i64,
 }
 
 /// Everything the runtime holds for one pod UID.
@@ -134,7 +136,13 @@ fn container_from_cri(c: cri::Container) -> Container {
             .get(ANNOTATION_CONTAINER_HASH)
             .cloned()
             .unwrap_or_default(),
-        exit: None,
+        started_at: 0,
+        finished_at: 0,
+        exit_code: 0,
+        reason: String::new(),
+        message: String::new(),
+        image: c.image.map(|i| i.image).unwrap_or_default(),
+        image_ref: c.image_ref,
         grace_seconds: c
             .annotations
             .get(ANNOTATION_TERMINATION_GRACE)

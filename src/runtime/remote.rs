@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::{
     Container, PodRuntime, Sandbox, container_from_cri, cri, sandbox_from_cri, state_from_cri,
 };
-use super::{ContainerState, Exit, LABEL_POD_UID};
+use super::LABEL_POD_UID;
 use crate::types::PodUid;
 
 /// A failed CRI call.
@@ -33,6 +33,13 @@ pub enum Error {
 }
 
 impl Error {
+    /// The CRI call that failed.
+    pub fn call(&self) -> &'static str {
+        match self {
+            Error::Call { call, .. } | Error::Timeout { call, .. } => call,
+        }
+    }
+
     /// The gRPC code of a failed call, if the runtime answered.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
@@ -203,21 +210,20 @@ impl RuntimeClient {
         Ok(out)
     }
 
-    /// Everything the runtime holds for one pod, with exit details of exited containers.
+    /// Everything the runtime holds for one pod, with each container's status details.
     pub async fn pod_runtime(&self, uid: &PodUid) -> Result<PodRuntime> {
         let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
         let mut containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
-        for c in containers
-            .iter_mut()
-            .filter(|c| c.state == ContainerState::Exited)
-        {
+        for c in containers.iter_mut() {
             match self.container_status(&c.id).await {
                 Ok(status) => {
                     c.state = state_from_cri(status.state);
-                    c.exit = Some(Exit {
-                        code: status.exit_code,
-                        finished_at: status.finished_at,
-                    });
+                    c.started_at = status.started_at;
+                    c.finished_at = status.finished_at;
+                    c.exit_code = status.exit_code;
+                    c.reason = status.reason;
+                    c.message = status.message;
+                    c.image_ref = status.image_ref;
                 }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),

@@ -1,4 +1,5 @@
-//! The healthz endpoint (127.0.0.1:10248 by default): `ok` while the sync loop is turning.
+//! The healthz endpoint (127.0.0.1:10248 by default): `ok` while the sync loop turns and the
+//! PLEG relists in time.
 
 use std::time::Duration;
 
@@ -14,36 +15,50 @@ use tokio_util::sync::CancellationToken;
 /// The sync loop counts as stuck when it has not turned for this long.
 const SYNC_LOOP_STALE: Duration = Duration::from_secs(30);
 
-async fn healthz(State(heartbeat): State<watch::Receiver<Instant>>) -> (StatusCode, String) {
-    let last = *heartbeat.borrow();
-    let age = last.elapsed();
+/// What healthz looks at.
+#[derive(Clone)]
+pub struct Checks {
+    /// The time of the sync loop's last iteration.
+    pub sync_loop: watch::Receiver<Instant>,
+    pub pleg: crate::pleg::Health,
+}
+
+async fn healthz(State(checks): State<Checks>) -> (StatusCode, String) {
+    let mut failed = Vec::new();
+    let age = checks.sync_loop.borrow().elapsed();
     if age > SYNC_LOOP_STALE {
+        failed.push(format!("[-]syncloop failed: no iteration for {}s", age.as_secs()));
+    }
+    if let Err(age) = checks.pleg.check() {
+        failed.push(format!(
+            "[-]pleg failed: PLEG is not healthy: last relist {}s ago",
+            age.as_secs()
+        ));
+    }
+    if failed.is_empty() {
+        (StatusCode::OK, "ok".into())
+    } else {
         (
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "[-]syncloop failed: no iteration for {}s\nhealthz check failed\n",
-                age.as_secs()
-            ),
+            format!("{}\nhealthz check failed\n", failed.join("\n")),
         )
-    } else {
-        (StatusCode::OK, "ok".into())
     }
 }
 
-/// The router; `heartbeat` carries the time of the sync loop's last iteration.
-pub fn router(heartbeat: watch::Receiver<Instant>) -> Router {
+/// The router.
+pub fn router(checks: Checks) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
-        .with_state(heartbeat)
+        .with_state(checks)
 }
 
 /// Serves healthz on `listener` until `cancel`.
 pub async fn serve(
     listener: TcpListener,
-    heartbeat: watch::Receiver<Instant>,
+    checks: Checks,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(heartbeat))
+    axum::serve(listener, router(checks))
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
 }

@@ -1,0 +1,222 @@
+//! The pod lifecycle event generator: relists the runtime every second, diffs sandbox and
+//! container states into events that wake pod workers, and reports itself unhealthy when a relist
+//! has not completed for three minutes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{ContainerState, RuntimeClient, SandboxState};
+use crate::types::PodUid;
+
+/// Relist period (upstream: 1 s).
+pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// A PLEG whose last relist is older than this is unhealthy (upstream: 3 min).
+pub const UNHEALTHY_AFTER: Duration = Duration::from_secs(180);
+
+/// What happened to a sandbox or container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Started,
+    Died,
+    Removed,
+    Changed,
+}
+
+/// One lifecycle event of a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub uid: PodUid,
+    pub kind: EventKind,
+    /// The sandbox or container the event is about.
+    pub id: String,
+}
+
+/// The state of one sandbox or container, as far as events care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Running,
+    Exited,
+    Created,
+    Unknown,
+}
+
+/// Everything the runtime holds, by sandbox or container ID.
+pub type Snapshot = HashMap<String, (PodUid, State)>;
+
+/// The events that turn `old` into `new`, ordered by ID for stable output.
+pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<Event> {
+    let mut events = Vec::new();
+    for (id, (uid, state)) in new {
+        let kind = match (old.get(id).map(|(_, s)| *s), state) {
+            (Some(before), now) if before == *now => continue,
+            (None | Some(State::Created) | Some(State::Unknown), State::Running) => EventKind::Started,
+            (_, State::Exited) => EventKind::Died,
+            _ => EventKind::Changed,
+        };
+        events.push(Event {
+            uid: uid.clone(),
+            kind,
+            id: id.clone(),
+        });
+    }
+    for (id, (uid, _)) in old {
+        if !new.contains_key(id) {
+            events.push(Event {
+                uid: uid.clone(),
+                kind: EventKind::Removed,
+                id: id.clone(),
+            });
+        }
+    }
+    events.sort_by(|a, b| a.id.cmp(&b.id));
+    events
+}
+
+/// Whether the PLEG relists in time; clone freely.
+#[derive(Clone)]
+pub struct Health(watch::Receiver<Instant>);
+
+impl Health {
+    /// `Err` with how long ago the last relist completed when that is too long ago.
+    pub fn check(&self) -> Result<(), Duration> {
+        let age = self.0.borrow().elapsed();
+        if age > UNHEALTHY_AFTER { Err(age) } else { Ok(()) }
+    }
+}
+
+/// The relisting task's state.
+pub struct Pleg {
+    runtime: RuntimeClient,
+    last: Snapshot,
+    relisted: watch::Sender<Instant>,
+}
+
+impl Pleg {
+    pub fn new(runtime: RuntimeClient) -> Self {
+        Pleg {
+            runtime,
+            last: Snapshot::new(),
+            relisted: watch::channel(Instant::now()).0,
+        }
+    }
+
+    /// A health handle.
+    pub fn health(&self) -> Health {
+        Health(self.relisted.subscribe())
+    }
+
+    async fn relist(&self) -> crate::runtime::Result<Snapshot> {
+        let mut now = Snapshot::new();
+        for sb in self.runtime.list_sandboxes(None).await? {
+            let state = match sb.state {
+                SandboxState::Ready => State::Running,
+                SandboxState::NotReady => State::Exited,
+            };
+            now.insert(sb.id, (sb.uid, state));
+        }
+        let uids: HashMap<String, PodUid> = now
+            .iter()
+            .map(|(id, (uid, _))| (id.clone(), uid.clone()))
+            .collect();
+        for c in self.runtime.list_containers(None).await? {
+            let Some(uid) = uids.get(&c.sandbox_id) else { continue };
+            let state = match c.state {
+                ContainerState::Running => State::Running,
+                ContainerState::Exited => State::Exited,
+                ContainerState::Created => State::Created,
+                ContainerState::Unknown => State::Unknown,
+            };
+            now.insert(c.id, (uid.clone(), state));
+        }
+        Ok(now)
+    }
+
+    /// Relists every period and sends the events, until `cancel`.
+    pub async fn run(mut self, events: mpsc::Sender<Event>, cancel: CancellationToken) {
+        let mut ticker = tokio::time::interval(RELIST_PERIOD);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let snapshot = match self.relist().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "PLEG relist failed");
+                    continue;
+                }
+            };
+            self.relisted.send_replace(Instant::now());
+            for event in diff(&self.last, &snapshot) {
+                tracing::trace!(?event, "pod lifecycle event");
+                if events.send(event).await.is_err() {
+                    return;
+                }
+            }
+            self.last = snapshot;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(items: &[(&str, &str, State)]) -> Snapshot {
+        items
+            .iter()
+            .map(|(id, uid, s)| (id.to_string(), (PodUid(uid.to_string()), *s)))
+            .collect()
+    }
+
+    fn kinds(events: &[Event]) -> Vec<(&str, EventKind)> {
+        events.iter().map(|e| (e.id.as_str(), e.kind)).collect()
+    }
+
+    #[test]
+    fn diffs_become_lifecycle_events() {
+        let old = snap(&[
+            ("a", "p", State::Running),
+            ("b", "p", State::Running),
+            ("c", "p", State::Exited),
+            ("d", "p", State::Created),
+            ("e", "p", State::Running),
+        ]);
+        let new = snap(&[
+            ("a", "p", State::Running),
+            ("b", "p", State::Exited),
+            ("d", "p", State::Running),
+            ("e", "p", State::Unknown),
+            ("f", "q", State::Running),
+            ("g", "q", State::Exited),
+        ]);
+        assert_eq!(
+            kinds(&diff(&old, &new)),
+            [
+                ("b", EventKind::Died),
+                ("c", EventKind::Removed),
+                ("d", EventKind::Started),
+                ("e", EventKind::Changed),
+                ("f", EventKind::Started),
+                ("g", EventKind::Died),
+            ]
+        );
+        assert!(diff(&new, &new).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn health_turns_bad_after_three_minutes_without_a_relist() {
+        let (tx, rx) = watch::channel(Instant::now());
+        let health = Health(rx);
+        assert!(health.check().is_ok());
+        tokio::time::advance(UNHEALTHY_AFTER + Duration::from_secs(1)).await;
+        assert!(health.check().is_err());
+        tx.send_replace(Instant::now());
+        assert!(health.check().is_ok());
+    }
+}

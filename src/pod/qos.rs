@@ -1,0 +1,66 @@
+//! The pod's QoS class by the upstream rules: Guaranteed when every container limits cpu and
+//! memory with requests equal to limits, BestEffort when nothing is requested or limited,
+//! Burstable otherwise.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::{all_containers, parse_quantity, spec};
+
+/// Guaranteed, Burstable or BestEffort.
+pub fn qos_class(pod: &Pod) -> &'static str {
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in all_containers(spec(pod)) {
+        let res = c.resources.as_ref();
+        let get = |limits: bool, key: &str| {
+            res.and_then(|r| if limits { r.limits.as_ref() } else { r.requests.as_ref() })
+                .and_then(|m| m.get(key))
+                .and_then(|q| parse_quantity(&q.0))
+                .filter(|v| *v > 0.0)
+        };
+        for key in ["cpu", "memory"] {
+            let (request, limit) = (get(false, key), get(true, key));
+            any |= request.is_some() || limit.is_some();
+            match (request.or(limit), limit) {
+                (Some(r), Some(l)) if r == l => {}
+                _ => guaranteed = false,
+            }
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(resources: &[serde_json::Value]) -> Pod {
+        let containers: Vec<_> = resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| serde_json::json!({"name": format!("c{i}"), "image": "i", "resources": r}))
+            .collect();
+        serde_json::from_value(serde_json::json!({"spec": {"containers": containers}})).unwrap()
+    }
+
+    #[test]
+    fn qos_classes_follow_upstream() {
+        use serde_json::json;
+        assert_eq!(qos_class(&pod(&[json!({})])), "BestEffort");
+        assert_eq!(qos_class(&pod(&[json!({"limits": {"cpu": "1", "memory": "1Gi"}})])), "Guaranteed");
+        assert_eq!(
+            qos_class(&pod(&[json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}})])),
+            "Guaranteed"
+        );
+        assert_eq!(qos_class(&pod(&[json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}})])), "Burstable");
+        assert_eq!(qos_class(&pod(&[json!({"limits": {"cpu": "1"}})])), "Burstable");
+        assert_eq!(
+            qos_class(&pod(&[json!({"limits": {"cpu": "1", "memory": "1Gi"}}), json!({})])),
+            "Burstable"
+        );
+    }
+}

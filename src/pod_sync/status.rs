@@ -1,0 +1,478 @@
+//! PodStatus the upstream way, from the pod's spec, what the runtime holds and what the last
+//! sync could not do: phase, conditions, container statuses, IPs, start time and QoS class. Pure.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{
+    Container as SpecContainer, ContainerState as ApiState, ContainerStateRunning,
+    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition,
+    PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::pod::{qos_class, spec};
+use crate::runtime::{Container, ContainerState, PodRuntime, SandboxState};
+
+/// Why a container is not running, as the last sync found (e.g. `ErrImagePull` and the message).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub reason: String,
+    pub message: String,
+}
+
+/// What probes say about one container; without probes a running container is ready and started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeState {
+    pub ready: bool,
+    pub started: bool,
+}
+
+/// Everything a status is computed from.
+pub struct Input<'a> {
+    pub pod: &'a Pod,
+    pub rt: &'a PodRuntime,
+    /// The current sandbox's IPs (empty for host-network pods or before the sandbox exists).
+    pub pod_ips: Vec<String>,
+    pub host_ip: &'a str,
+    /// Per container name: why the last sync could not start it.
+    pub waiting: &'a HashMap<String, Waiting>,
+    /// Per container ID: probe results.
+    pub probes: &'a HashMap<String, ProbeState>,
+    pub old: Option<&'a PodStatus>,
+    pub now: Timestamp,
+    /// The runtime's name, the scheme of container IDs (`containerd://<id>`).
+    pub runtime_name: &'a str,
+}
+
+/// The current time as a Kubernetes timestamp.
+pub fn now() -> Timestamp {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    Timestamp::from_nanosecond(nanos).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn time(nanos: i64) -> Option<Time> {
+    (nanos > 0)
+        .then(|| Timestamp::from_nanosecond(i128::from(nanos)).ok())
+        .flatten()
+        .map(Time)
+}
+
+fn terminated(c: &Container, runtime: &str) -> ContainerStateTerminated {
+    let reason = match c.reason.as_str() {
+        "" if c.exit_code == 0 => "Completed".to_string(),
+        "" => "Error".to_string(),
+        other => other.to_string(),
+    };
+    ContainerStateTerminated {
+        exit_code: c.exit_code,
+        reason: Some(reason),
+        message: (!c.message.is_empty()).then(|| c.message.clone()),
+        started_at: time(c.started_at),
+        finished_at: time(c.finished_at),
+        container_id: Some(format!("{runtime}://{}", c.id)),
+        signal: None,
+    }
+}
+
+fn waiting_state(reason: &str, message: &str) -> ApiState {
+    ApiState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.into()),
+            message: (!message.is_empty()).then(|| message.into()),
+        }),
+        ..Default::default()
+    }
+}
+
+fn container_status(
+    input: &Input<'_>,
+    want: &SpecContainer,
+    default_waiting: &str,
+) -> ContainerStatus {
+    let mut history = input.rt.containers.iter().filter(|c| c.name == want.name);
+    let latest = history.next();
+    let previous = history.next();
+    let failure = input.waiting.get(&want.name);
+    let terminated_state = |c: &Container| ApiState {
+        terminated: Some(terminated(c, input.runtime_name)),
+        ..Default::default()
+    };
+    let (state, last) = match (latest, failure) {
+        (Some(c), _) if c.state == ContainerState::Running => (
+            ApiState {
+                running: Some(ContainerStateRunning {
+                    started_at: time(c.started_at),
+                }),
+                ..Default::default()
+            },
+            previous
+                .filter(|p| p.state == ContainerState::Exited)
+                .map(terminated_state),
+        ),
+        (Some(c), Some(w)) if c.state == ContainerState::Exited => {
+            (waiting_state(&w.reason, &w.message), Some(terminated_state(c)))
+        }
+        (Some(c), None) if c.state == ContainerState::Exited => (
+            terminated_state(c),
+            previous
+                .filter(|p| p.state == ContainerState::Exited)
+                .map(terminated_state),
+        ),
+        (Some(c), _) if c.state == ContainerState::Unknown => (
+            ApiState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    reason: Some("ContainerStatusUnknown".into()),
+                    message: Some("The container could not be located when the pod was terminated".into()),
+                    container_id: Some(format!("{}://{}", input.runtime_name, c.id)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            None,
+        ),
+        (_, Some(w)) => (waiting_state(&w.reason, &w.message), None),
+        (_, None) => (waiting_state(default_waiting, ""), None),
+    };
+    let running = state.running.is_some();
+    let probes = latest.and_then(|c| input.probes.get(&c.id)).copied().unwrap_or(ProbeState {
+        ready: true,
+        started: true,
+    });
+    ContainerStatus {
+        name: want.name.clone(),
+        image: want.image.clone().unwrap_or_default(),
+        image_id: latest.map(|c| c.image_ref.clone()).unwrap_or_default(),
+        container_id: latest.map(|c| format!("{}://{}", input.runtime_name, c.id)),
+        ready: running && probes.ready,
+        started: Some(running && probes.started),
+        restart_count: latest.map_or(0, |c| c.attempt as i32),
+        state: Some(state),
+        last_state: Some(last.unwrap_or_default()),
+        ..Default::default()
+    }
+}
+
+fn succeeded(s: &ContainerStatus) -> bool {
+    s.state
+        .as_ref()
+        .and_then(|st| st.terminated.as_ref())
+        .is_some_and(|t| t.exit_code == 0)
+}
+
+fn failed(s: &ContainerStatus) -> bool {
+    s.state
+        .as_ref()
+        .and_then(|st| st.terminated.as_ref())
+        .is_some_and(|t| t.exit_code != 0)
+}
+
+/// The pod phase by the upstream rules (kubelet getPhase).
+pub fn phase(restart_policy: &str, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'static str {
+    let mut pending_init = false;
+    for s in init {
+        if succeeded(s) {
+            continue;
+        }
+        if failed(s) && restart_policy == "Never" {
+            return "Failed";
+        }
+        pending_init = true;
+    }
+    let (mut running, mut waiting, mut stopped, mut ok) = (0, 0, 0, 0);
+    for s in app {
+        let state = s.state.clone().unwrap_or_default();
+        if state.running.is_some() {
+            running += 1;
+        } else if let Some(t) = &state.terminated {
+            stopped += 1;
+            if t.exit_code == 0 {
+                ok += 1;
+            }
+        } else if s.last_state.as_ref().is_some_and(|l| l.terminated.is_some()) {
+            stopped += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    if pending_init || waiting > 0 {
+        return "Pending";
+    }
+    if running > 0 {
+        return "Running";
+    }
+    if stopped > 0 {
+        return match restart_policy {
+            "Always" => "Running",
+            _ if stopped == ok => "Succeeded",
+            "Never" => "Failed",
+            _ => "Running",
+        };
+    }
+    "Pending"
+}
+
+fn condition(
+    old: Option<&PodStatus>,
+    now: &Timestamp,
+    kind: &str,
+    ok: bool,
+    reason: Option<&str>,
+    message: Option<String>,
+) -> PodCondition {
+    let status = if ok { "True" } else { "False" };
+    let previous = old
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == kind))
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.clone());
+    PodCondition {
+        type_: kind.into(),
+        status: status.into(),
+        last_transition_time: Some(previous.unwrap_or(Time(*now))),
+        reason: if ok { None } else { reason.map(String::from) },
+        message: if ok { None } else { message },
+        ..Default::default()
+    }
+}
+
+/// Computes the pod's status.
+pub fn generate(input: &Input<'_>) -> PodStatus {
+    let s = spec(input.pod);
+    let policy = s.restart_policy.as_deref().unwrap_or("Always");
+    let init: Vec<ContainerStatus> = s
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| container_status(input, c, "PodInitializing"))
+        .collect();
+    let initialized = init.iter().all(succeeded);
+    let app_default = if initialized { "ContainerCreating" } else { "PodInitializing" };
+    let app: Vec<ContainerStatus> = s
+        .containers
+        .iter()
+        .map(|c| container_status(input, c, app_default))
+        .collect();
+    let phase = phase(policy, &init, &app);
+    let terminal = phase == "Succeeded" || phase == "Failed";
+    let unready: Vec<&str> = app.iter().filter(|c| !c.ready).map(|c| c.name.as_str()).collect();
+    let incomplete: Vec<&str> = init.iter().filter(|c| !succeeded(c)).map(|c| c.name.as_str()).collect();
+    let (ready_reason, ready_message) = if terminal {
+        ("PodCompleted", None)
+    } else {
+        (
+            "ContainersNotReady",
+            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+        )
+    };
+    let sandbox_ready = input
+        .rt
+        .latest_sandbox()
+        .is_some_and(|sb| sb.state == SandboxState::Ready);
+    let now = &input.now;
+    let old = input.old;
+    let conditions = vec![
+        condition(old, now, "PodReadyToStartContainers", sandbox_ready, None, None),
+        condition(
+            old,
+            now,
+            "Initialized",
+            initialized,
+            Some("ContainersNotInitialized"),
+            Some(format!("containers with incomplete status: [{}]", incomplete.join(" "))),
+        ),
+        condition(old, now, "Ready", unready.is_empty() && !terminal, Some(ready_reason), ready_message.clone()),
+        condition(old, now, "ContainersReady", unready.is_empty() && !terminal, Some(ready_reason), ready_message),
+        condition(old, now, "PodScheduled", true, None, None),
+    ];
+    let host_network = s.host_network.unwrap_or(false);
+    let pod_ips: Vec<String> = if host_network && !input.host_ip.is_empty() {
+        vec![input.host_ip.to_string()]
+    } else {
+        input.pod_ips.clone()
+    };
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(conditions),
+        host_ip: (!input.host_ip.is_empty()).then(|| input.host_ip.to_string()),
+        host_ips: (!input.host_ip.is_empty()).then(|| vec![HostIP { ip: input.host_ip.to_string() }]),
+        pod_ip: pod_ips.first().cloned(),
+        pod_ips: (!pod_ips.is_empty()).then(|| pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
+        start_time: Some(old.and_then(|o| o.start_time.clone()).unwrap_or(Time(*now))),
+        qos_class: Some(qos_class(input.pod).into()),
+        init_container_statuses: (!init.is_empty()).then_some(init),
+        container_statuses: Some(app),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Sandbox;
+    use crate::types::PodUid;
+
+    fn status(state: ApiState, last: Option<ApiState>) -> ContainerStatus {
+        ContainerStatus {
+            state: Some(state),
+            last_state: last,
+            ..Default::default()
+        }
+    }
+
+    fn running() -> ApiState {
+        ApiState { running: Some(Default::default()), ..Default::default() }
+    }
+
+    fn exited(code: i32) -> ApiState {
+        ApiState {
+            terminated: Some(ContainerStateTerminated { exit_code: code, ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn waiting() -> ApiState {
+        waiting_state("ContainerCreating", "")
+    }
+
+    #[test]
+    fn phases_follow_the_upstream_table() {
+        let cases: Vec<(&str, Vec<ContainerStatus>, Vec<ContainerStatus>, &str)> = vec![
+            ("Always", vec![], vec![status(waiting(), None)], "Pending"),
+            ("Always", vec![], vec![status(running(), None), status(waiting(), None)], "Pending"),
+            ("Always", vec![], vec![status(running(), None), status(exited(1), None)], "Running"),
+            ("Always", vec![], vec![status(exited(0), None)], "Running"),
+            ("Always", vec![], vec![status(waiting_state("CrashLoopBackOff", ""), Some(exited(1)))], "Running"),
+            ("OnFailure", vec![], vec![status(exited(0), None)], "Succeeded"),
+            ("OnFailure", vec![], vec![status(exited(2), None)], "Running"),
+            ("Never", vec![], vec![status(exited(0), None), status(exited(0), None)], "Succeeded"),
+            ("Never", vec![], vec![status(exited(0), None), status(exited(3), None)], "Failed"),
+            ("Never", vec![status(exited(1), None)], vec![status(waiting(), None)], "Failed"),
+            ("Always", vec![status(exited(1), None)], vec![status(waiting(), None)], "Pending"),
+            ("Always", vec![status(exited(0), None)], vec![status(running(), None)], "Running"),
+        ];
+        for (i, (policy, init, app, want)) in cases.into_iter().enumerate() {
+            assert_eq!(phase(policy, &init, &app), want, "case {i}");
+        }
+    }
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u", "namespace": "default"},
+            "spec": {"restartPolicy": "Always", "initContainers": [{"name": "init", "image": "i"}],
+                     "containers": [{"name": "a", "image": "busybox:1"}]}
+        }))
+        .unwrap()
+    }
+
+    fn input<'a>(pod: &'a Pod, rt: &'a PodRuntime, waiting: &'a HashMap<String, Waiting>, old: Option<&'a PodStatus>, probes: &'a HashMap<String, ProbeState>) -> Input<'a> {
+        Input {
+            pod,
+            rt,
+            pod_ips: vec!["10.0.0.5".into()],
+            host_ip: "192.0.2.1",
+            waiting,
+            probes,
+            old,
+            now: Timestamp::from_second(1_000).unwrap(),
+            runtime_name: "containerd",
+        }
+    }
+
+    fn container(id: &str, name: &str, attempt: u32, state: ContainerState, code: i32) -> Container {
+        Container {
+            id: id.into(),
+            sandbox_id: "s".into(),
+            name: name.into(),
+            attempt,
+            state,
+            exit_code: code,
+            started_at: 5_000_000_000,
+            ..Default::default()
+        }
+    }
+
+    fn runtime(containers: Vec<Container>) -> PodRuntime {
+        PodRuntime {
+            sandboxes: vec![Sandbox {
+                id: "s".into(),
+                uid: PodUid("u".into()),
+                name: "p".into(),
+                namespace: "default".into(),
+                attempt: 0,
+                state: SandboxState::Ready,
+                created_at: 0,
+                annotations: Default::default(),
+            }],
+            containers,
+        }
+    }
+
+    #[test]
+    fn a_pod_waiting_for_init_reports_pod_initializing() {
+        let p = pod();
+        let rt = runtime(vec![container("i1", "init", 0, ContainerState::Running, 0)]);
+        let none = HashMap::new();
+        let probes = HashMap::new();
+        let st = generate(&input(&p, &rt, &none, None, &probes));
+        assert_eq!(st.phase.as_deref(), Some("Pending"));
+        let app = &st.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(app.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+        let init = &st.init_container_statuses.as_ref().unwrap()[0];
+        assert!(init.state.as_ref().unwrap().running.is_some());
+        let initialized = st.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Initialized").unwrap();
+        assert_eq!(initialized.status, "False");
+        assert_eq!(st.pod_ip.as_deref(), Some("10.0.0.5"));
+        assert_eq!(st.qos_class.as_deref(), Some("BestEffort"));
+    }
+
+    #[test]
+    fn a_running_pod_is_ready_and_keeps_transition_times() {
+        let p = pod();
+        let rt = runtime(vec![
+            container("a2", "a", 1, ContainerState::Running, 0),
+            container("a1", "a", 0, ContainerState::Exited, 137),
+            container("i1", "init", 0, ContainerState::Exited, 0),
+        ]);
+        let none = HashMap::new();
+        let probes = HashMap::new();
+        let first = generate(&input(&p, &rt, &none, None, &probes));
+        assert_eq!(first.phase.as_deref(), Some("Running"));
+        let a = &first.container_statuses.as_ref().unwrap()[0];
+        assert!(a.ready);
+        assert_eq!(a.restart_count, 1);
+        assert_eq!(a.container_id.as_deref(), Some("containerd://a2"));
+        let last = a.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((last.exit_code, last.reason.as_deref()), (137, Some("Error")));
+        let mut later = input(&p, &rt, &none, Some(&first), &probes);
+        later.now = Timestamp::from_second(2_000).unwrap();
+        let second = generate(&later);
+        assert_eq!(second.conditions, first.conditions, "no transition, same times");
+        assert_eq!(second.start_time, first.start_time);
+
+        let unready: HashMap<String, ProbeState> = [("a2".to_string(), ProbeState { ready: false, started: true })].into();
+        let third = generate(&input(&p, &rt, &none, Some(&first), &unready));
+        let ready = third.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.message.as_deref(), Some("containers with unready status: [a]"));
+    }
+
+    #[test]
+    fn a_failed_start_shows_its_reason() {
+        let p = pod();
+        let rt = runtime(vec![container("i1", "init", 0, ContainerState::Exited, 0)]);
+        let waiting: HashMap<String, Waiting> = [(
+            "a".to_string(),
+            Waiting { reason: "ErrImageNeverPull".into(), message: "no image".into() },
+        )]
+        .into();
+        let probes = HashMap::new();
+        let st = generate(&input(&p, &rt, &waiting, None, &probes));
+        let w = st.container_statuses.unwrap()[0].state.clone().unwrap().waiting.unwrap();
+        assert_eq!(w.reason.as_deref(), Some("ErrImageNeverPull"));
+        assert_eq!(st.phase.as_deref(), Some("Pending"));
+    }
+}
