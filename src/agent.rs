@@ -35,8 +35,14 @@ impl Agent {
     pub async fn wait(self) {
         self.cancel.cancelled().await;
         tracing::info!("shutting down; pods keep running");
-        if tokio::time::timeout(SHUTDOWN_WAIT, self.tracker.wait()).await.is_err() {
-            tracing::warn!("some tasks did not stop within {}s", SHUTDOWN_WAIT.as_secs());
+        if tokio::time::timeout(SHUTDOWN_WAIT, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "some tasks did not stop within {}s",
+                SHUTDOWN_WAIT.as_secs()
+            );
         }
     }
 }
@@ -100,9 +106,9 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
 
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} for healthz (--healthz-port, --healthz-bind-address)"))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for healthz (--healthz-port, --healthz-bind-address)")
+        })?;
         tracing::info!(%addr, "serving healthz");
         let checks = server::healthz::Checks {
             sync_loop: sync_loop.heartbeat(),

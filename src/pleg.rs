@@ -53,7 +53,9 @@ pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<Event> {
     for (id, (uid, state)) in new {
         let kind = match (old.get(id).map(|(_, s)| *s), state) {
             (Some(before), now) if before == *now => continue,
-            (None | Some(State::Created) | Some(State::Unknown), State::Running) => EventKind::Started,
+            (None | Some(State::Created) | Some(State::Unknown), State::Running) => {
+                EventKind::Started
+            }
             (_, State::Exited) => EventKind::Died,
             _ => EventKind::Changed,
         };
@@ -84,7 +86,11 @@ impl Health {
     /// `Err` with how long ago the last relist completed when that is too long ago.
     pub fn check(&self) -> Result<(), Duration> {
         let age = self.0.borrow().elapsed();
-        if age > UNHEALTHY_AFTER { Err(age) } else { Ok(()) }
+        if age > UNHEALTHY_AFTER {
+            Err(age)
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -123,7 +129,9 @@ impl Pleg {
             .map(|(id, (uid, _))| (id.clone(), uid.clone()))
             .collect();
         for c in self.runtime.list_containers(None).await? {
-            let Some(uid) = uids.get(&c.sandbox_id) else { continue };
+            let Some(uid) = uids.get(&c.sandbox_id) else {
+                continue;
+            };
             let state = match c.state {
                 ContainerState::Running => State::Running,
                 ContainerState::Exited => State::Exited,

@@ -15,8 +15,12 @@ use crate::types::{PodUid, full_name};
 
 /// What one sync or termination of one pod does. Implemented by `pod_sync` against the runtime.
 pub trait PodSyncer: Send + Sync + 'static {
-    /// Brings the runtime to the pod's spec.
-    fn sync_pod(&self, pod: Arc<Pod>) -> impl Future<Output = Result<(), String>> + Send;
+    /// Brings the runtime to the pod's spec. `Ok(Some(d))` asks for another sync after `d`
+    /// (a container waits out its restart backoff).
+    fn sync_pod(
+        &self,
+        pod: Arc<Pod>,
+    ) -> impl Future<Output = Result<Option<Duration>, String>> + Send;
     /// Stops the pod gracefully and removes everything it had on the node.
     fn terminate_pod(&self, pod: Arc<Pod>) -> impl Future<Output = Result<(), String>> + Send;
     /// The pods this node has in the runtime, as pods carrying only their metadata (name,
@@ -137,16 +141,20 @@ async fn run_worker<S: PodSyncer>(
         let work = rx.borrow_and_update().clone();
         let (result, pod, terminating) = match work {
             Work::Sync(pod) => (syncer.sync_pod(pod.clone()).await, pod, false),
-            Work::Terminate(pod) => (syncer.terminate_pod(pod.clone()).await, pod, true),
+            Work::Terminate(pod) => (
+                syncer.terminate_pod(pod.clone()).await.map(|()| None),
+                pod,
+                true,
+            ),
         };
         let wait = match result {
-            Ok(()) if terminating => {
+            Ok(_) if terminating => {
                 let _ = done.send(uid);
                 return;
             }
-            Ok(()) => {
+            Ok(again) => {
                 retry = RETRY_FIRST;
-                None
+                again
             }
             Err(e) => {
                 let what = if terminating {
@@ -190,7 +198,7 @@ mod tests {
     }
 
     impl PodSyncer for Recorder {
-        async fn sync_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
+        async fn sync_pod(&self, pod: Arc<Pod>) -> Result<Option<Duration>, String> {
             self.calls
                 .lock()
                 .unwrap()
@@ -200,7 +208,7 @@ mod tests {
                 *fails -= 1;
                 return Err("boom".into());
             }
-            Ok(())
+            Ok(None)
         }
         async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
             self.calls

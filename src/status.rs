@@ -55,7 +55,8 @@ impl Writer {
         let generation = {
             let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
             let old = state.pods.get(&uid);
-            if old.is_some_and(|e| e.pod.status.as_ref() == Some(&status) && e.pod.spec == pod.spec) {
+            if old.is_some_and(|e| e.pod.status.as_ref() == Some(&status) && e.pod.spec == pod.spec)
+            {
                 return false;
             }
             let version = old.map_or(1, |e| e.version + 1);
@@ -154,7 +155,10 @@ mod tests {
         };
         assert!(writer.set(&pod("a"), status.clone()));
         reader.changed().await;
-        assert!(!writer.set(&pod("a"), status.clone()), "same status, no new version");
+        assert!(
+            !writer.set(&pod("a"), status.clone()),
+            "same status, no new version"
+        );
         assert_eq!(reader.get(&PodUid("a".into())).unwrap().version, 1);
         let done = PodStatus {
             phase: Some("Succeeded".into()),
@@ -163,7 +167,10 @@ mod tests {
         assert!(writer.set(&pod("a"), done));
         let entry = reader.by_name("default", "pod-a").unwrap();
         assert_eq!(entry.version, 2);
-        assert_eq!(entry.pod.status.as_ref().unwrap().phase.as_deref(), Some("Succeeded"));
+        assert_eq!(
+            entry.pod.status.as_ref().unwrap().phase.as_deref(),
+            Some("Succeeded")
+        );
         writer.remove(&PodUid("a".into()));
         assert!(reader.list().is_empty());
     }

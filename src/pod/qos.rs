@@ -13,10 +13,16 @@ pub fn qos_class(pod: &Pod) -> &'static str {
     for c in all_containers(spec(pod)) {
         let res = c.resources.as_ref();
         let get = |limits: bool, key: &str| {
-            res.and_then(|r| if limits { r.limits.as_ref() } else { r.requests.as_ref() })
-                .and_then(|m| m.get(key))
-                .and_then(|q| parse_quantity(&q.0))
-                .filter(|v| *v > 0.0)
+            res.and_then(|r| {
+                if limits {
+                    r.limits.as_ref()
+                } else {
+                    r.requests.as_ref()
+                }
+            })
+            .and_then(|m| m.get(key))
+            .and_then(|q| parse_quantity(&q.0))
+            .filter(|v| *v > 0.0)
         };
         for key in ["cpu", "memory"] {
             let (request, limit) = (get(false, key), get(true, key));
@@ -42,7 +48,9 @@ mod tests {
         let containers: Vec<_> = resources
             .iter()
             .enumerate()
-            .map(|(i, r)| serde_json::json!({"name": format!("c{i}"), "image": "i", "resources": r}))
+            .map(
+                |(i, r)| serde_json::json!({"name": format!("c{i}"), "image": "i", "resources": r}),
+            )
             .collect();
         serde_json::from_value(serde_json::json!({"spec": {"containers": containers}})).unwrap()
     }
@@ -51,15 +59,31 @@ mod tests {
     fn qos_classes_follow_upstream() {
         use serde_json::json;
         assert_eq!(qos_class(&pod(&[json!({})])), "BestEffort");
-        assert_eq!(qos_class(&pod(&[json!({"limits": {"cpu": "1", "memory": "1Gi"}})])), "Guaranteed");
         assert_eq!(
-            qos_class(&pod(&[json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}})])),
+            qos_class(&pod(&[json!({"limits": {"cpu": "1", "memory": "1Gi"}})])),
             "Guaranteed"
         );
-        assert_eq!(qos_class(&pod(&[json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}})])), "Burstable");
-        assert_eq!(qos_class(&pod(&[json!({"limits": {"cpu": "1"}})])), "Burstable");
         assert_eq!(
-            qos_class(&pod(&[json!({"limits": {"cpu": "1", "memory": "1Gi"}}), json!({})])),
+            qos_class(&pod(&[
+                json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}})
+            ])),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&pod(&[
+                json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}})
+            ])),
+            "Burstable"
+        );
+        assert_eq!(
+            qos_class(&pod(&[json!({"limits": {"cpu": "1"}})])),
+            "Burstable"
+        );
+        assert_eq!(
+            qos_class(&pod(&[
+                json!({"limits": {"cpu": "1", "memory": "1Gi"}}),
+                json!({})
+            ])),
             "Burstable"
         );
     }

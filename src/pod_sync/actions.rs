@@ -171,13 +171,15 @@ fn kill(c: &Container, reason: &str) -> Kill {
     }
 }
 
-/// Keeps one dead container per name besides any live one (the newest dead one gives the
-/// container's last state and logs); removes older dead ones, and not-ready sandboxes other than
-/// the current one once they hold no container.
+/// Keeps the two newest containers per name (the current one and the one before it, which
+/// gives the container's last state and logs); removes older dead ones, and not-ready sandboxes
+/// other than the current one once they hold no container.
 fn collect_garbage(rt: &PodRuntime, current: &str, plan: &mut Plan) {
-    let mut dead_seen = std::collections::HashSet::new();
-    for c in rt.containers.iter().filter(|c| c.state == ContainerState::Exited) {
-        if !dead_seen.insert(c.name.as_str()) {
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for c in &rt.containers {
+        let count = seen.entry(c.name.as_str()).or_default();
+        *count += 1;
+        if *count > 2 && c.state == ContainerState::Exited {
             plan.remove_containers.push(c.id.clone());
         }
     }
@@ -437,7 +439,11 @@ mod tests {
             ],
         };
         let plan = plan(&p, &rt);
-        assert_eq!(plan.remove_containers, ["c1"], "the newest dead one is kept");
+        assert_eq!(
+            plan.remove_containers,
+            ["c1"],
+            "the one before the current one is kept"
+        );
         assert!(plan.remove_sandboxes.is_empty(), "s1 still holds c2");
     }
 }

@@ -2,12 +2,14 @@
 //! plan out through the CRI, preparing volumes, images and log paths on the way.
 
 pub mod actions;
+mod backoff;
 pub mod convert;
 pub mod status;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -57,6 +59,10 @@ impl Error {
     }
 }
 
+/// First delay of a crashing container's restarts; it doubles up to the max (upstream values).
+const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
 /// Syncs pods against one runtime and records their status.
 pub struct Syncer {
     runtime: RuntimeClient,
@@ -65,6 +71,7 @@ pub struct Syncer {
     statuses: crate::status::Reader,
     /// Per pod, per container: why the last start failed (cleared by a successful start).
     waiting: std::sync::Mutex<HashMap<PodUid, HashMap<String, status::Waiting>>>,
+    backoff: std::sync::Mutex<backoff::Backoff>,
 }
 
 fn display_chain(e: &dyn std::error::Error) -> String {
@@ -89,7 +96,32 @@ impl Syncer {
             statuses: status.reader(),
             status,
             waiting: Default::default(),
+            backoff: std::sync::Mutex::new(backoff::Backoff::new(
+                RESTART_BACKOFF_INITIAL,
+                RESTART_BACKOFF_MAX,
+            )),
         }
+    }
+
+    /// For a restart of a container that exited: how long it must still wait (CrashLoopBackOff),
+    /// or `None` after recording the restart in the backoff.
+    fn restart_backoff(
+        &self,
+        pod: &Pod,
+        rt: &PodRuntime,
+        start: &actions::Start,
+    ) -> Option<Duration> {
+        let previous = rt
+            .latest_container(&start.name)
+            .filter(|c| c.state == ContainerState::Exited)?;
+        let key = format!("{}_{}_{}", PodUid::of(pod), start.name, previous.hash);
+        let finished = UNIX_EPOCH + Duration::from_nanos(previous.finished_at.max(0) as u64);
+        let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+        let remaining = backoff.remaining(&key, finished, SystemTime::now());
+        if remaining.is_none() {
+            backoff.next(&key, finished);
+        }
+        remaining
     }
 
     fn record_waiting(&self, uid: &PodUid, container: &str, failure: Option<status::Waiting>) {
@@ -152,7 +184,7 @@ impl Syncer {
         Ok(())
     }
 
-    async fn sync(&self, pod: &Pod) -> Result<(), Error> {
+    async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
         let uid = PodUid::of(pod);
         let rt = self.runtime.pod_runtime(&uid).await?;
         let plan = actions::plan(pod, &rt);
@@ -186,7 +218,7 @@ impl Syncer {
                 id
             }
             (None, Some(id)) => id.clone(),
-            (None, None) => return self.update_status(pod).await,
+            (None, None) => return self.update_status(pod).await.map(|()| None),
         };
         for k in &plan.kill {
             tracing::info!(pod = %full_name(pod), container = %k.name, reason = %k.reason, "killing container");
@@ -199,7 +231,21 @@ impl Syncer {
             self.pod_ip(&sandbox_id).await?
         };
         let mut first_error = None;
+        let mut again: Option<Duration> = None;
         for start in &plan.start {
+            if let Some(wait) = self.restart_backoff(pod, &rt, start) {
+                let message = format!(
+                    "back-off {}s restarting failed container={} pod={}",
+                    wait.as_secs().max(1),
+                    start.name,
+                    full_name(pod)
+                );
+                tracing::debug!(pod = %full_name(pod), container = %start.name, "{message}");
+                let reason = "CrashLoopBackOff".to_string();
+                self.record_waiting(&uid, &start.name, Some(status::Waiting { reason, message }));
+                again = Some(again.map_or(wait, |a| a.min(wait)));
+                continue;
+            }
             let result = self
                 .start_container(
                     pod,
@@ -216,7 +262,11 @@ impl Syncer {
                     let message = display_chain(&e);
                     tracing::warn!(pod = %full_name(pod), container = %start.name, error = %message, "cannot start container");
                     let reason = e.waiting_reason();
-                    self.record_waiting(&uid, &start.name, Some(status::Waiting { reason, message }));
+                    self.record_waiting(
+                        &uid,
+                        &start.name,
+                        Some(status::Waiting { reason, message }),
+                    );
                     first_error.get_or_insert(e);
                 }
             }
@@ -228,7 +278,7 @@ impl Syncer {
             ignore_not_found(self.runtime.remove_pod_sandbox(id).await)?;
         }
         self.update_status(pod).await?;
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(again), Err)
     }
 
     async fn pod_ip(&self, sandbox_id: &str) -> Result<String, Error> {
@@ -369,6 +419,10 @@ impl Syncer {
             _ => {}
         }
         self.status.remove(&uid);
+        self.backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget_pod(&uid.0);
         self.waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -386,7 +440,7 @@ fn ignore_not_found(r: runtime::Result<()>) -> runtime::Result<()> {
 }
 
 impl PodSyncer for Syncer {
-    async fn sync_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
+    async fn sync_pod(&self, pod: Arc<Pod>) -> Result<Option<Duration>, String> {
         self.sync(&pod).await.map_err(|e| display_chain(&e))
     }
 

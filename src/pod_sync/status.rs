@@ -112,9 +112,10 @@ fn container_status(
                 .filter(|p| p.state == ContainerState::Exited)
                 .map(terminated_state),
         ),
-        (Some(c), Some(w)) if c.state == ContainerState::Exited => {
-            (waiting_state(&w.reason, &w.message), Some(terminated_state(c)))
-        }
+        (Some(c), Some(w)) if c.state == ContainerState::Exited => (
+            waiting_state(&w.reason, &w.message),
+            Some(terminated_state(c)),
+        ),
         (Some(c), None) if c.state == ContainerState::Exited => (
             terminated_state(c),
             previous
@@ -126,7 +127,9 @@ fn container_status(
                 terminated: Some(ContainerStateTerminated {
                     exit_code: 137,
                     reason: Some("ContainerStatusUnknown".into()),
-                    message: Some("The container could not be located when the pod was terminated".into()),
+                    message: Some(
+                        "The container could not be located when the pod was terminated".into(),
+                    ),
                     container_id: Some(format!("{}://{}", input.runtime_name, c.id)),
                     ..Default::default()
                 }),
@@ -138,10 +141,13 @@ fn container_status(
         (_, None) => (waiting_state(default_waiting, ""), None),
     };
     let running = state.running.is_some();
-    let probes = latest.and_then(|c| input.probes.get(&c.id)).copied().unwrap_or(ProbeState {
-        ready: true,
-        started: true,
-    });
+    let probes = latest
+        .and_then(|c| input.probes.get(&c.id))
+        .copied()
+        .unwrap_or(ProbeState {
+            ready: true,
+            started: true,
+        });
     ContainerStatus {
         name: want.name.clone(),
         image: want.image.clone().unwrap_or_default(),
@@ -171,7 +177,11 @@ fn failed(s: &ContainerStatus) -> bool {
 }
 
 /// The pod phase by the upstream rules (kubelet getPhase).
-pub fn phase(restart_policy: &str, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'static str {
+pub fn phase(
+    restart_policy: &str,
+    init: &[ContainerStatus],
+    app: &[ContainerStatus],
+) -> &'static str {
     let mut pending_init = false;
     for s in init {
         if succeeded(s) {
@@ -192,7 +202,11 @@ pub fn phase(restart_policy: &str, init: &[ContainerStatus], app: &[ContainerSta
             if t.exit_code == 0 {
                 ok += 1;
             }
-        } else if s.last_state.as_ref().is_some_and(|l| l.terminated.is_some()) {
+        } else if s
+            .last_state
+            .as_ref()
+            .is_some_and(|l| l.terminated.is_some())
+        {
             stopped += 1;
         } else {
             waiting += 1;
@@ -250,7 +264,11 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .map(|c| container_status(input, c, "PodInitializing"))
         .collect();
     let initialized = init.iter().all(succeeded);
-    let app_default = if initialized { "ContainerCreating" } else { "PodInitializing" };
+    let app_default = if initialized {
+        "ContainerCreating"
+    } else {
+        "PodInitializing"
+    };
     let app: Vec<ContainerStatus> = s
         .containers
         .iter()
@@ -258,14 +276,25 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .collect();
     let phase = phase(policy, &init, &app);
     let terminal = phase == "Succeeded" || phase == "Failed";
-    let unready: Vec<&str> = app.iter().filter(|c| !c.ready).map(|c| c.name.as_str()).collect();
-    let incomplete: Vec<&str> = init.iter().filter(|c| !succeeded(c)).map(|c| c.name.as_str()).collect();
+    let unready: Vec<&str> = app
+        .iter()
+        .filter(|c| !c.ready)
+        .map(|c| c.name.as_str())
+        .collect();
+    let incomplete: Vec<&str> = init
+        .iter()
+        .filter(|c| !succeeded(c))
+        .map(|c| c.name.as_str())
+        .collect();
     let (ready_reason, ready_message) = if terminal {
         ("PodCompleted", None)
     } else {
         (
             "ContainersNotReady",
-            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
         )
     };
     let sandbox_ready = input
@@ -275,17 +304,41 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
     let now = &input.now;
     let old = input.old;
     let conditions = vec![
-        condition(old, now, "PodReadyToStartContainers", sandbox_ready, None, None),
+        condition(
+            old,
+            now,
+            "PodReadyToStartContainers",
+            sandbox_ready,
+            None,
+            None,
+        ),
         condition(
             old,
             now,
             "Initialized",
             initialized,
             Some("ContainersNotInitialized"),
-            Some(format!("containers with incomplete status: [{}]", incomplete.join(" "))),
+            Some(format!(
+                "containers with incomplete status: [{}]",
+                incomplete.join(" ")
+            )),
         ),
-        condition(old, now, "Ready", unready.is_empty() && !terminal, Some(ready_reason), ready_message.clone()),
-        condition(old, now, "ContainersReady", unready.is_empty() && !terminal, Some(ready_reason), ready_message),
+        condition(
+            old,
+            now,
+            "Ready",
+            unready.is_empty() && !terminal,
+            Some(ready_reason),
+            ready_message.clone(),
+        ),
+        condition(
+            old,
+            now,
+            "ContainersReady",
+            unready.is_empty() && !terminal,
+            Some(ready_reason),
+            ready_message,
+        ),
         condition(old, now, "PodScheduled", true, None, None),
     ];
     let host_network = s.host_network.unwrap_or(false);
@@ -298,9 +351,14 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         phase: Some(phase.into()),
         conditions: Some(conditions),
         host_ip: (!input.host_ip.is_empty()).then(|| input.host_ip.to_string()),
-        host_ips: (!input.host_ip.is_empty()).then(|| vec![HostIP { ip: input.host_ip.to_string() }]),
+        host_ips: (!input.host_ip.is_empty()).then(|| {
+            vec![HostIP {
+                ip: input.host_ip.to_string(),
+            }]
+        }),
         pod_ip: pod_ips.first().cloned(),
-        pod_ips: (!pod_ips.is_empty()).then(|| pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
+        pod_ips: (!pod_ips.is_empty())
+            .then(|| pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
         start_time: Some(old.and_then(|o| o.start_time.clone()).unwrap_or(Time(*now))),
         qos_class: Some(qos_class(input.pod).into()),
         init_container_statuses: (!init.is_empty()).then_some(init),
@@ -324,12 +382,18 @@ mod tests {
     }
 
     fn running() -> ApiState {
-        ApiState { running: Some(Default::default()), ..Default::default() }
+        ApiState {
+            running: Some(Default::default()),
+            ..Default::default()
+        }
     }
 
     fn exited(code: i32) -> ApiState {
         ApiState {
-            terminated: Some(ContainerStateTerminated { exit_code: code, ..Default::default() }),
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -342,17 +406,70 @@ mod tests {
     fn phases_follow_the_upstream_table() {
         let cases: Vec<(&str, Vec<ContainerStatus>, Vec<ContainerStatus>, &str)> = vec![
             ("Always", vec![], vec![status(waiting(), None)], "Pending"),
-            ("Always", vec![], vec![status(running(), None), status(waiting(), None)], "Pending"),
-            ("Always", vec![], vec![status(running(), None), status(exited(1), None)], "Running"),
+            (
+                "Always",
+                vec![],
+                vec![status(running(), None), status(waiting(), None)],
+                "Pending",
+            ),
+            (
+                "Always",
+                vec![],
+                vec![status(running(), None), status(exited(1), None)],
+                "Running",
+            ),
             ("Always", vec![], vec![status(exited(0), None)], "Running"),
-            ("Always", vec![], vec![status(waiting_state("CrashLoopBackOff", ""), Some(exited(1)))], "Running"),
-            ("OnFailure", vec![], vec![status(exited(0), None)], "Succeeded"),
-            ("OnFailure", vec![], vec![status(exited(2), None)], "Running"),
-            ("Never", vec![], vec![status(exited(0), None), status(exited(0), None)], "Succeeded"),
-            ("Never", vec![], vec![status(exited(0), None), status(exited(3), None)], "Failed"),
-            ("Never", vec![status(exited(1), None)], vec![status(waiting(), None)], "Failed"),
-            ("Always", vec![status(exited(1), None)], vec![status(waiting(), None)], "Pending"),
-            ("Always", vec![status(exited(0), None)], vec![status(running(), None)], "Running"),
+            (
+                "Always",
+                vec![],
+                vec![status(
+                    waiting_state("CrashLoopBackOff", ""),
+                    Some(exited(1)),
+                )],
+                "Running",
+            ),
+            (
+                "OnFailure",
+                vec![],
+                vec![status(exited(0), None)],
+                "Succeeded",
+            ),
+            (
+                "OnFailure",
+                vec![],
+                vec![status(exited(2), None)],
+                "Running",
+            ),
+            (
+                "Never",
+                vec![],
+                vec![status(exited(0), None), status(exited(0), None)],
+                "Succeeded",
+            ),
+            (
+                "Never",
+                vec![],
+                vec![status(exited(0), None), status(exited(3), None)],
+                "Failed",
+            ),
+            (
+                "Never",
+                vec![status(exited(1), None)],
+                vec![status(waiting(), None)],
+                "Failed",
+            ),
+            (
+                "Always",
+                vec![status(exited(1), None)],
+                vec![status(waiting(), None)],
+                "Pending",
+            ),
+            (
+                "Always",
+                vec![status(exited(0), None)],
+                vec![status(running(), None)],
+                "Running",
+            ),
         ];
         for (i, (policy, init, app, want)) in cases.into_iter().enumerate() {
             assert_eq!(phase(policy, &init, &app), want, "case {i}");
@@ -368,7 +485,13 @@ mod tests {
         .unwrap()
     }
 
-    fn input<'a>(pod: &'a Pod, rt: &'a PodRuntime, waiting: &'a HashMap<String, Waiting>, old: Option<&'a PodStatus>, probes: &'a HashMap<String, ProbeState>) -> Input<'a> {
+    fn input<'a>(
+        pod: &'a Pod,
+        rt: &'a PodRuntime,
+        waiting: &'a HashMap<String, Waiting>,
+        old: Option<&'a PodStatus>,
+        probes: &'a HashMap<String, ProbeState>,
+    ) -> Input<'a> {
         Input {
             pod,
             rt,
@@ -382,7 +505,13 @@ mod tests {
         }
     }
 
-    fn container(id: &str, name: &str, attempt: u32, state: ContainerState, code: i32) -> Container {
+    fn container(
+        id: &str,
+        name: &str,
+        attempt: u32,
+        state: ContainerState,
+        code: i32,
+    ) -> Container {
         Container {
             id: id.into(),
             sandbox_id: "s".into(),
@@ -420,10 +549,26 @@ mod tests {
         let st = generate(&input(&p, &rt, &none, None, &probes));
         assert_eq!(st.phase.as_deref(), Some("Pending"));
         let app = &st.container_statuses.as_ref().unwrap()[0];
-        assert_eq!(app.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+        assert_eq!(
+            app.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("PodInitializing")
+        );
         let init = &st.init_container_statuses.as_ref().unwrap()[0];
         assert!(init.state.as_ref().unwrap().running.is_some());
-        let initialized = st.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Initialized").unwrap();
+        let initialized = st
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Initialized")
+            .unwrap();
         assert_eq!(initialized.status, "False");
         assert_eq!(st.pod_ip.as_deref(), Some("10.0.0.5"));
         assert_eq!(st.qos_class.as_deref(), Some("BestEffort"));
@@ -446,18 +591,40 @@ mod tests {
         assert_eq!(a.restart_count, 1);
         assert_eq!(a.container_id.as_deref(), Some("containerd://a2"));
         let last = a.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
-        assert_eq!((last.exit_code, last.reason.as_deref()), (137, Some("Error")));
+        assert_eq!(
+            (last.exit_code, last.reason.as_deref()),
+            (137, Some("Error"))
+        );
         let mut later = input(&p, &rt, &none, Some(&first), &probes);
         later.now = Timestamp::from_second(2_000).unwrap();
         let second = generate(&later);
-        assert_eq!(second.conditions, first.conditions, "no transition, same times");
+        assert_eq!(
+            second.conditions, first.conditions,
+            "no transition, same times"
+        );
         assert_eq!(second.start_time, first.start_time);
 
-        let unready: HashMap<String, ProbeState> = [("a2".to_string(), ProbeState { ready: false, started: true })].into();
+        let unready: HashMap<String, ProbeState> = [(
+            "a2".to_string(),
+            ProbeState {
+                ready: false,
+                started: true,
+            },
+        )]
+        .into();
         let third = generate(&input(&p, &rt, &none, Some(&first), &unready));
-        let ready = third.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Ready").unwrap();
+        let ready = third
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
         assert_eq!(ready.status, "False");
-        assert_eq!(ready.message.as_deref(), Some("containers with unready status: [a]"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [a]")
+        );
     }
 
     #[test]
@@ -466,12 +633,20 @@ mod tests {
         let rt = runtime(vec![container("i1", "init", 0, ContainerState::Exited, 0)]);
         let waiting: HashMap<String, Waiting> = [(
             "a".to_string(),
-            Waiting { reason: "ErrImageNeverPull".into(), message: "no image".into() },
+            Waiting {
+                reason: "ErrImageNeverPull".into(),
+                message: "no image".into(),
+            },
         )]
         .into();
         let probes = HashMap::new();
         let st = generate(&input(&p, &rt, &waiting, None, &probes));
-        let w = st.container_statuses.unwrap()[0].state.clone().unwrap().waiting.unwrap();
+        let w = st.container_statuses.unwrap()[0]
+            .state
+            .clone()
+            .unwrap()
+            .waiting
+            .unwrap();
         assert_eq!(w.reason.as_deref(), Some("ErrImageNeverPull"));
         assert_eq!(st.phase.as_deref(), Some("Pending"));
     }

@@ -10,10 +10,10 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
 
+use super::LABEL_POD_UID;
 use super::{
     Container, PodRuntime, Sandbox, container_from_cri, cri, sandbox_from_cri, state_from_cri,
 };
-use super::LABEL_POD_UID;
 use crate::types::PodUid;
 
 /// A failed CRI call.

@@ -27,7 +27,10 @@ async fn healthz(State(checks): State<Checks>) -> (StatusCode, String) {
     let mut failed = Vec::new();
     let age = checks.sync_loop.borrow().elapsed();
     if age > SYNC_LOOP_STALE {
-        failed.push(format!("[-]syncloop failed: no iteration for {}s", age.as_secs()));
+        failed.push(format!(
+            "[-]syncloop failed: no iteration for {}s",
+            age.as_secs()
+        ));
     }
     if let Err(age) = checks.pleg.check() {
         failed.push(format!(

@@ -79,7 +79,8 @@ pub struct Node {
     pub dir: tempfile::TempDir,
     pub runtime: RuntimeClient,
     cancel: CancellationToken,
-    agent: Option<JoinHandle<anyhow::Result<()>>>,
+    agent: Option<JoinHandle<()>>,
+    status: Option<nodelet::status::Reader>,
 }
 
 impl Node {
@@ -100,13 +101,14 @@ impl Node {
             runtime,
             cancel: CancellationToken::new(),
             agent: None,
+            status: None,
         };
         std::fs::create_dir_all(node.manifests()).expect("manifest dir");
-        node.launch(extra);
+        node.launch(extra).await;
         node
     }
 
-    fn launch(&mut self, extra: &[&str]) {
+    async fn launch(&mut self, extra: &[&str]) {
         let endpoint = format!("unix://{}", endpoint().display());
         let manifests = self.manifests().display().to_string();
         let root = self.path("root").display().to_string();
@@ -138,10 +140,45 @@ impl Node {
             Invocation::Exit(e) => panic!("test flags are invalid: {e}"),
         };
         self.cancel = CancellationToken::new();
-        self.agent = Some(tokio::spawn(nodelet::agent::run(
-            config,
-            self.cancel.clone(),
-        )));
+        let agent = nodelet::agent::start(config, self.cancel.clone())
+            .await
+            .expect("the agent starts")
+            .expect("not cancelled");
+        self.status = Some(agent.status.clone());
+        self.agent = Some(tokio::spawn(agent.wait()));
+    }
+
+    /// The latest status of the static pod `name`.
+    pub fn status(&self, name: &str) -> Option<k8s_openapi::api::core::v1::PodStatus> {
+        let reader = self.status.as_ref()?;
+        reader
+            .by_name("default", &self.pod_name(name))?
+            .pod
+            .status
+            .clone()
+    }
+
+    /// Waits until the pod's status satisfies `check`, and returns it.
+    pub async fn wait_status(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&k8s_openapi::api::core::v1::PodStatus) -> bool,
+    ) -> k8s_openapi::api::core::v1::PodStatus {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.status(name);
+            if let Some(s) = status.as_ref().filter(|s| check(s)) {
+                return s.clone();
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "{} status never became {what}; last: {status:?}",
+                    self.pod_name(name)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn path(&self, sub: &str) -> PathBuf {
@@ -259,8 +296,8 @@ impl Node {
     }
 
     /// Starts the agent again after [`Node::stop_agent`], with the same node and dirs.
-    pub fn restart(&mut self, extra: &[&str]) {
-        self.launch(extra);
+    pub async fn restart(&mut self, extra: &[&str]) {
+        self.launch(extra).await;
     }
 
     /// Stops the agent (pods keep running, as upstream) and waits for it.
@@ -268,10 +305,9 @@ impl Node {
         self.cancel.cancel();
         if let Some(h) = self.agent.take() {
             let result = tokio::time::timeout(Duration::from_secs(10), h).await;
-            let result = result
+            result
                 .expect("agent stops within 10 s")
                 .expect("agent task");
-            result.expect("agent ends cleanly");
         }
     }
 

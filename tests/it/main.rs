@@ -6,3 +6,4 @@ mod config;
 mod cri;
 mod healthz;
 mod static_pods;
+mod status;

@@ -397,7 +397,7 @@ async fn pods_of_a_manifest_removed_while_nodelet_was_down_are_collected() {
     let (_, kept) = node.wait_running("kept", 1).await;
     node.stop_agent().await;
     node.remove_manifest("orphan.yaml");
-    node.restart(&[]);
+    node.restart(&[]).await;
     node.wait_gone(&orphan.uid, Duration::from_secs(30)).await;
     let (_, still) = node.wait_running("kept", 1).await;
     assert_eq!(
@@ -428,7 +428,7 @@ async fn a_single_manifest_file_path_and_a_memory_empty_dir_work() {
     );
     std::fs::write(&file, yaml).unwrap();
     let path = file.display().to_string();
-    node.restart(&["--pod-manifest-path", &path]);
+    node.restart(&["--pod-manifest-path", &path]).await;
     let (sandbox, _) = node.wait_running("single", 1).await;
     let log = node.wait_log("single", "c", "tmpfs").await;
     assert!(log.contains(" 8192 "), "an 8 MiB tmpfs: {log}");

@@ -1,0 +1,118 @@
+//! Container restart backoff (CrashLoopBackOff): 10 s doubling to 300 s per container, forgotten
+//! after the container has not needed a restart for twice the cap (10 min), as upstream.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+/// Per-container restart delays, keyed by pod UID + container name + spec hash.
+#[derive(Debug)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    entries: HashMap<String, Entry>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    delay: Duration,
+    last_update: SystemTime,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Backoff {
+            initial,
+            max,
+            entries: HashMap::new(),
+        }
+    }
+
+    fn expired(&self, at: SystemTime, entry: &Entry) -> bool {
+        at.duration_since(entry.last_update).unwrap_or_default() > self.max * 2
+    }
+
+    /// How much longer a container that finished at `finished` must wait before its restart,
+    /// or `None` when it may restart now.
+    pub fn remaining(&self, key: &str, finished: SystemTime, now: SystemTime) -> Option<Duration> {
+        let entry = self.entries.get(key)?;
+        if self.expired(now, entry) {
+            return None;
+        }
+        let waited = now.duration_since(finished).unwrap_or_default();
+        entry.delay.checked_sub(waited).filter(|d| !d.is_zero())
+    }
+
+    /// Records a restart of a container that finished at `finished`: the next delay doubles.
+    pub fn next(&mut self, key: &str, finished: SystemTime) {
+        let delay = match self.entries.get(key) {
+            Some(e) if !self.expired(finished, e) => (e.delay * 2).min(self.max),
+            _ => self.initial,
+        };
+        self.entries.insert(
+            key.to_string(),
+            Entry {
+                delay,
+                last_update: finished,
+            },
+        );
+    }
+
+    /// Forgets every entry of a pod (its keys start with its UID).
+    pub fn forget_pod(&mut self, uid: &str) {
+        self.entries.retain(|k, _| !k.starts_with(uid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn delays_double_to_the_cap_and_reset_after_ten_quiet_minutes() {
+        let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
+        assert_eq!(
+            b.remaining("k", at(100), at(100)),
+            None,
+            "the first restart is immediate"
+        );
+        b.next("k", at(100));
+        let mut finished = 100;
+        let mut expected = 10;
+        for _ in 0..8 {
+            finished += 1;
+            assert_eq!(
+                b.remaining("k", at(finished), at(finished)),
+                Some(Duration::from_secs(expected))
+            );
+            assert_eq!(
+                b.remaining("k", at(finished), at(finished + expected)),
+                None
+            );
+            b.next("k", at(finished));
+            expected = (expected * 2).min(300);
+        }
+        assert_eq!(
+            b.remaining("k", at(finished + 1), at(finished + 1)),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(
+            b.remaining("k", at(finished + 700), at(finished + 700)),
+            None,
+            "expired after 2 x cap"
+        );
+        b.next("k", at(finished + 700));
+        assert_eq!(
+            b.remaining("k", at(finished + 701), at(finished + 701)),
+            Some(Duration::from_secs(10))
+        );
+        b.forget_pod("k");
+        assert_eq!(
+            b.remaining("k", at(finished + 702), at(finished + 702)),
+            None
+        );
+    }
+}

@@ -1,0 +1,288 @@
+//! Pod status computed the upstream way, observed through the agent's status store.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
+
+use crate::bed::{BUSYBOX, FOREVER, Node, pod_yaml};
+
+fn app(status: &PodStatus, i: usize) -> ContainerStatus {
+    status
+        .container_statuses
+        .as_ref()
+        .expect("container statuses")[i]
+        .clone()
+}
+
+fn condition(status: &PodStatus, kind: &str) -> String {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == kind)
+        .map(|c| c.status.clone())
+        .unwrap_or_default()
+}
+
+fn phase(status: &PodStatus) -> &str {
+    status.phase.as_deref().unwrap_or("")
+}
+
+fn terminated_reason(c: &ContainerStatus) -> Option<(String, i32)> {
+    let t = c.state.as_ref()?.terminated.as_ref()?;
+    Some((t.reason.clone().unwrap_or_default(), t.exit_code))
+}
+
+fn waiting_reason(c: &ContainerStatus) -> Option<String> {
+    c.state.as_ref()?.waiting.as_ref()?.reason.clone()
+}
+
+#[tokio::test]
+async fn phases_follow_the_restart_policy() {
+    let node = Node::start("phases", &[]).await;
+    let marker = node.path("marker");
+    std::fs::create_dir_all(&marker).unwrap();
+    node.write_manifest(
+        "done.yaml",
+        &pod_yaml("done", &[("c", "echo ok")], "  restartPolicy: Never\n"),
+    );
+    node.write_manifest(
+        "fails.yaml",
+        &pod_yaml("fails", &[("c", "exit 3")], "  restartPolicy: Never\n"),
+    );
+    let retry = pod_yaml(
+        "retry",
+        &[(
+            "c",
+            "if [ -f /m/once ]; then exit 0; fi; touch /m/once; exit 1",
+        )],
+        &format!(
+            "  restartPolicy: OnFailure\n  volumes: [{{name: m, hostPath: {{path: {}}}}}]\n",
+            marker.display()
+        ),
+    )
+    .replacen(
+        "    command:",
+        "    volumeMounts: [{name: m, mountPath: /m}]\n    command:",
+        1,
+    );
+    node.write_manifest("retry.yaml", &retry);
+    node.write_manifest("long.yaml", &pod_yaml("long", &[("c", FOREVER)], ""));
+
+    let done = node
+        .wait_status("done", "Succeeded", |s| phase(s) == "Succeeded")
+        .await;
+    assert_eq!(
+        terminated_reason(&app(&done, 0)),
+        Some(("Completed".into(), 0))
+    );
+    assert_eq!(condition(&done, "Ready"), "False");
+    let fails = node
+        .wait_status("fails", "Failed", |s| phase(s) == "Failed")
+        .await;
+    assert_eq!(
+        terminated_reason(&app(&fails, 0)),
+        Some(("Error".into(), 3))
+    );
+    let retry = node
+        .wait_status("retry", "Succeeded", |s| phase(s) == "Succeeded")
+        .await;
+    assert_eq!(app(&retry, 0).restart_count, 1);
+    let last = app(&retry, 0).last_state.unwrap().terminated.unwrap();
+    assert_eq!(last.exit_code, 1);
+
+    let long = node
+        .wait_status("long", "Running and Ready", |s| {
+            phase(s) == "Running" && condition(s, "Ready") == "True"
+        })
+        .await;
+    let c = app(&long, 0);
+    assert!(c.ready && c.started == Some(true));
+    assert!(
+        c.container_id
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("containerd://")
+    );
+    assert!(!c.image_id.is_empty());
+    assert_eq!(c.image, BUSYBOX);
+    assert!(c.state.unwrap().running.unwrap().started_at.is_some());
+    assert!(long.pod_ip.is_some(), "{long:?}");
+    assert_eq!(long.qos_class.as_deref(), Some("BestEffort"));
+    for kind in [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "ContainersReady",
+        "PodScheduled",
+    ] {
+        assert_eq!(condition(&long, kind), "True", "{kind}");
+    }
+    assert!(long.start_time.is_some());
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn init_containers_run_in_order_and_report_their_status() {
+    let node = Node::start("init", &[]).await;
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: init}}\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: w, emptyDir: {{}}}}]\n  initContainers:\n  - {{name: one, image: {BUSYBOX}, command: [sh, -c, 'echo one > /w/seq'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n  - {{name: two, image: {BUSYBOX}, command: [sh, -c, 'echo two >> /w/seq'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n  containers:\n  - {{name: app, image: {BUSYBOX}, command: [sh, -c, \"tr '\\\\n' ' ' < /w/seq; echo; trap 'exit 0' TERM; {FOREVER}\"], volumeMounts: [{{name: w, mountPath: /w}}]}}\n"
+    );
+    node.write_manifest("init.yaml", &yaml);
+    node.wait_log("init", "app", "one two").await;
+    let st = node
+        .wait_status("init", "Running", |s| phase(s) == "Running")
+        .await;
+    let inits = st.init_container_statuses.clone().expect("init statuses");
+    assert_eq!(inits.len(), 2);
+    for c in &inits {
+        assert_eq!(
+            terminated_reason(c),
+            Some(("Completed".into(), 0)),
+            "{}",
+            c.name
+        );
+    }
+    assert_eq!(condition(&st, "Initialized"), "True");
+
+    node.write_manifest(
+        "bad-init.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: bad-init}}\nspec:\n  restartPolicy: Never\n  initContainers:\n  - {{name: fail, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n  containers:\n  - {{name: app, image: {BUSYBOX}, command: [sh, -c, 'echo never']}}\n"
+        ),
+    );
+    let st = node
+        .wait_status("bad-init", "Failed", |s| phase(s) == "Failed")
+        .await;
+    assert_eq!(
+        waiting_reason(&app(&st, 0)).as_deref(),
+        Some("PodInitializing")
+    );
+    assert_eq!(condition(&st, "Initialized"), "False");
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn an_oom_killed_container_reports_oom_killed() {
+    let node = Node::start("oom", &[]).await;
+    let yaml = pod_yaml(
+        "oom",
+        &[("c", "tail /dev/zero")],
+        "  restartPolicy: Never\n",
+    )
+    .replacen(
+        "    command:",
+        "    resources: {limits: {memory: 16Mi}}\n    command:",
+        1,
+    );
+    node.write_manifest("oom.yaml", &yaml);
+    let st = node
+        .wait_status("oom", "Failed", |s| phase(s) == "Failed")
+        .await;
+    assert_eq!(
+        terminated_reason(&app(&st, 0)),
+        Some(("OOMKilled".into(), 137))
+    );
+    assert_eq!(st.qos_class.as_deref(), Some("Burstable"));
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_missing_image_with_pull_policy_never_waits_with_err_image_never_pull() {
+    let node = Node::start("neverpull", &[]).await;
+    node.write_manifest(
+        "np.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: np}\nspec:\n  containers:\n  - {name: c, image: 'localhost/not-here:1', imagePullPolicy: Never}\n",
+    );
+    let st = node
+        .wait_status("np", "ErrImageNeverPull", |s| {
+            s.container_statuses
+                .as_ref()
+                .and_then(|c| waiting_reason(&c[0]))
+                .as_deref()
+                == Some("ErrImageNeverPull")
+        })
+        .await;
+    assert_eq!(phase(&st), "Pending");
+    let msg = app(&st, 0)
+        .state
+        .unwrap()
+        .waiting
+        .unwrap()
+        .message
+        .unwrap_or_default();
+    assert!(msg.contains("localhost/not-here:1"), "{msg}");
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_crashing_container_is_restarted_on_its_lifecycle_event_then_backs_off() {
+    // A 10 minute resync: only the PLEG's event can bring the restart.
+    let node = Node::start("crash", &["--sync-frequency", "10m"]).await;
+    node.write_manifest(
+        "crash.yaml",
+        &pod_yaml("crash", &[("c", "echo ran; exit 1")], ""),
+    );
+    let st = node
+        .wait_status("crash", "CrashLoopBackOff after one restart", |s| {
+            s.container_statuses.as_ref().is_some_and(|c| {
+                c[0].restart_count >= 1
+                    && waiting_reason(&c[0]).as_deref() == Some("CrashLoopBackOff")
+            })
+        })
+        .await;
+    let c = app(&st, 0);
+    assert_eq!(
+        c.restart_count, 1,
+        "the second restart waits out the 10 s backoff"
+    );
+    assert_eq!(c.last_state.unwrap().terminated.unwrap().exit_code, 1);
+    assert_eq!(phase(&st), "Running");
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn status_survives_a_restart_of_nodelet() {
+    let mut node = Node::start("survive", &[]).await;
+    let marker = node.path("marker");
+    std::fs::create_dir_all(&marker).unwrap();
+    let yaml = pod_yaml(
+        "survive",
+        &[(
+            "c",
+            &format!("if [ ! -f /m/once ]; then touch /m/once; exit 2; fi; {FOREVER}"),
+        )],
+        &format!(
+            "  volumes: [{{name: m, hostPath: {{path: {}}}}}]\n",
+            marker.display()
+        ),
+    )
+    .replacen(
+        "    command:",
+        "    volumeMounts: [{name: m, mountPath: /m}]\n    command:",
+        1,
+    );
+    node.write_manifest("survive.yaml", &yaml);
+    let before = node
+        .wait_status("survive", "running after one restart", |s| {
+            s.container_statuses
+                .as_ref()
+                .is_some_and(|c| c[0].restart_count == 1 && c[0].ready)
+        })
+        .await;
+    node.stop_agent().await;
+    node.restart(&[]).await;
+    let after = node
+        .wait_status("survive", "running after one restart", |s| {
+            s.container_statuses
+                .as_ref()
+                .is_some_and(|c| c[0].restart_count == 1 && c[0].ready)
+        })
+        .await;
+    let (b, a) = (app(&before, 0), app(&after, 0));
+    assert_eq!(
+        a.container_id, b.container_id,
+        "the running container was adopted"
+    );
+    assert_eq!(a.state, b.state, "same start time");
+    assert_eq!(a.last_state, b.last_state, "same last state");
+    assert_eq!(a.last_state.unwrap().terminated.unwrap().exit_code, 2);
+    node.finish().await;
+}
