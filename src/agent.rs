@@ -15,7 +15,7 @@ use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
 use crate::sources::file;
 use crate::sync_loop::{self, SyncLoop};
-use crate::{pleg, server, status, types::SourceSnapshot};
+use crate::{pleg, probe, server, status, types::SourceSnapshot};
 
 /// How long nodelet waits for the runtime at start.
 const RUNTIME_WAIT: Duration = Duration::from_secs(30);
@@ -92,7 +92,14 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         runtime_name: version.runtime_name.clone(),
     };
     let (status_writer, status_reader) = status::store();
-    let syncer = Arc::new(Syncer::new(runtime.clone(), ctx, status_writer));
+    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+    let probes = Arc::new(probe::Manager::new(
+        runtime.clone(),
+        probe_tx,
+        tracker.clone(),
+        cancel.clone(),
+    ));
+    let syncer = Arc::new(Syncer::new(runtime.clone(), ctx, status_writer, probes));
     let loop_config = sync_loop::Config {
         resync: config.sync_frequency,
         ..Default::default()
@@ -137,7 +144,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     }
     drop(snapshots_tx);
 
-    tracker.spawn(sync_loop.run(snapshots_rx, events_rx, cancel.clone()));
+    tracker.spawn(sync_loop.run(snapshots_rx, events_rx, probe_rx, cancel.clone()));
     tracker.close();
     Ok(Some(Agent {
         status: status_reader,

@@ -18,6 +18,7 @@ pub mod pleg;
 pub mod pod;
 pub mod pod_sync;
 pub mod pod_workers;
+pub mod probe;
 pub mod runtime;
 pub mod server;
 pub mod sources;

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::pleg::{Event, EventKind};
 use crate::pod::ANNOTATION_CONFIG_SOURCE;
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
+use crate::probe;
 use crate::sources::Mux;
 use crate::types::{PodOperation, PodUid, Source, SourceSnapshot, full_name};
 
@@ -162,16 +163,13 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 
-    /// A lifecycle event wakes the pod's worker at once instead of at its next resync.
-    fn handle_event(&mut self, event: Event) {
-        if event.kind == EventKind::Removed || self.workers.is_terminating(&event.uid) {
+    /// A lifecycle event or a probe result wakes the pod's worker at once instead of at its
+    /// next resync.
+    fn handle_event(&mut self, uid: &PodUid, kind: EventKind) {
+        if kind == EventKind::Removed || self.workers.is_terminating(uid) {
             return;
         }
-        let pod = self
-            .mux
-            .desired()
-            .find(|p| PodUid::of(p) == event.uid)
-            .cloned();
+        let pod = self.mux.desired().find(|p| PodUid::of(p) == *uid).cloned();
         if let Some(pod) = pod {
             self.dispatch(&[pod], false);
         }
@@ -182,6 +180,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         mut self,
         mut snapshots: mpsc::Receiver<SourceSnapshot>,
         mut events: mpsc::Receiver<Event>,
+        mut probes: mpsc::UnboundedReceiver<probe::Update>,
         cancel: CancellationToken,
     ) {
         let mut tick = tokio::time::interval(self.config.tick);
@@ -207,7 +206,11 @@ impl<S: PodSyncer> SyncLoop<S> {
                         .collect();
                     self.dispatch(&again, false);
                 }
-                Some(event) = events.recv() => self.handle_event(event),
+                Some(event) = events.recv() => self.handle_event(&event.uid, event.kind),
+                Some(update) = probes.recv() => {
+                    tracing::debug!(?update, "probe result changed");
+                    self.handle_event(&update.uid, EventKind::Changed);
+                }
                 _ = tick.tick() => self.resync_due(),
                 _ = housekeeping.tick() => self.housekeeping().await,
             }

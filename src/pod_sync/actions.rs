@@ -2,6 +2,8 @@
 //! sandbox must be (re)created, which containers to kill, which to start, what to collect.
 //! Pure: no I/O, so every transition is unit-tested.
 
+use std::collections::HashMap;
+
 use k8s_openapi::api::core::v1::{Container as SpecContainer, Pod};
 
 use crate::pod::{container_hash, spec};
@@ -13,6 +15,15 @@ pub struct Kill {
     pub id: String,
     pub name: String,
     pub reason: String,
+    /// A grace period other than the pod's (a probe's terminationGracePeriodSeconds).
+    pub grace: Option<i64>,
+}
+
+/// A running container that must be restarted because a probe failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unhealthy {
+    pub reason: String,
+    pub grace: Option<i64>,
 }
 
 /// A container to create and start.
@@ -84,7 +95,8 @@ fn finished(pod: &Pod, rt: &PodRuntime) -> bool {
 }
 
 /// Computes the actions that bring the runtime to the pod's spec.
-pub fn plan(pod: &Pod, rt: &PodRuntime) -> Plan {
+/// `unhealthy` holds, by container ID, running containers whose liveness or startup probe failed.
+pub fn plan(pod: &Pod, rt: &PodRuntime, unhealthy: &HashMap<String, Unhealthy>) -> Plan {
     let s = spec(pod);
     let policy = s.restart_policy.as_deref().unwrap_or("Always");
     let mut plan = Plan::default();
@@ -148,7 +160,17 @@ pub fn plan(pod: &Pod, rt: &PodRuntime) -> Plan {
                 plan.kill.push(kill(c, "container spec changed"));
                 plan.start.push(start(rt, want, false));
             }
-            ContainerState::Running => {}
+            ContainerState::Running => {
+                if let Some(u) = unhealthy.get(&c.id) {
+                    plan.kill.push(Kill {
+                        grace: u.grace,
+                        ..kill(c, &u.reason)
+                    });
+                    if policy != "Never" {
+                        plan.start.push(start(rt, want, false));
+                    }
+                }
+            }
             ContainerState::Exited => {
                 if restarts(policy, c) {
                     plan.start.push(start(rt, want, false));
@@ -168,6 +190,7 @@ fn kill(c: &Container, reason: &str) -> Kill {
         id: c.id.clone(),
         name: c.name.clone(),
         reason: reason.into(),
+        grace: None,
     }
 }
 
@@ -271,7 +294,7 @@ mod tests {
     #[test]
     fn a_new_pod_gets_a_sandbox_and_all_its_containers() {
         let p = pod("Always", &[], &["a", "b"]);
-        let plan = plan(&p, &PodRuntime::default());
+        let plan = plan(&p, &PodRuntime::default(), &HashMap::new());
         assert_eq!(plan.create_sandbox, Some(0));
         assert!(!plan.kill_pod);
         assert_eq!(names(&plan), [("a", 0), ("b", 0)]);
@@ -292,7 +315,7 @@ mod tests {
                 None,
             )],
         };
-        let plan = plan(&p, &rt);
+        let plan = plan(&p, &rt, &HashMap::new());
         assert_eq!(plan.sandbox_id.as_deref(), Some("s1"));
         assert!(plan.start.is_empty() && plan.kill.is_empty() && plan.create_sandbox.is_none());
     }
@@ -306,9 +329,39 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![c],
         };
-        let plan = plan(&p, &rt);
+        let plan = plan(&p, &rt, &HashMap::new());
         assert_eq!(plan.kill[0].id, "c1");
         assert_eq!(names(&plan), [("a", 1)]);
+    }
+
+    #[test]
+    fn a_failed_liveness_probe_restarts_the_container_unless_never() {
+        for (policy, restarted) in [("Always", true), ("OnFailure", true), ("Never", false)] {
+            let p = pod(policy, &[], &["a"]);
+            let rt = PodRuntime {
+                sandboxes: vec![sandbox("s1", 0, true)],
+                containers: vec![container(
+                    &p,
+                    "c1",
+                    "s1",
+                    "a",
+                    0,
+                    ContainerState::Running,
+                    None,
+                )],
+            };
+            let unhealthy: HashMap<String, Unhealthy> = [(
+                "c1".to_string(),
+                Unhealthy {
+                    reason: "failed liveness probe".into(),
+                    grace: Some(1),
+                },
+            )]
+            .into();
+            let plan = plan(&p, &rt, &unhealthy);
+            assert_eq!(plan.kill[0].grace, Some(1));
+            assert_eq!(!plan.start.is_empty(), restarted, "{policy}");
+        }
     }
 
     #[test]
@@ -333,7 +386,7 @@ mod tests {
                     Some(code),
                 )],
             };
-            let plan = plan(&p, &rt);
+            let plan = plan(&p, &rt, &HashMap::new());
             assert_eq!(!plan.start.is_empty(), restarted, "{policy} exit {code}");
             if restarted {
                 assert_eq!(names(&plan), [("a", 5)]);
@@ -356,7 +409,7 @@ mod tests {
                 Some(137),
             )],
         };
-        let plan = plan(&p, &rt);
+        let plan = plan(&p, &rt, &HashMap::new());
         assert!(plan.kill_pod);
         assert_eq!(plan.create_sandbox, Some(1));
         assert_eq!(names(&plan), [("a", 3)]);
@@ -377,13 +430,13 @@ mod tests {
                 Some(0),
             )],
         };
-        assert_eq!(plan(&p, &rt), Plan::default());
+        assert_eq!(plan(&p, &rt, &HashMap::new()), Plan::default());
     }
 
     #[test]
     fn init_containers_run_one_at_a_time_before_the_app() {
         let p = pod("Always", &["i1", "i2"], &["a"]);
-        let fresh = plan(&p, &PodRuntime::default());
+        let fresh = plan(&p, &PodRuntime::default(), &HashMap::new());
         assert_eq!(names(&fresh), [("i1", 0)]);
         let mut rt = PodRuntime {
             sandboxes: vec![sandbox("s1", 0, true)],
@@ -397,16 +450,16 @@ mod tests {
                 None,
             )],
         };
-        assert!(plan(&p, &rt).start.is_empty());
+        assert!(plan(&p, &rt, &HashMap::new()).start.is_empty());
         rt.containers[0] = container(&p, "c1", "s1", "i1", 0, ContainerState::Exited, Some(0));
-        assert_eq!(names(&plan(&p, &rt)), [("i2", 0)]);
+        assert_eq!(names(&plan(&p, &rt, &HashMap::new())), [("i2", 0)]);
         rt.containers.insert(
             0,
             container(&p, "c2", "s1", "i2", 0, ContainerState::Exited, Some(1)),
         );
-        assert_eq!(names(&plan(&p, &rt)), [("i2", 1)]);
+        assert_eq!(names(&plan(&p, &rt, &HashMap::new())), [("i2", 1)]);
         rt.containers[0] = container(&p, "c2", "s1", "i2", 0, ContainerState::Exited, Some(0));
-        assert_eq!(names(&plan(&p, &rt)), [("a", 0)]);
+        assert_eq!(names(&plan(&p, &rt, &HashMap::new())), [("a", 0)]);
     }
 
     #[test]
@@ -424,7 +477,7 @@ mod tests {
                 Some(1),
             )],
         };
-        assert!(plan(&p, &rt).start.is_empty());
+        assert!(plan(&p, &rt, &HashMap::new()).start.is_empty());
     }
 
     #[test]
@@ -438,7 +491,7 @@ mod tests {
                 container(&p, "c1", "s1", "a", 0, ContainerState::Exited, Some(1)),
             ],
         };
-        let plan = plan(&p, &rt);
+        let plan = plan(&p, &rt, &HashMap::new());
         assert_eq!(
             plan.remove_containers,
             ["c1"],

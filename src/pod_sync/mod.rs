@@ -15,12 +15,12 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::task::JoinSet;
 
-use crate::images;
 use crate::pod::{grace_period_seconds, spec};
 use crate::pod_workers::PodSyncer;
 use crate::runtime::{self, ANNOTATION_NODE_NAME, ContainerState, PodRuntime, RuntimeClient, cri};
 use crate::types::{PodUid, full_name};
 use crate::volumes;
+use crate::{images, probe};
 pub use convert::Context;
 
 /// Why a sync step failed; each message names the pod part involved.
@@ -72,6 +72,7 @@ pub struct Syncer {
     /// Per pod, per container: why the last start failed (cleared by a successful start).
     waiting: std::sync::Mutex<HashMap<PodUid, HashMap<String, status::Waiting>>>,
     backoff: std::sync::Mutex<backoff::Backoff>,
+    probes: Arc<probe::Manager>,
 }
 
 fn display_chain(e: &dyn std::error::Error) -> String {
@@ -89,8 +90,14 @@ fn display_chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Syncer {
-    pub fn new(runtime: RuntimeClient, ctx: Context, status: crate::status::Writer) -> Self {
+    pub fn new(
+        runtime: RuntimeClient,
+        ctx: Context,
+        status: crate::status::Writer,
+        probes: Arc<probe::Manager>,
+    ) -> Self {
         Syncer {
+            probes,
             runtime,
             ctx,
             statuses: status.reader(),
@@ -138,6 +145,38 @@ impl Syncer {
     }
 
     /// Reads the pod's runtime state and records its status.
+    /// Running containers whose liveness or startup probe failed, with the kill reason.
+    fn unhealthy(&self, pod: &Pod, rt: &PodRuntime) -> HashMap<String, actions::Unhealthy> {
+        let results = self.probes.results();
+        rt.containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running)
+            .filter_map(|c| {
+                let kind = results.unhealthy(&c.id)?;
+                let want = spec(pod).containers.iter().find(|w| w.name == c.name);
+                let probe = want.and_then(|w| match kind {
+                    probe::Kind::Startup => w.startup_probe.as_ref(),
+                    _ => w.liveness_probe.as_ref(),
+                });
+                let which = if kind == probe::Kind::Startup {
+                    "startup"
+                } else {
+                    "liveness"
+                };
+                Some((
+                    c.id.clone(),
+                    actions::Unhealthy {
+                        reason: format!(
+                            "Container {} failed {which} probe, will be restarted",
+                            c.name
+                        ),
+                        grace: probe.and_then(|p| p.termination_grace_period_seconds),
+                    },
+                ))
+            })
+            .collect()
+    }
+
     async fn update_status(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let rt = self.runtime.pod_runtime(&uid).await?;
@@ -166,6 +205,22 @@ impl Syncer {
             .get(&uid)
             .cloned()
             .unwrap_or_default();
+        let host_network = spec(pod).host_network.unwrap_or(false);
+        let probe_host = match pod_ips.first() {
+            Some(ip) if !host_network => ip.clone(),
+            _ => self.ctx.host_ip.clone(),
+        };
+        self.probes.sync_pod(pod, &rt, &probe_host);
+        let results = self.probes.results();
+        let probes: HashMap<String, status::ProbeState> = rt
+            .containers
+            .iter()
+            .filter_map(|c| {
+                let want = crate::pod::all_containers(spec(pod)).find(|w| w.name == c.name)?;
+                let (ready, started) = results.state(&c.id, want);
+                Some((c.id.clone(), status::ProbeState { ready, started }))
+            })
+            .collect();
         let old = self.statuses.get(&uid);
         let status = status::generate(&status::Input {
             pod,
@@ -173,7 +228,7 @@ impl Syncer {
             pod_ips,
             host_ip: &self.ctx.host_ip,
             waiting: &waiting,
-            probes: &HashMap::new(),
+            probes: &probes,
             old: old.as_ref().and_then(|e| e.pod.status.as_ref()),
             now: status::now(),
             runtime_name: &self.ctx.runtime_name,
@@ -187,7 +242,7 @@ impl Syncer {
     async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
         let uid = PodUid::of(pod);
         let rt = self.runtime.pod_runtime(&uid).await?;
-        let plan = actions::plan(pod, &rt);
+        let plan = actions::plan(pod, &rt, &self.unhealthy(pod, &rt));
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
         if plan.kill_pod {
             self.kill_all(pod, &rt).await?;
@@ -222,7 +277,7 @@ impl Syncer {
         };
         for k in &plan.kill {
             tracing::info!(pod = %full_name(pod), container = %k.name, reason = %k.reason, "killing container");
-            self.stop_container(&k.id, grace_period_seconds(pod))
+            self.stop_container(&k.id, k.grace.unwrap_or_else(|| grace_period_seconds(pod)))
                 .await?;
         }
         let pod_ip = if plan.start.is_empty() {
@@ -419,6 +474,7 @@ impl Syncer {
             _ => {}
         }
         self.status.remove(&uid);
+        self.probes.remove_pod(&uid);
         self.backoff
             .lock()
             .unwrap_or_else(|e| e.into_inner())

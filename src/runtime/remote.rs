@@ -302,6 +302,28 @@ impl RuntimeClient {
             })
     }
 
+    /// Runs `cmd` in the container and returns its exit code and output, within `timeout`.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<cri::ExecSyncResponse> {
+        let mut c = self.runtime.clone();
+        let req = cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd,
+            timeout: timeout.as_secs().max(1) as i64,
+        };
+        // The runtime enforces the command's timeout; allow a little on top for the call itself.
+        self.call(
+            "ExecSync",
+            timeout + Duration::from_secs(2),
+            c.exec_sync(req),
+        )
+        .await
+    }
+
     /// The image's status, or `None` when the runtime does not have it.
     pub async fn image_status(&self, image: &str) -> Result<Option<cri::Image>> {
         let mut c = self.images.clone();

@@ -5,5 +5,6 @@ mod bed;
 mod config;
 mod cri;
 mod healthz;
+mod probes;
 mod static_pods;
 mod status;

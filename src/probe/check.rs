@@ -1,0 +1,254 @@
+//! One probe attempt: exec (CRI ExecSync), httpGet (a small HTTP/1.1 GET, same-host redirects
+//! followed), tcpSocket (connect) and grpc (grpc.health.v1 Check).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ContainerPort, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::runtime::RuntimeClient;
+
+/// What a probe runs against.
+pub struct Target<'a> {
+    pub container_id: &'a str,
+    /// Host for httpGet without a host, tcpSocket without a host, and grpc.
+    pub pod_ip: &'a str,
+    pub ports: &'a [ContainerPort],
+}
+
+/// Resolves a numbered or named port of the container.
+fn port(p: &IntOrString, ports: &[ContainerPort]) -> Result<u16, String> {
+    let number = match p {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => match name.parse::<i32>() {
+            Ok(n) => n,
+            Err(_) => ports
+                .iter()
+                .find(|cp| cp.name.as_deref() == Some(name))
+                .map(|cp| cp.container_port)
+                .ok_or_else(|| format!("no container port named {name:?}"))?,
+        },
+    };
+    u16::try_from(number)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("invalid port {number}"))
+}
+
+/// Runs one attempt; `Err` carries the failure's description.
+pub async fn attempt(
+    probe: &Probe,
+    target: &Target<'_>,
+    runtime: &RuntimeClient,
+) -> Result<(), String> {
+    let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
+    if let Some(exec) = &probe.exec {
+        let cmd = exec.command.clone().unwrap_or_default();
+        let out = runtime
+            .exec_sync(target.container_id, cmd, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        return if out.exit_code == 0 {
+            Ok(())
+        } else {
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            Err(format!("exit code {}: {}", out.exit_code, text.trim()))
+        };
+    }
+    if let Some(http) = &probe.http_get {
+        let host = http
+            .host
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| target.pod_ip.to_string());
+        let port = port(&http.port, target.ports)?;
+        if http
+            .scheme
+            .as_deref()
+            .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"))
+        {
+            return Err("HTTPS probes are not supported yet".into());
+        }
+        let path = http.path.clone().unwrap_or_else(|| "/".into());
+        let headers: Vec<(String, String)> = http
+            .http_headers
+            .iter()
+            .flatten()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect();
+        return bounded(timeout, http_get(host, port, path, headers)).await;
+    }
+    if let Some(tcp) = &probe.tcp_socket {
+        let host = tcp
+            .host
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| target.pod_ip.to_string());
+        let port = port(&tcp.port, target.ports)?;
+        let connect = async move {
+            TcpStream::connect((host.as_str(), port))
+                .await
+                .map(drop)
+                .map_err(|e| format!("dial tcp {host}:{port}: {e}"))
+        };
+        return bounded(timeout, connect).await;
+    }
+    if let Some(grpc) = &probe.grpc {
+        let addr = format!("http://{}:{}", bracket(target.pod_ip), grpc.port);
+        let service = grpc.service.clone().unwrap_or_default();
+        return bounded(timeout, grpc_check(addr, service)).await;
+    }
+    Err("the probe has no handler".into())
+}
+
+async fn bounded(
+    timeout: Duration,
+    fut: impl Future<Output = Result<(), String>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("timed out after {timeout:?}")),
+    }
+}
+
+fn bracket(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+/// GET with upstream's rules: 200-399 is success; redirects are followed (up to 10) only to the
+/// same host, a redirect elsewhere counts as success.
+async fn http_get(
+    host: String,
+    port: u16,
+    mut path: String,
+    headers: Vec<(String, String)>,
+) -> Result<(), String> {
+    for _ in 0..10 {
+        let (code, location) = get_once(&host, port, &path, &headers).await?;
+        match (code, location) {
+            (300..=399, Some(loc)) => {
+                let same_host_prefix = [format!("http://{host}:{port}"), format!("http://{host}")];
+                if let Some(rest) = same_host_prefix
+                    .iter()
+                    .find_map(|p| loc.strip_prefix(p.as_str()))
+                {
+                    path = if rest.is_empty() {
+                        "/".into()
+                    } else {
+                        rest.to_string()
+                    };
+                } else if loc.starts_with('/') {
+                    path = loc;
+                } else {
+                    return Ok(());
+                }
+            }
+            (200..=399, _) => return Ok(()),
+            (code, _) => return Err(format!("HTTP probe failed with statuscode: {code}")),
+        }
+    }
+    Err("stopped after 10 redirects".into())
+}
+
+async fn get_once(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(u16, Option<String>), String> {
+    let mut stream = TcpStream::connect((host, port))
+        .await
+        .map_err(|e| format!("dial tcp {host}:{port}: {e}"))?;
+    let mut request = format!("GET {path} HTTP/1.1\r\n");
+    let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+    if !has("Host") {
+        request += &format!("Host: {}:{port}\r\n", bracket(host));
+    }
+    if !has("User-Agent") {
+        request += "User-Agent: kube-probe/1.34\r\n";
+    }
+    if !has("Accept") {
+        request += "Accept: */*\r\n";
+    }
+    for (k, v) in headers {
+        request += &format!("{k}: {v}\r\n");
+    }
+    request += "Connection: close\r\n\r\n";
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+        let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut lines = text.split("\r\n");
+    let code = lines
+        .next()
+        .and_then(|status| status.split_whitespace().nth(1))
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| "malformed HTTP response".to_string())?;
+    let location = lines
+        .take_while(|l| !l.is_empty())
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.trim().eq_ignore_ascii_case("location"))
+        })
+        .map(|(_, v)| v.trim().to_string());
+    Ok((code, location))
+}
+
+async fn grpc_check(addr: String, service: String) -> Result<(), String> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = tonic::transport::Endpoint::from_shared(addr.clone())
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest { service })
+        .await
+        .map_err(|e| format!("health check: {}", e.message()))?
+        .into_inner();
+    if reply.status == ServingStatus::Serving as i32 {
+        Ok(())
+    } else {
+        Err(format!(
+            "service unhealthy (responded with {:?})",
+            ServingStatus::try_from(reply.status).unwrap_or(ServingStatus::Unknown)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_resolve_by_number_and_name() {
+        let ports = vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: 8080,
+            ..Default::default()
+        }];
+        assert_eq!(port(&IntOrString::Int(80), &ports), Ok(80));
+        assert_eq!(port(&IntOrString::String("http".into()), &ports), Ok(8080));
+        assert_eq!(port(&IntOrString::String("81".into()), &ports), Ok(81));
+        assert!(port(&IntOrString::String("nope".into()), &ports).is_err());
+        assert!(port(&IntOrString::Int(0), &ports).is_err());
+    }
+}

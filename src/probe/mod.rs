@@ -1,0 +1,326 @@
+//! Liveness, readiness and startup probes: one worker per probed running container, results
+//! kept per container ID and reported on change only. The startup probe gates the others.
+
+mod check;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Container as SpecContainer, Pod, Probe};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::pod::spec;
+use crate::runtime::{ContainerState, PodRuntime, RuntimeClient};
+use crate::types::{PodUid, full_name};
+
+/// Which probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Liveness,
+    Readiness,
+    Startup,
+}
+
+impl Kind {
+    fn of(self, c: &SpecContainer) -> Option<&Probe> {
+        match self {
+            Kind::Liveness => c.liveness_probe.as_ref(),
+            Kind::Readiness => c.readiness_probe.as_ref(),
+            Kind::Startup => c.startup_probe.as_ref(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Liveness => "liveness",
+            Kind::Readiness => "readiness",
+            Kind::Startup => "startup",
+        }
+    }
+}
+
+/// A probe result that changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    pub uid: PodUid,
+    pub container: String,
+    pub kind: Kind,
+    pub success: bool,
+}
+
+/// Probe results by container ID; a missing result means "not known yet".
+#[derive(Clone, Default)]
+pub struct Results(Arc<Mutex<HashMap<(String, Kind), bool>>>);
+
+impl Results {
+    pub fn get(&self, container_id: &str, kind: Kind) -> Option<bool> {
+        self.lock().get(&(container_id.to_string(), kind)).copied()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, Kind), bool>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a result; true when it changed.
+    fn set(&self, container_id: &str, kind: Kind, success: bool) -> bool {
+        self.lock()
+            .insert((container_id.to_string(), kind), success)
+            != Some(success)
+    }
+
+    fn forget(&self, container_id: &str) {
+        self.lock().retain(|(id, _), _| id != container_id);
+    }
+
+    /// Has the container failed its liveness or startup probe (it must be restarted)?
+    pub fn unhealthy(&self, container_id: &str) -> Option<Kind> {
+        [Kind::Liveness, Kind::Startup]
+            .into_iter()
+            .find(|k| self.get(container_id, *k) == Some(false))
+    }
+
+    /// (ready, started) of a running container, per its spec's probes: without a startup probe
+    /// it is started; without a readiness probe it is ready once started.
+    pub fn state(&self, container_id: &str, spec: &SpecContainer) -> (bool, bool) {
+        let started =
+            spec.startup_probe.is_none() || self.get(container_id, Kind::Startup) == Some(true);
+        let ready = started
+            && (spec.readiness_probe.is_none()
+                || self.get(container_id, Kind::Readiness) == Some(true));
+        (ready, started)
+    }
+}
+
+/// Owns the probe workers.
+pub struct Manager {
+    runtime: RuntimeClient,
+    results: Results,
+    workers: Mutex<HashMap<(String, Kind), (PodUid, CancellationToken)>>,
+    updates: mpsc::UnboundedSender<Update>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Manager {
+    pub fn new(
+        runtime: RuntimeClient,
+        updates: mpsc::UnboundedSender<Update>,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        Manager {
+            runtime,
+            results: Results::default(),
+            workers: Mutex::new(HashMap::new()),
+            updates,
+            tracker,
+            cancel,
+        }
+    }
+
+    pub fn results(&self) -> &Results {
+        &self.results
+    }
+
+    fn workers(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, Kind), (PodUid, CancellationToken)>> {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a worker for each probe of each running container of the pod that has none, and
+    /// stops the workers of the pod's containers that no longer run.
+    pub fn sync_pod(&self, pod: &Pod, rt: &PodRuntime, pod_ip: &str) {
+        let uid = PodUid::of(pod);
+        let s = spec(pod);
+        let running: HashMap<&str, &crate::runtime::Container> = rt
+            .containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running)
+            .map(|c| (c.id.as_str(), c))
+            .collect();
+        let mut workers = self.workers();
+        workers.retain(|(id, _), (owner, token)| {
+            let keep = *owner != uid || running.contains_key(id.as_str());
+            if !keep {
+                token.cancel();
+                self.results.forget(id);
+            }
+            keep
+        });
+        for c in running.values() {
+            let Some(want) = s.containers.iter().find(|w| w.name == c.name) else {
+                continue;
+            };
+            for kind in [Kind::Startup, Kind::Liveness, Kind::Readiness] {
+                let Some(probe) = kind.of(want) else { continue };
+                let key = (c.id.clone(), kind);
+                if workers.contains_key(&key) {
+                    continue;
+                }
+                if kind == Kind::Readiness {
+                    self.results.set(&c.id, kind, false);
+                }
+                let token = self.cancel.child_token();
+                workers.insert(key, (uid.clone(), token.clone()));
+                let worker = Worker {
+                    runtime: self.runtime.clone(),
+                    results: self.results.clone(),
+                    updates: self.updates.clone(),
+                    uid: uid.clone(),
+                    pod_name: full_name(pod),
+                    container: want.clone(),
+                    container_id: c.id.clone(),
+                    started_at: UNIX_EPOCH + Duration::from_nanos(c.started_at.max(0) as u64),
+                    pod_ip: pod_ip.to_string(),
+                    kind,
+                    probe: probe.clone(),
+                };
+                self.tracker.spawn(worker.run(token));
+            }
+        }
+    }
+
+    /// Stops every worker of the pod and forgets its results.
+    pub fn remove_pod(&self, uid: &PodUid) {
+        self.workers().retain(|(id, _), (owner, token)| {
+            let keep = owner != uid;
+            if !keep {
+                token.cancel();
+                self.results.forget(id);
+            }
+            keep
+        });
+    }
+}
+
+struct Worker {
+    runtime: RuntimeClient,
+    results: Results,
+    updates: mpsc::UnboundedSender<Update>,
+    uid: PodUid,
+    pod_name: String,
+    container: SpecContainer,
+    container_id: String,
+    started_at: SystemTime,
+    pod_ip: String,
+    kind: Kind,
+    probe: Probe,
+}
+
+impl Worker {
+    async fn run(self, cancel: CancellationToken) {
+        let delay =
+            Duration::from_secs(self.probe.initial_delay_seconds.unwrap_or(0).max(0) as u64);
+        let since_start = SystemTime::now()
+            .duration_since(self.started_at)
+            .unwrap_or_default();
+        let period = Duration::from_secs(self.probe.period_seconds.unwrap_or(10).max(1) as u64);
+        let success_threshold = self.probe.success_threshold.unwrap_or(1).max(1) as u32;
+        let failure_threshold = self.probe.failure_threshold.unwrap_or(3).max(1) as u32;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(delay.saturating_sub(since_start)) => {}
+        }
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut successes, mut failures) = (0u32, 0u32);
+        let ports = self.container.ports.clone().unwrap_or_default();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let gated = self.kind != Kind::Startup
+                && self.container.startup_probe.is_some()
+                && self.results.get(&self.container_id, Kind::Startup) != Some(true);
+            if gated {
+                continue;
+            }
+            let target = check::Target {
+                container_id: &self.container_id,
+                pod_ip: &self.pod_ip,
+                ports: &ports,
+            };
+            let outcome = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = check::attempt(&self.probe, &target, &self.runtime) => r,
+            };
+            match &outcome {
+                Ok(()) => {
+                    successes += 1;
+                    failures = 0;
+                }
+                Err(why) => {
+                    failures += 1;
+                    successes = 0;
+                    tracing::debug!(pod = %self.pod_name, container = %self.container.name, probe = self.kind.name(), %why, "probe failed");
+                }
+            }
+            let result = if successes >= success_threshold {
+                Some(true)
+            } else if failures >= failure_threshold {
+                Some(false)
+            } else {
+                None
+            };
+            let Some(success) = result else { continue };
+            if !self.results.set(&self.container_id, self.kind, success) {
+                continue;
+            }
+            if let (false, Err(why)) = (success, &outcome) {
+                tracing::info!(pod = %self.pod_name, container = %self.container.name, probe = self.kind.name(), %why, "probe failed");
+            }
+            let _ = self.updates.send(Update {
+                uid: self.uid.clone(),
+                container: self.container.name.clone(),
+                kind: self.kind,
+                success,
+            });
+            // A started container's startup probe is done; a failed liveness or startup probe
+            // ends with the container, whose successor gets a new worker.
+            if (self.kind == Kind::Startup && success) || (self.kind != Kind::Readiness && !success)
+            {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_decide_ready_and_started() {
+        let results = Results::default();
+        let plain = SpecContainer::default();
+        assert_eq!(results.state("c1", &plain), (true, true));
+        let probed = SpecContainer {
+            readiness_probe: Some(Probe::default()),
+            startup_probe: Some(Probe::default()),
+            ..Default::default()
+        };
+        assert_eq!(results.state("c1", &probed), (false, false));
+        results.set("c1", Kind::Readiness, true);
+        assert_eq!(
+            results.state("c1", &probed),
+            (false, false),
+            "not ready before started"
+        );
+        results.set("c1", Kind::Startup, true);
+        assert_eq!(results.state("c1", &probed), (true, true));
+        assert_eq!(results.unhealthy("c1"), None);
+        assert!(results.set("c1", Kind::Liveness, false));
+        assert!(
+            !results.set("c1", Kind::Liveness, false),
+            "no change, no update"
+        );
+        assert_eq!(results.unhealthy("c1"), Some(Kind::Liveness));
+        results.forget("c1");
+        assert_eq!(results.get("c1", Kind::Readiness), None);
+    }
+}
