@@ -5,8 +5,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ContainerPort, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::runtime::RuntimeClient;
 
@@ -65,13 +72,10 @@ pub async fn attempt(
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| target.pod_ip.to_string());
         let port = port(&http.port, target.ports)?;
-        if http
+        let tls = http
             .scheme
             .as_deref()
-            .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"))
-        {
-            return Err("HTTPS probes are not supported yet".into());
-        }
+            .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"));
         let path = http.path.clone().unwrap_or_else(|| "/".into());
         let headers: Vec<(String, String)> = http
             .http_headers
@@ -79,7 +83,7 @@ pub async fn attempt(
             .flatten()
             .map(|h| (h.name.clone(), h.value.clone()))
             .collect();
-        return bounded(timeout, http_get(host, port, path, headers)).await;
+        return bounded(timeout, http_get(tls, host, port, path, headers)).await;
     }
     if let Some(tcp) = &probe.tcp_socket {
         let host = tcp
@@ -125,20 +129,36 @@ fn bracket(host: &str) -> String {
 /// GET with upstream's rules: 200-399 is success; redirects are followed (up to 10) only to the
 /// same host, a redirect elsewhere counts as success.
 async fn http_get(
+    tls: bool,
     host: String,
     port: u16,
     mut path: String,
     headers: Vec<(String, String)>,
 ) -> Result<(), String> {
+    let scheme = if tls { "https" } else { "http" };
     for _ in 0..10 {
-        let (code, location) = get_once(&host, port, &path, &headers).await?;
-        match (code, location) {
+        let stream = TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("dial tcp {host}:{port}: {e}"))?;
+        let reply = if tls {
+            get_once(
+                tls_connect(stream, &host).await?,
+                &host,
+                port,
+                &path,
+                &headers,
+            )
+            .await?
+        } else {
+            get_once(stream, &host, port, &path, &headers).await?
+        };
+        match reply {
             (300..=399, Some(loc)) => {
-                let same_host_prefix = [format!("http://{host}:{port}"), format!("http://{host}")];
-                if let Some(rest) = same_host_prefix
-                    .iter()
-                    .find_map(|p| loc.strip_prefix(p.as_str()))
-                {
+                let same_host = [
+                    format!("{scheme}://{host}:{port}"),
+                    format!("{scheme}://{host}"),
+                ];
+                if let Some(rest) = same_host.iter().find_map(|p| loc.strip_prefix(p.as_str())) {
                     path = if rest.is_empty() {
                         "/".into()
                     } else {
@@ -157,15 +177,82 @@ async fn http_get(
     Err("stopped after 10 redirects".into())
 }
 
+/// TLS without verifying the server's certificate, as upstream's HTTPS probes do.
+async fn tls_connect(
+    stream: TcpStream,
+    host: &str,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|e| format!("invalid TLS server name {host:?}: {e}"))?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+        .map_err(|e| format!("TLS handshake with {host}: {e}"))
+}
+
+/// Accepts any server certificate; handshake signatures are still checked.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 async fn get_once(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
     host: &str,
     port: u16,
     path: &str,
     headers: &[(String, String)],
 ) -> Result<(u16, Option<String>), String> {
-    let mut stream = TcpStream::connect((host, port))
-        .await
-        .map_err(|e| format!("dial tcp {host}:{port}: {e}"))?;
     let mut request = format!("GET {path} HTTP/1.1\r\n");
     let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     if !has("Host") {

@@ -174,3 +174,68 @@ async fn a_grpc_probe_asks_the_health_service() {
     stop.cancel();
     let _ = server.await;
 }
+
+/// An `openssl s_server` on loopback with a throwaway self-signed certificate; killed on drop.
+struct TlsServer(std::process::Child);
+
+impl TlsServer {
+    fn start(dir: &std::path::Path, port: u16) -> TlsServer {
+        let (key, cert) = (dir.join("key.pem"), dir.join("cert.pem"));
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+                "-days",
+                "1",
+                "-keyout",
+            ])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl is installed (make deps)");
+        assert!(made.success(), "openssl req failed");
+        let child = std::process::Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("-cert")
+            .arg(&cert)
+            .arg("-key")
+            .arg(&key)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start openssl s_server");
+        TlsServer(child)
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn an_https_probe_skips_certificate_verification_like_upstream() {
+    let node = Node::start("httpsprobe", &["--node-ip", "127.0.0.1"]).await;
+    let port = free_port();
+    let server = TlsServer::start(node.dir.path(), port);
+    let yaml = pod_yaml("tls", &[("c", FOREVER)], "  hostNetwork: true\n").replacen(
+        "    command:",
+        &format!("    readinessProbe: {{httpGet: {{scheme: HTTPS, path: /, port: {port}}}, periodSeconds: 1}}\n    command:"),
+        1,
+    );
+    node.write_manifest("tls.yaml", &yaml);
+    node.wait_status("tls", "Ready", ready).await;
+    drop(server);
+    node.finish().await;
+}
