@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, detect_node_ip};
 use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
-use crate::sources::file;
+use crate::sources::{file, http};
 use crate::sync_loop::{self, SyncLoop};
 use crate::{pleg, probe, server, status, types::SourceSnapshot};
 
@@ -139,8 +139,15 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         };
         tracker.spawn(file::run(file_config, snapshots_tx.clone(), cancel.clone()));
     }
-    if config.static_pod_url.is_some() {
-        tracing::warn!("--manifest-url is not supported yet; ignored");
+    if let Some(url) = &config.static_pod_url {
+        tracing::info!(%url, "polling the manifest URL");
+        let http_config = http::Config {
+            url: url.clone(),
+            headers: config.static_pod_url_header.clone(),
+            check_frequency: config.http_check_frequency,
+            node_name: config.node_name.clone(),
+        };
+        tracker.spawn(http::run(http_config, snapshots_tx.clone(), cancel.clone()));
     }
     drop(snapshots_tx);
 

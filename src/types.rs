@@ -93,3 +93,12 @@ pub fn full_name(pod: &Pod) -> String {
         pod.metadata.name.as_deref().unwrap_or("")
     )
 }
+
+/// The current time as a Kubernetes timestamp (RFC 3339 when displayed).
+pub fn now() -> k8s_openapi::jiff::Timestamp {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    k8s_openapi::jiff::Timestamp::from_nanosecond(nanos)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}

@@ -4,8 +4,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// Decodes every document of `text` as a v1 Pod. Empty documents are skipped. Any document that
-/// is not a Pod, or does not decode, fails the whole text: each problem is one message.
+/// Decodes every document of `text` as a v1 Pod or a PodList (or List) of Pods. Empty documents
+/// are skipped. Any document that does not decode fails the whole text: each problem is one
+/// message.
 pub fn decode_pods(text: &str) -> Result<Vec<Pod>, Vec<String>> {
     let mut pods = Vec::new();
     let mut problems = Vec::new();
@@ -23,8 +24,8 @@ pub fn decode_pods(text: &str) -> Result<Vec<Pod>, Vec<String>> {
         if value.is_null() {
             continue;
         }
-        match decode_one(value) {
-            Ok(pod) => pods.push(pod),
+        match decode_document(value) {
+            Ok(found) => pods.extend(found),
             Err(msg) => problems.push(format!("document {doc}: {msg}")),
         }
     }
@@ -35,10 +36,39 @@ pub fn decode_pods(text: &str) -> Result<Vec<Pod>, Vec<String>> {
     }
 }
 
-fn decode_one(value: Value) -> Result<Pod, String> {
+fn decode_document(value: Value) -> Result<Vec<Pod>, String> {
     let Value::Object(fields) = &value else {
+        return Err("expected an object with kind: Pod or PodList".into());
+    };
+    let kind = fields.get("kind").and_then(Value::as_str).unwrap_or("");
+    if kind != "PodList" && kind != "List" {
+        return decode_one(value, false).map(|pod| vec![pod]);
+    }
+    let items = match fields.get("items") {
+        Some(Value::Array(items)) => items.clone(),
+        None | Some(Value::Null) => Vec::new(),
+        Some(_) => return Err(format!("{kind}: items must be a list")),
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            decode_one(item, kind == "PodList").map_err(|e| format!("items[{i}]: {e}"))
+        })
+        .collect()
+}
+
+/// One Pod; a PodList's items may leave out kind and apiVersion.
+fn decode_one(mut value: Value, in_pod_list: bool) -> Result<Pod, String> {
+    let Value::Object(fields) = &mut value else {
         return Err("expected an object with kind: Pod".into());
     };
+    if in_pod_list {
+        fields.entry("kind").or_insert_with(|| Value::from("Pod"));
+        fields
+            .entry("apiVersion")
+            .or_insert_with(|| Value::from("v1"));
+    }
     let text_of = |key: &str| fields.get(key).and_then(Value::as_str).unwrap_or("");
     if text_of("kind") != "Pod" {
         return Err(format!("kind must be Pod, found {:?}", text_of("kind")));
@@ -83,6 +113,18 @@ mod tests {
         assert!(decode_pods("- a\n- b\n").is_err());
         let err = decode_pods("apiVersion: v1\nkind: Pod\nspec: 5\n").unwrap_err();
         assert!(err[0].contains("not a valid Pod"), "{err:?}");
+    }
+
+    #[test]
+    fn pod_lists_and_lists_decode() {
+        let list = r#"{"apiVersion":"v1","kind":"PodList","items":[{"metadata":{"name":"a"},"spec":{"containers":[]}},{"kind":"Pod","apiVersion":"v1","metadata":{"name":"b"}}]}"#;
+        let pods = decode_pods(list).unwrap();
+        assert_eq!(pods.len(), 2);
+        assert_eq!(pods[1].metadata.name.as_deref(), Some("b"));
+        let yaml = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: c}}\n";
+        assert_eq!(decode_pods(yaml).unwrap().len(), 1);
+        let bad = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service}\n";
+        assert!(decode_pods(bad).unwrap_err()[0].contains("items[0]"));
     }
 
     #[test]

@@ -230,7 +230,7 @@ impl Syncer {
             waiting: &waiting,
             probes: &probes,
             old: old.as_ref().and_then(|e| e.pod.status.as_ref()),
-            now: status::now(),
+            now: crate::types::now(),
             runtime_name: &self.ctx.runtime_name,
         });
         if self.status.set(pod, status) {

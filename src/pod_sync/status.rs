@@ -45,14 +45,6 @@ pub struct Input<'a> {
     pub runtime_name: &'a str,
 }
 
-/// The current time as a Kubernetes timestamp.
-pub fn now() -> Timestamp {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128);
-    Timestamp::from_nanosecond(nanos).unwrap_or(Timestamp::UNIX_EPOCH)
-}
-
 fn time(nanos: i64) -> Option<Time> {
     (nanos > 0)
         .then(|| Timestamp::from_nanosecond(i128::from(nanos)).ok())

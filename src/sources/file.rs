@@ -11,11 +11,9 @@ use notify::{RecursiveMode, Watcher};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::pod::{StaticOrigin, apply_defaults, decode_pods, make_static, validate};
+use super::{MAX_MANIFEST_BYTES, static_pods};
+use crate::pod::StaticOrigin;
 use crate::types::{Source, SourceSnapshot, full_name};
-
-/// Largest manifest file accepted, as upstream.
-pub const MAX_MANIFEST_BYTES: u64 = 10 * 1024 * 1024;
 
 /// Events arriving within this window are handled by one scan, so an editor's save (several
 /// writes, renames and chmods) is read once, after it is done.
@@ -119,39 +117,18 @@ impl Scanner {
             )]);
         }
         let bytes = std::fs::read(file).map_err(|e| vec![format!("cannot read: {e}")])?;
-        let text = String::from_utf8(bytes).map_err(|_| vec!["not UTF-8 text".to_string()])?;
-        let mut pods = decode_pods(&text)?;
-        let mut problems = Vec::new();
         let origin = file.to_string_lossy();
-        for (i, pod) in pods.iter_mut().enumerate() {
-            apply_defaults(pod);
-            let found = validate(pod);
-            if found.is_empty() {
-                make_static(
-                    pod,
-                    &self.config.node_name,
-                    StaticOrigin::File(&origin),
-                    seen,
-                );
-            } else {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                problems.extend(
-                    found
-                        .into_iter()
-                        .map(|p| format!("pod {} ({name}): {p}", i + 1)),
-                );
-            }
-        }
-        if problems.is_empty() {
-            Ok(pods)
-        } else {
-            Err(problems)
-        }
+        static_pods(
+            &bytes,
+            &self.config.node_name,
+            StaticOrigin::File(&origin),
+            seen,
+        )
     }
 
     /// Reads every manifest and returns the source's full snapshot.
     pub fn scan(&mut self) -> SourceSnapshot {
-        let seen = now_rfc3339();
+        let seen = crate::types::now().to_string();
         let files = self.files();
         let present: HashSet<&PathBuf> = files.iter().collect();
         self.last_good.retain(|f, _| present.contains(f));
@@ -199,31 +176,6 @@ impl Scanner {
     }
 }
 
-fn now_rfc3339() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = now.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        now.subsec_nanos()
-    )
-}
-
 /// Watches the manifest path and sends a snapshot after every settled change and every relist
 /// period, until `cancel`.
 pub async fn run(config: Config, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
@@ -261,10 +213,20 @@ fn watch(path: &Path, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher
     } else {
         path.parent().filter(|p| p.is_dir())?.to_path_buf()
     };
-    let handler = move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
-            changed.notify_one();
-        }
+    // Opening and reading files (our own scans among them) changes nothing: only other events
+    // count, or every scan would trigger the next one.
+    let handler = move |event: notify::Result<notify::Event>| match event {
+        Ok(e)
+            if matches!(
+                e.kind,
+                notify::EventKind::Access(
+                    notify::event::AccessKind::Open(_)
+                        | notify::event::AccessKind::Read
+                        | notify::event::AccessKind::Close(notify::event::AccessMode::Read)
+                )
+            ) => {}
+        Ok(_) => changed.notify_one(),
+        Err(_) => {}
     };
     let mut watcher = match notify::recommended_watcher(handler) {
         Ok(w) => w,
@@ -308,12 +270,5 @@ mod tests {
         for name in ["web.yaml", "etcd.json", "pod", "tmp.yaml"] {
             assert!(!is_ignored_name(name), "{name}");
         }
-    }
-
-    #[test]
-    fn timestamps_are_rfc3339() {
-        let t = now_rfc3339();
-        assert_eq!(t.len(), 30, "{t}");
-        assert!(t.starts_with("20") && t.ends_with('Z'), "{t}");
     }
 }

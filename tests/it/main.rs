@@ -5,6 +5,7 @@ mod bed;
 mod config;
 mod cri;
 mod healthz;
+mod http_source;
 mod probes;
 mod static_pods;
 mod status;
