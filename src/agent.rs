@@ -1,5 +1,6 @@
 //! The one composition root: builds the components from the configuration, wires their
-//! channels, runs them until shutdown, and stops every task it started.
+//! channels, runs them until shutdown, and stops every task it started. Run-once mode
+//! (`run_once.rs`) builds the same core and feeds it one snapshot per source.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,15 +36,21 @@ impl Agent {
     pub async fn wait(self) {
         self.cancel.cancelled().await;
         tracing::info!("shutting down; pods keep running");
-        if tokio::time::timeout(SHUTDOWN_WAIT, self.tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "some tasks did not stop within {}s",
-                SHUTDOWN_WAIT.as_secs()
-            );
-        }
+        stop_tasks(&self.tracker).await;
+    }
+}
+
+/// Closes the tracker and waits (a bounded time) for its tasks to end.
+pub(crate) async fn stop_tasks(tracker: &TaskTracker) {
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_WAIT, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "some tasks did not stop within {}s",
+            SHUTDOWN_WAIT.as_secs()
+        );
     }
 }
 
@@ -55,62 +62,107 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
     Ok(())
 }
 
+/// The parts both modes share: the runtime client, the pod syncer, the sync loop fed by the
+/// PLEG and the probes, and the status store.
+pub(crate) struct Core {
+    pub syncer: Arc<Syncer>,
+    pub status: status::Reader,
+    pub tracker: TaskTracker,
+    sync_loop: SyncLoop<Syncer>,
+    pleg_health: pleg::Health,
+    events: mpsc::Receiver<pleg::Event>,
+    probes: mpsc::UnboundedReceiver<probe::Update>,
+}
+
+impl Core {
+    /// Connects to the runtime (waiting for it) and builds the core; `None` when cancelled.
+    pub async fn connect(config: &Config, cancel: &CancellationToken) -> Result<Option<Core>> {
+        let runtime = RuntimeClient::new(
+            &config.container_runtime_endpoint,
+            &config.image_service_endpoint,
+            config.runtime_request_timeout,
+        );
+        let endpoint = config.container_runtime_endpoint.display().to_string();
+        let version = tokio::select! {
+            v = wait_for_runtime(&runtime, &config.container_runtime_endpoint, RUNTIME_WAIT) => v
+                .with_context(|| format!("container runtime at unix://{endpoint} did not answer within {}s; is it running?", RUNTIME_WAIT.as_secs()))?,
+            _ = cancel.cancelled() => return Ok(None),
+        };
+        tracing::info!(
+            runtime = %version.runtime_name,
+            version = %version.runtime_version,
+            api = %version.runtime_api_version,
+            endpoint = %endpoint,
+            "connected to the container runtime"
+        );
+        let tracker = TaskTracker::new();
+        let host_ip = config
+            .node_ip
+            .or_else(detect_node_ip)
+            .map(|ip| ip.to_string())
+            .unwrap_or_default();
+        let ctx = pod_sync::Context {
+            node_name: config.node_name.clone(),
+            root_dir: config.root_dir.clone(),
+            pod_logs_dir: config.pod_logs_dir.clone(),
+            container_logs_dir: config.container_logs_dir.clone(),
+            resolv_conf: config.resolv_conf.clone(),
+            host_ip,
+            runtime_name: version.runtime_name.clone(),
+        };
+        let (status_writer, status) = status::store();
+        let (probe_tx, probes) = mpsc::unbounded_channel();
+        let probe_manager = Arc::new(probe::Manager::new(
+            runtime.clone(),
+            probe_tx,
+            tracker.clone(),
+            cancel.clone(),
+        ));
+        let syncer = Arc::new(Syncer::new(
+            runtime.clone(),
+            ctx,
+            status_writer,
+            probe_manager,
+        ));
+        let loop_config = sync_loop::Config {
+            resync: config.sync_frequency,
+            ..Default::default()
+        };
+        let sync_loop = SyncLoop::new(loop_config, syncer.clone(), tracker.clone(), cancel.clone());
+        let (events_tx, events) = mpsc::channel(1024);
+        let pleg = pleg::Pleg::new(runtime);
+        let pleg_health = pleg.health();
+        tracker.spawn(pleg.run(events_tx, cancel.clone()));
+        Ok(Some(Core {
+            syncer,
+            status,
+            tracker,
+            sync_loop,
+            pleg_health,
+            events,
+            probes,
+        }))
+    }
+
+    /// Starts the sync loop on the snapshots arriving on `snapshots`.
+    pub fn run(
+        self,
+        snapshots: mpsc::Receiver<SourceSnapshot>,
+        cancel: CancellationToken,
+    ) -> (status::Reader, TaskTracker) {
+        self.tracker.spawn(
+            self.sync_loop
+                .run(snapshots, self.events, self.probes, cancel),
+        );
+        (self.status, self.tracker)
+    }
+}
+
 /// Connects to the runtime and starts every component; `None` when cancelled meanwhile.
 pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<Agent>> {
-    let runtime = RuntimeClient::new(
-        &config.container_runtime_endpoint,
-        &config.image_service_endpoint,
-        config.runtime_request_timeout,
-    );
-    let endpoint = config.container_runtime_endpoint.display().to_string();
-    let version = tokio::select! {
-        v = wait_for_runtime(&runtime, &config.container_runtime_endpoint, RUNTIME_WAIT) => v
-            .with_context(|| format!("container runtime at unix://{endpoint} did not answer within {}s; is it running?", RUNTIME_WAIT.as_secs()))?,
-        _ = cancel.cancelled() => return Ok(None),
+    let Some(core) = Core::connect(&config, &cancel).await? else {
+        return Ok(None);
     };
-    tracing::info!(
-        runtime = %version.runtime_name,
-        version = %version.runtime_version,
-        api = %version.runtime_api_version,
-        endpoint = %endpoint,
-        "connected to the container runtime"
-    );
-
-    let tracker = TaskTracker::new();
-    let host_ip = config
-        .node_ip
-        .or_else(detect_node_ip)
-        .map(|ip| ip.to_string())
-        .unwrap_or_default();
-    let ctx = pod_sync::Context {
-        node_name: config.node_name.clone(),
-        root_dir: config.root_dir.clone(),
-        pod_logs_dir: config.pod_logs_dir.clone(),
-        container_logs_dir: config.container_logs_dir.clone(),
-        resolv_conf: config.resolv_conf.clone(),
-        host_ip,
-        runtime_name: version.runtime_name.clone(),
-    };
-    let (status_writer, status_reader) = status::store();
-    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
-    let probes = Arc::new(probe::Manager::new(
-        runtime.clone(),
-        probe_tx,
-        tracker.clone(),
-        cancel.clone(),
-    ));
-    let syncer = Arc::new(Syncer::new(runtime.clone(), ctx, status_writer, probes));
-    let loop_config = sync_loop::Config {
-        resync: config.sync_frequency,
-        ..Default::default()
-    };
-    let sync_loop = SyncLoop::new(loop_config, syncer, tracker.clone(), cancel.clone());
-
-    let (events_tx, events_rx) = mpsc::channel(1024);
-    let pleg = pleg::Pleg::new(runtime.clone());
-    let pleg_health = pleg.health();
-    tracker.spawn(pleg.run(events_tx, cancel.clone()));
-
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
@@ -118,11 +170,11 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         })?;
         tracing::info!(%addr, "serving healthz");
         let checks = server::healthz::Checks {
-            sync_loop: sync_loop.heartbeat(),
-            pleg: pleg_health,
+            sync_loop: core.sync_loop.heartbeat(),
+            pleg: core.pleg_health.clone(),
         };
         let cancel = cancel.clone();
-        tracker.spawn(async move {
+        core.tracker.spawn(async move {
             if let Err(e) = server::healthz::serve(listener, checks, cancel).await {
                 tracing::error!(error = %e, "healthz server stopped");
             }
@@ -132,30 +184,42 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
     if let Some(path) = &config.static_pod_path {
         tracing::info!(path = %path.display(), "watching static pod manifests");
-        let file_config = file::Config {
-            path: path.clone(),
-            node_name: config.node_name.clone(),
-            check_frequency: config.file_check_frequency,
-        };
-        tracker.spawn(file::run(file_config, snapshots_tx.clone(), cancel.clone()));
+        core.tracker.spawn(file::run(
+            file_config(&config, path),
+            snapshots_tx.clone(),
+            cancel.clone(),
+        ));
     }
     if let Some(url) = &config.static_pod_url {
         tracing::info!(%url, "polling the manifest URL");
-        let http_config = http::Config {
-            url: url.clone(),
-            headers: config.static_pod_url_header.clone(),
-            check_frequency: config.http_check_frequency,
-            node_name: config.node_name.clone(),
-        };
-        tracker.spawn(http::run(http_config, snapshots_tx.clone(), cancel.clone()));
+        core.tracker.spawn(http::run(
+            http_config(&config, url),
+            snapshots_tx.clone(),
+            cancel.clone(),
+        ));
     }
     drop(snapshots_tx);
-
-    tracker.spawn(sync_loop.run(snapshots_rx, events_rx, probe_rx, cancel.clone()));
-    tracker.close();
+    let (status, tracker) = core.run(snapshots_rx, cancel.clone());
     Ok(Some(Agent {
-        status: status_reader,
+        status,
         tracker,
         cancel,
     }))
+}
+
+pub(crate) fn file_config(config: &Config, path: &std::path::Path) -> file::Config {
+    file::Config {
+        path: path.to_path_buf(),
+        node_name: config.node_name.clone(),
+        check_frequency: config.file_check_frequency,
+    }
+}
+
+pub(crate) fn http_config(config: &Config, url: &str) -> http::Config {
+    http::Config {
+        url: url.to_string(),
+        headers: config.static_pod_url_header.clone(),
+        check_frequency: config.http_check_frequency,
+        node_name: config.node_name.clone(),
+    }
 }

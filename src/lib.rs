@@ -14,11 +14,13 @@
 pub mod agent;
 pub mod config;
 pub mod images;
+pub mod lock;
 pub mod pleg;
 pub mod pod;
 pub mod pod_sync;
 pub mod pod_workers;
 pub mod probe;
+pub mod run_once;
 pub mod runtime;
 pub mod server;
 pub mod sources;

@@ -6,15 +6,20 @@ use std::process::ExitCode;
 use nodelet::config::{self, Invocation};
 use tokio_util::sync::CancellationToken;
 
-fn init_tracing(verbosity: u8) {
+fn init_tracing(verbosity: u8, run_once: bool) {
     let default = match verbosity {
+        // Run-once prints its own progress; routine logs would only interleave with it.
+        0 if run_once => "warn",
         0..=3 => "info",
         4..=5 => "debug",
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("nodelet={default},warn")));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 async fn shutdown_signal(cancel: CancellationToken) {
@@ -54,7 +59,7 @@ fn main() -> ExitCode {
             }
         },
     };
-    init_tracing(loaded.config.verbosity);
+    init_tracing(loaded.config.verbosity, loaded.config.run_once);
     for field in &loaded.ignored_fields {
         tracing::warn!(field = %field, "config file field is accepted but not acted on yet");
     }
@@ -68,13 +73,37 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let _lock = match &loaded.config.lock_file {
+        Some(path) => match nodelet::lock::acquire(path) {
+            Ok(lock) => Some(lock),
+            Err(e) => {
+                eprintln!("nodelet: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
     let result = runtime.block_on(async {
         let cancel = CancellationToken::new();
         tokio::spawn(shutdown_signal(cancel.clone()));
-        nodelet::agent::run(loaded.config, cancel).await
+        let _watch = match (
+            &loaded.config.lock_file,
+            loaded.config.exit_on_lock_contention,
+        ) {
+            (Some(path), true) => Some(nodelet::lock::exit_on_contention(path, cancel.clone())?),
+            _ => None,
+        };
+        if loaded.config.run_once {
+            nodelet::run_once::run(loaded.config, cancel).await
+        } else {
+            nodelet::agent::run(loaded.config, cancel)
+                .await
+                .map(|()| true)
+        }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
         Err(e) => {
             eprintln!("nodelet: {e:#}");
             ExitCode::from(1)

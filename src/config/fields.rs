@@ -204,6 +204,27 @@ pub const FIELDS: &[Field] = &[
         "Run the static pods to completion, report and exit",
     ),
     field(
+        "runOnceTimeout",
+        "run-once-timeout",
+        false,
+        Scalar,
+        "How long --run-once waits for its pods [default 10m]",
+    ),
+    field(
+        "runOnceOutput",
+        "run-once-output",
+        false,
+        Scalar,
+        "Report of --run-once: text or json (on stdout) [default text]",
+    ),
+    field(
+        "runOnceCleanup",
+        "run-once-cleanup",
+        false,
+        Bool,
+        "Remove the pods --run-once started before exiting",
+    ),
+    field(
         "lockFile",
         "lock-file",
         false,

@@ -23,6 +23,13 @@ pub enum CgroupDriver {
     Systemd,
 }
 
+/// The report format of run-once mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunOnceOutput {
+    Text,
+    Json,
+}
+
 /// The validated settings of the agent.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -52,6 +59,9 @@ pub struct Config {
     pub address: IpAddr,
     pub kubeconfig: Option<PathBuf>,
     pub run_once: bool,
+    pub run_once_timeout: Duration,
+    pub run_once_output: RunOnceOutput,
+    pub run_once_cleanup: bool,
     pub lock_file: Option<PathBuf>,
     pub exit_on_lock_contention: bool,
     pub cgroup_root: String,
@@ -385,6 +395,13 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         address: r.ip("address", None).unwrap_or(IpAddr::from([0, 0, 0, 0])),
         kubeconfig: r.path("kubeconfig"),
         run_once: r.bool("runOnce", false),
+        run_once_timeout: r.positive_duration("runOnceTimeout", Duration::from_secs(600)),
+        run_once_output: r.parsed("runOnceOutput", RunOnceOutput::Text, |s| match s {
+            "text" => Ok(RunOnceOutput::Text),
+            "json" => Ok(RunOnceOutput::Json),
+            other => Err(format!("{other:?} is not text or json")),
+        }),
+        run_once_cleanup: r.bool("runOnceCleanup", false),
         lock_file: r.path("lockFile"),
         exit_on_lock_contention: r.bool("exitOnLockContention", false),
         cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
@@ -403,6 +420,12 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             _ => Err(format!("{s:?} is not a level from 0 to 10")),
         }),
     };
+    if config.run_once && config.static_pod_path.is_none() && config.static_pod_url.is_none() {
+        r.problems.push(
+            "runOnce (--run-once): needs --pod-manifest-path or --manifest-url to read pods from"
+                .into(),
+        );
+    }
     if config.exit_on_lock_contention && config.lock_file.is_none() {
         r.problems
             .push("exitOnLockContention (--exit-on-lock-contention): needs --lock-file".into());
@@ -450,6 +473,7 @@ mod tests {
         let c = run(&[
             "--hostname-override=n1",
             "--runonce",
+            "--pod-manifest-path=/m",
             "--cgroups-per-qos=false",
             "--manifest-url-header",
             "A:1",

@@ -314,20 +314,35 @@ impl Node {
     /// Stops the agent and removes every pod of this node from the runtime.
     pub async fn finish(mut self) {
         self.stop_agent().await;
-        for sb in self.all_sandboxes().await {
-            for c in self
-                .runtime
-                .list_containers(Some((LABEL_POD_UID, &sb.uid.0)))
-                .await
-                .unwrap_or_default()
-            {
-                let _ = self.runtime.stop_container(&c.id, 0).await;
-                let _ = self.runtime.remove_container(&c.id).await;
-            }
-            let _ = self.runtime.stop_pod_sandbox(&sb.id).await;
-            let _ = self.runtime.remove_pod_sandbox(&sb.id).await;
-        }
+        remove_node_pods(&self.runtime, &self.name).await;
         unmount_all_under(self.dir.path());
+    }
+}
+
+/// The sandboxes the node named `node` owns in the runtime.
+pub async fn node_sandboxes(runtime: &RuntimeClient, node: &str) -> Vec<Sandbox> {
+    runtime
+        .list_sandboxes(None)
+        .await
+        .expect("list sandboxes")
+        .into_iter()
+        .filter(|s| s.annotations.get(ANNOTATION_NODE_NAME).map(String::as_str) == Some(node))
+        .collect()
+}
+
+/// Removes every pod of the node `node` from the runtime, whatever state it is in.
+pub async fn remove_node_pods(runtime: &RuntimeClient, node: &str) {
+    for sb in node_sandboxes(runtime, node).await {
+        for c in runtime
+            .list_containers(Some((LABEL_POD_UID, &sb.uid.0)))
+            .await
+            .unwrap_or_default()
+        {
+            let _ = runtime.stop_container(&c.id, 0).await;
+            let _ = runtime.remove_container(&c.id).await;
+        }
+        let _ = runtime.stop_pod_sandbox(&sb.id).await;
+        let _ = runtime.remove_pod_sandbox(&sb.id).await;
     }
 }
 
@@ -352,7 +367,8 @@ fn read_logs(pod_logs: &Path, prefix: &str, container: &str) -> String {
     out
 }
 
-fn unmount_all_under(dir: &Path) {
+/// Unmounts whatever a test left mounted below `dir`.
+pub fn unmount_all_under(dir: &Path) {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut mounts: Vec<&str> = info
         .lines()

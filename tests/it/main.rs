@@ -7,5 +7,6 @@ mod cri;
 mod healthz;
 mod http_source;
 mod probes;
+mod run_once;
 mod static_pods;
 mod status;
