@@ -109,6 +109,9 @@ impl Core {
             resolv_conf: config.resolv_conf.clone(),
             host_ip,
             runtime_name: version.runtime_name.clone(),
+            node: pod_sync::resources::NodeResources::detect(&config.root_dir),
+            restart_backoff_initial: test_restart_backoff()
+                .unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
         };
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();
@@ -155,6 +158,22 @@ impl Core {
                 .run(snapshots, self.events, self.probes, cancel),
         );
         (self.status, self.tracker)
+    }
+}
+
+/// Test-only: `NODELET_TEST_RESTART_BACKOFF` (a Go duration) shortens the first container
+/// restart delay so tests can watch the backoff double without waiting minutes.
+fn test_restart_backoff() -> Option<Duration> {
+    let text = std::env::var("NODELET_TEST_RESTART_BACKOFF").ok()?;
+    match crate::config::parse_duration(&text) {
+        Ok(d) => {
+            tracing::warn!(initial = ?d, "test-only restart backoff in use (NODELET_TEST_RESTART_BACKOFF)");
+            Some(d)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring NODELET_TEST_RESTART_BACKOFF");
+            None
+        }
     }
 }
 

@@ -31,24 +31,40 @@ impl Error {
     }
 }
 
-/// Makes sure the runtime has `image` according to `policy` (Always, IfNotPresent, Never) and
-/// returns the reference to create the container from.
+/// An image the runtime has: its ID and the user it runs as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Image {
+    pub id: String,
+    /// The image's numeric user, when it names one.
+    pub uid: Option<i64>,
+    /// The image's user name, when it names one that is not numeric.
+    pub username: String,
+}
+
+impl From<cri::Image> for Image {
+    fn from(i: cri::Image) -> Self {
+        Image {
+            id: i.id,
+            uid: i.uid.map(|u| u.value),
+            username: i.username,
+        }
+    }
+}
+
+/// Makes sure the runtime has `image` according to `policy` (Always, IfNotPresent, Never).
 pub async fn ensure(
     runtime: &RuntimeClient,
     image: &str,
     policy: &str,
     sandbox: &cri::PodSandboxConfig,
-) -> Result<String, Error> {
+) -> Result<Image, Error> {
+    let inspect = |source| Error::Inspect {
+        image: image.into(),
+        source,
+    };
     if policy != "Always" {
-        let present = runtime
-            .image_status(image)
-            .await
-            .map_err(|source| Error::Inspect {
-                image: image.into(),
-                source,
-            })?;
-        match present {
-            Some(found) => return Ok(found.id),
+        match runtime.image_status(image).await.map_err(inspect)? {
+            Some(found) => return Ok(found.into()),
             None if policy == "Never" => {
                 return Err(Error::NeverPull {
                     image: image.into(),
@@ -58,11 +74,21 @@ pub async fn ensure(
         }
     }
     tracing::info!(image, policy, "pulling image");
-    runtime
+    let pulled = runtime
         .pull_image(image, Some(sandbox.clone()))
         .await
         .map_err(|source| Error::Pull {
             image: image.into(),
             source,
-        })
+        })?;
+    Ok(
+        match runtime.image_status(&pulled).await.map_err(inspect)? {
+            Some(found) => found.into(),
+            None => Image {
+                id: pulled,
+                uid: None,
+                username: String::new(),
+            },
+        },
+    )
 }

@@ -94,9 +94,22 @@ fn finished(pod: &Pod, rt: &PodRuntime) -> bool {
         })
 }
 
+/// What the probes say that the plan needs, by container ID.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeView {
+    /// Running containers whose liveness or startup probe failed.
+    pub unhealthy: HashMap<String, Unhealthy>,
+    /// Running containers whose startup probe has not succeeded yet.
+    pub unstarted: std::collections::HashSet<String>,
+}
+
+/// Is this init container a sidecar (`restartPolicy: Always`)?
+pub fn is_sidecar(c: &SpecContainer) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
 /// Computes the actions that bring the runtime to the pod's spec.
-/// `unhealthy` holds, by container ID, running containers whose liveness or startup probe failed.
-pub fn plan(pod: &Pod, rt: &PodRuntime, unhealthy: &HashMap<String, Unhealthy>) -> Plan {
+pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
     let s = spec(pod);
     let policy = s.restart_policy.as_deref().unwrap_or("Always");
     let mut plan = Plan::default();
@@ -129,8 +142,66 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, unhealthy: &HashMap<String, Unhealthy>) 
     };
     collect_garbage(rt, &current.id, &mut plan);
 
+    // Once every regular init container succeeded the pod is initialized for good: init
+    // containers are not run again, and only sidecars are kept running.
+    let initialized = s
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| !is_sidecar(c))
+        .all(|c| in_sandbox(&c.name).is_some_and(exited_ok));
+    let app_done = policy != "Always"
+        && s.containers.iter().all(|c| {
+            in_sandbox(&c.name)
+                .is_some_and(|c| c.state == ContainerState::Exited && !restarts(policy, c))
+        });
     for init in s.init_containers.iter().flatten() {
-        match in_sandbox(&init.name) {
+        let current = in_sandbox(&init.name);
+        if is_sidecar(init) {
+            let Some(c) = current else {
+                if !app_done {
+                    plan.start.push(start(rt, init, true));
+                }
+                if !initialized {
+                    return plan;
+                }
+                continue;
+            };
+            match c.state {
+                ContainerState::Running if app_done => {
+                    plan.kill.push(kill(c, "the pod's containers completed"));
+                }
+                ContainerState::Running if c.hash != container_hash(init) => {
+                    plan.kill.push(kill(c, "container spec changed"));
+                    plan.start.push(start(rt, init, true));
+                }
+                ContainerState::Running => {
+                    if let Some(u) = probes.unhealthy.get(&c.id) {
+                        plan.kill.push(Kill {
+                            grace: u.grace,
+                            ..kill(c, &u.reason)
+                        });
+                        plan.start.push(start(rt, init, true));
+                    } else if !initialized && probes.unstarted.contains(&c.id) {
+                        return plan;
+                    }
+                }
+                _ if app_done => {}
+                ContainerState::Exited => plan.start.push(start(rt, init, true)),
+                ContainerState::Created | ContainerState::Unknown => {
+                    plan.kill.push(kill(c, "container is not running"));
+                    plan.start.push(start(rt, init, true));
+                }
+            }
+            if !initialized && !plan.start.is_empty() {
+                return plan;
+            }
+            continue;
+        }
+        if initialized {
+            continue;
+        }
+        match current {
             Some(c) if exited_ok(c) => continue,
             Some(c) if c.state == ContainerState::Running => return plan,
             None => {
@@ -161,7 +232,7 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, unhealthy: &HashMap<String, Unhealthy>) 
                 plan.start.push(start(rt, want, false));
             }
             ContainerState::Running => {
-                if let Some(u) = unhealthy.get(&c.id) {
+                if let Some(u) = probes.unhealthy.get(&c.id) {
                     plan.kill.push(Kill {
                         grace: u.grace,
                         ..kill(c, &u.reason)
@@ -225,8 +296,14 @@ mod tests {
     use crate::runtime::Sandbox;
     use crate::types::PodUid;
 
+    /// Init containers named `+name` are sidecars.
     fn pod(policy: &str, init: &[&str], apps: &[&str]) -> Pod {
-        let c = |n: &&str| serde_json::json!({"name": n, "image": "busybox:1"});
+        let c = |n: &&str| match n.strip_prefix('+') {
+            Some(n) => {
+                serde_json::json!({"name": n, "image": "busybox:1", "restartPolicy": "Always"})
+            }
+            None => serde_json::json!({"name": n, "image": "busybox:1"}),
+        };
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "uid": "u"},
             "spec": {
@@ -294,7 +371,7 @@ mod tests {
     #[test]
     fn a_new_pod_gets_a_sandbox_and_all_its_containers() {
         let p = pod("Always", &[], &["a", "b"]);
-        let plan = plan(&p, &PodRuntime::default(), &HashMap::new());
+        let plan = plan(&p, &PodRuntime::default(), &ProbeView::default());
         assert_eq!(plan.create_sandbox, Some(0));
         assert!(!plan.kill_pod);
         assert_eq!(names(&plan), [("a", 0), ("b", 0)]);
@@ -315,7 +392,7 @@ mod tests {
                 None,
             )],
         };
-        let plan = plan(&p, &rt, &HashMap::new());
+        let plan = plan(&p, &rt, &ProbeView::default());
         assert_eq!(plan.sandbox_id.as_deref(), Some("s1"));
         assert!(plan.start.is_empty() && plan.kill.is_empty() && plan.create_sandbox.is_none());
     }
@@ -329,7 +406,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![c],
         };
-        let plan = plan(&p, &rt, &HashMap::new());
+        let plan = plan(&p, &rt, &ProbeView::default());
         assert_eq!(plan.kill[0].id, "c1");
         assert_eq!(names(&plan), [("a", 1)]);
     }
@@ -358,7 +435,11 @@ mod tests {
                 },
             )]
             .into();
-            let plan = plan(&p, &rt, &unhealthy);
+            let view = ProbeView {
+                unhealthy,
+                ..Default::default()
+            };
+            let plan = plan(&p, &rt, &view);
             assert_eq!(plan.kill[0].grace, Some(1));
             assert_eq!(!plan.start.is_empty(), restarted, "{policy}");
         }
@@ -386,7 +467,7 @@ mod tests {
                     Some(code),
                 )],
             };
-            let plan = plan(&p, &rt, &HashMap::new());
+            let plan = plan(&p, &rt, &ProbeView::default());
             assert_eq!(!plan.start.is_empty(), restarted, "{policy} exit {code}");
             if restarted {
                 assert_eq!(names(&plan), [("a", 5)]);
@@ -409,7 +490,7 @@ mod tests {
                 Some(137),
             )],
         };
-        let plan = plan(&p, &rt, &HashMap::new());
+        let plan = plan(&p, &rt, &ProbeView::default());
         assert!(plan.kill_pod);
         assert_eq!(plan.create_sandbox, Some(1));
         assert_eq!(names(&plan), [("a", 3)]);
@@ -430,13 +511,13 @@ mod tests {
                 Some(0),
             )],
         };
-        assert_eq!(plan(&p, &rt, &HashMap::new()), Plan::default());
+        assert_eq!(plan(&p, &rt, &ProbeView::default()), Plan::default());
     }
 
     #[test]
     fn init_containers_run_one_at_a_time_before_the_app() {
         let p = pod("Always", &["i1", "i2"], &["a"]);
-        let fresh = plan(&p, &PodRuntime::default(), &HashMap::new());
+        let fresh = plan(&p, &PodRuntime::default(), &ProbeView::default());
         assert_eq!(names(&fresh), [("i1", 0)]);
         let mut rt = PodRuntime {
             sandboxes: vec![sandbox("s1", 0, true)],
@@ -450,16 +531,70 @@ mod tests {
                 None,
             )],
         };
-        assert!(plan(&p, &rt, &HashMap::new()).start.is_empty());
+        assert!(plan(&p, &rt, &ProbeView::default()).start.is_empty());
         rt.containers[0] = container(&p, "c1", "s1", "i1", 0, ContainerState::Exited, Some(0));
-        assert_eq!(names(&plan(&p, &rt, &HashMap::new())), [("i2", 0)]);
+        assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("i2", 0)]);
         rt.containers.insert(
             0,
             container(&p, "c2", "s1", "i2", 0, ContainerState::Exited, Some(1)),
         );
-        assert_eq!(names(&plan(&p, &rt, &HashMap::new())), [("i2", 1)]);
+        assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("i2", 1)]);
         rt.containers[0] = container(&p, "c2", "s1", "i2", 0, ContainerState::Exited, Some(0));
-        assert_eq!(names(&plan(&p, &rt, &HashMap::new())), [("a", 0)]);
+        assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("a", 0)]);
+    }
+
+    #[test]
+    fn sidecars_start_in_order_keep_running_and_stop_when_a_batch_pod_completes() {
+        let p = pod("Never", &["+side", "i1"], &["a"]);
+        assert_eq!(
+            names(&plan(&p, &PodRuntime::default(), &ProbeView::default())),
+            [("side", 0)]
+        );
+        let mut rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "side",
+                0,
+                ContainerState::Running,
+                None,
+            )],
+        };
+        let unstarted = ProbeView {
+            unstarted: ["c1".to_string()].into(),
+            ..Default::default()
+        };
+        assert!(
+            plan(&p, &rt, &unstarted).start.is_empty(),
+            "waits for the sidecar's startup probe"
+        );
+        assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("i1", 0)]);
+        rt.containers.insert(
+            0,
+            container(&p, "c2", "s1", "i1", 0, ContainerState::Exited, Some(0)),
+        );
+        assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("a", 0)]);
+        rt.containers[1] = container(&p, "c1", "s1", "side", 0, ContainerState::Exited, Some(1));
+        rt.containers.insert(
+            0,
+            container(&p, "c3", "s1", "a", 0, ContainerState::Running, None),
+        );
+        assert_eq!(
+            names(&plan(&p, &rt, &ProbeView::default())),
+            [("side", 1)],
+            "a dead sidecar restarts even under restartPolicy Never, without re-running init"
+        );
+        rt.containers[0] = container(&p, "c3", "s1", "a", 0, ContainerState::Exited, Some(0));
+        rt.containers[2] = container(&p, "c1", "s1", "side", 0, ContainerState::Running, None);
+        let done = plan(&p, &rt, &ProbeView::default());
+        assert!(done.start.is_empty());
+        assert_eq!(
+            done.kill.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
+            ["c1"],
+            "the finished pod's sidecar is stopped"
+        );
     }
 
     #[test]
@@ -477,7 +612,7 @@ mod tests {
                 Some(1),
             )],
         };
-        assert!(plan(&p, &rt, &HashMap::new()).start.is_empty());
+        assert!(plan(&p, &rt, &ProbeView::default()).start.is_empty());
     }
 
     #[test]
@@ -491,7 +626,7 @@ mod tests {
                 container(&p, "c1", "s1", "a", 0, ContainerState::Exited, Some(1)),
             ],
         };
-        let plan = plan(&p, &rt, &HashMap::new());
+        let plan = plan(&p, &rt, &ProbeView::default());
         assert_eq!(
             plan.remove_containers,
             ["c1"],

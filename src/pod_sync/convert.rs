@@ -25,6 +25,10 @@ pub struct Context {
     pub host_ip: String,
     /// The runtime's name, the scheme of container IDs in statuses.
     pub runtime_name: String,
+    /// The node's capacity, for unset limits in the downward API and oom_score_adj.
+    pub node: super::resources::NodeResources,
+    /// First delay of the container restart backoff (10 s; shorter only in tests).
+    pub restart_backoff_initial: std::time::Duration,
 }
 
 fn meta(pod: &Pod) -> (&str, &str, &str) {
@@ -230,7 +234,7 @@ pub fn sandbox_config(
 }
 
 /// Values the downward API may hand to a container's environment.
-fn field_value(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
+fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
     let (name, namespace, uid) = meta(pod);
     let s = spec(pod);
     Some(match path {
@@ -240,6 +244,7 @@ fn field_value(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
         "spec.nodeName" => s.node_name.clone().unwrap_or_default(),
         "spec.serviceAccountName" => s.service_account_name.clone().unwrap_or_default(),
         "status.podIP" | "status.podIPs" => pod_ip.into(),
+        "status.hostIP" | "status.hostIPs" => host_ip.into(),
         _ => {
             let key = path
                 .strip_prefix("metadata.labels['")
@@ -305,6 +310,10 @@ pub struct ContainerInput<'a> {
     pub image_ref: &'a str,
     pub volumes: &'a HashMap<String, PathBuf>,
     pub pod_ip: &'a str,
+    pub host_ip: &'a str,
+    pub node: &'a super::resources::NodeResources,
+    /// The host file mounted at the container's terminationMessagePath.
+    pub termination_log: Option<&'a std::path::Path>,
 }
 
 /// Builds the CRI container config, or says which field cannot be honoured.
@@ -316,26 +325,46 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
     let mut vars: HashMap<String, String> = HashMap::new();
     let mut envs = Vec::new();
     for e in c.env.iter().flatten() {
+        let from = e.value_from.as_ref();
         let value = match (
             &e.value,
-            e.value_from.as_ref().and_then(|f| f.field_ref.as_ref()),
+            from.and_then(|f| f.field_ref.as_ref()),
+            from.and_then(|f| f.resource_field_ref.as_ref()),
         ) {
-            (Some(v), _) => expand(v, &vars),
-            (None, Some(field)) => {
-                field_value(pod, &field.field_path, input.pod_ip).ok_or_else(|| {
-                    format!(
-                        "env {}: fieldRef {:?} is not supported",
-                        e.name, field.field_path
-                    )
-                })?
+            (Some(v), _, _) => expand(v, &vars),
+            (None, Some(field), _) => {
+                field_value(pod, &field.field_path, input.pod_ip, input.host_ip).ok_or_else(
+                    || {
+                        format!(
+                            "env {}: fieldRef {:?} is not supported",
+                            e.name, field.field_path
+                        )
+                    },
+                )?
             }
-            (None, None) if e.value_from.is_some() => {
+            (None, None, Some(r)) => {
+                let target = match r.container_name.as_deref().filter(|n| !n.is_empty()) {
+                    Some(name) => crate::pod::all_containers(spec(pod))
+                        .find(|w| w.name == name)
+                        .ok_or_else(|| {
+                            format!(
+                                "env {}: resourceFieldRef names no container {name:?}",
+                                e.name
+                            )
+                        })?,
+                    None => c,
+                };
+                let divisor = r.divisor.as_ref().map(|q| q.0.as_str());
+                super::resources::resource_field_value(target, &r.resource, divisor, input.node)
+                    .map_err(|why| format!("env {}: resourceFieldRef: {why}", e.name))?
+            }
+            (None, None, None) if from.is_some() => {
                 return Err(format!(
                     "env {}: this valueFrom source is not supported",
                     e.name
                 ));
             }
-            (None, None) => String::new(),
+            (None, None, None) => String::new(),
         };
         vars.insert(e.name.clone(), value.clone());
         envs.push(cri::KeyValue {
@@ -344,6 +373,22 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         });
     }
     let mut mounts = Vec::new();
+    let message_path = c.termination_message_path.as_deref().unwrap_or_default();
+    let user_mounted = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == message_path);
+    if let Some(host) = input
+        .termination_log
+        .filter(|_| !message_path.is_empty() && !user_mounted)
+    {
+        mounts.push(cri::Mount {
+            container_path: message_path.to_string(),
+            host_path: host.to_string_lossy().into_owned(),
+            ..Default::default()
+        });
+    }
     for m in c.volume_mounts.iter().flatten() {
         let Some(base) = input.volumes.get(&m.name) else {
             return Err(format!("volumeMount {}: volume is not set up", m.name));
@@ -437,12 +482,29 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
-        linux: Some(linux_config(pod, c)),
+        linux: Some(linux_config(pod, c, input.node.memory)),
         ..Default::default()
     })
 }
 
-fn linux_config(pod: &Pod, c: &Container) -> cri::LinuxContainerConfig {
+fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri::SecurityProfile {
+    use cri::security_profile::ProfileType;
+    let (kind, localhost_ref) = match profile {
+        Some(p) if p.type_ == "RuntimeDefault" => (ProfileType::RuntimeDefault, String::new()),
+        Some(p) if p.type_ == "Localhost" => (
+            ProfileType::Localhost,
+            p.localhost_profile.clone().unwrap_or_default(),
+        ),
+        // Upstream's default without --seccomp-default.
+        _ => (ProfileType::Unconfined, String::new()),
+    };
+    cri::SecurityProfile {
+        profile_type: kind as i32,
+        localhost_ref,
+    }
+}
+
+fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContainerConfig {
     let quantity = |map: Option<
         &std::collections::BTreeMap<
             String,
@@ -470,6 +532,7 @@ fn linux_config(pod: &Pod, c: &Container) -> cri::LinuxContainerConfig {
     if let Some(mem) = quantity(limits, "memory") {
         resources.memory_limit_in_bytes = mem as i64;
     }
+    resources.oom_score_adj = super::resources::oom_score_adj(pod, c, node_memory);
     let pod_sc = spec(pod).security_context.as_ref();
     let sc = c.security_context.as_ref();
     let run_as_user = sc
@@ -496,7 +559,14 @@ fn linux_config(pod: &Pod, c: &Container) -> cri::LinuxContainerConfig {
                 .unwrap_or(false),
             supplemental_groups: pod_sc
                 .and_then(|s| s.supplemental_groups.clone())
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                .into_iter()
+                .chain(pod_sc.and_then(|s| s.fs_group))
+                .collect(),
+            seccomp: Some(seccomp(
+                sc.and_then(|s| s.seccomp_profile.as_ref())
+                    .or(pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
+            )),
             no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
             ..Default::default()
         }),
@@ -524,6 +594,12 @@ mod tests {
             resolv_conf: None,
             host_ip: String::new(),
             runtime_name: "containerd".into(),
+            node: super::super::resources::NodeResources {
+                cpu: 2.0,
+                memory: 8e9,
+                ephemeral_storage: 1e11,
+            },
+            restart_backoff_initial: std::time::Duration::from_secs(10),
         }
     }
 
@@ -581,6 +657,9 @@ mod tests {
             image_ref: "sha256:abc",
             volumes: &HashMap::new(),
             pod_ip: "10.0.0.2",
+            host_ip: "192.0.2.1",
+            node: &ctx().node,
+            termination_log: Some(std::path::Path::new("/r/pods/u/containers/c/abc")),
         })
         .unwrap();
         assert_eq!(cfg.command[2], "echo hello-world $HOME");
@@ -591,6 +670,8 @@ mod tests {
             .collect();
         assert_eq!(env["POD"], "web-n1");
         assert_eq!(cfg.log_path, "c/3.log");
+        assert_eq!(cfg.mounts[0].container_path, "/dev/termination-log");
+        assert_eq!(cfg.mounts[0].host_path, "/r/pods/u/containers/c/abc");
         assert_eq!(cfg.metadata.unwrap().attempt, 3);
         assert_eq!(cfg.labels[LABEL_CONTAINER_NAME], "c");
         assert_eq!(cfg.annotations[ANNOTATION_RESTART_COUNT], "3");

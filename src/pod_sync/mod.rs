@@ -4,6 +4,8 @@
 pub mod actions;
 mod backoff;
 pub mod convert;
+mod hooks;
+pub mod resources;
 pub mod status;
 
 use std::collections::HashMap;
@@ -39,6 +41,8 @@ pub enum Error {
     },
     #[error("container {container:?}: CreateContainerConfigError: {message}")]
     Config { container: String, message: String },
+    #[error("container {container:?}: PostStartHook failed: {message}")]
+    PostStart { container: String, message: String },
     #[error("cannot prepare {}: {source}", .path.display())]
     Io {
         path: PathBuf,
@@ -53,14 +57,18 @@ impl Error {
         match self {
             Error::Image { reason, .. } => (*reason).into(),
             Error::Config { .. } => "CreateContainerConfigError".into(),
+            Error::PostStart { .. } => "PostStartHookError".into(),
             Error::Runtime(e) if e.call() == "StartContainer" => "RunContainerError".into(),
             _ => "CreateContainerError".into(),
         }
     }
 }
 
+/// How long a postStart hook may run (upstream has no bound; a hung hook must not hang the pod).
+const POST_START_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// First delay of a crashing container's restarts; it doubles up to the max (upstream values).
-const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// Syncs pods against one runtime and records their status.
@@ -96,6 +104,7 @@ impl Syncer {
         status: crate::status::Writer,
         probes: Arc<probe::Manager>,
     ) -> Self {
+        let backoff = backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
         Syncer {
             probes,
             runtime,
@@ -103,10 +112,7 @@ impl Syncer {
             statuses: status.reader(),
             status,
             waiting: Default::default(),
-            backoff: std::sync::Mutex::new(backoff::Backoff::new(
-                RESTART_BACKOFF_INITIAL,
-                RESTART_BACKOFF_MAX,
-            )),
+            backoff: std::sync::Mutex::new(backoff),
         }
     }
 
@@ -145,41 +151,77 @@ impl Syncer {
     }
 
     /// Reads the pod's runtime state and records its status.
-    /// Running containers whose liveness or startup probe failed, with the kill reason.
-    fn unhealthy(&self, pod: &Pod, rt: &PodRuntime) -> HashMap<String, actions::Unhealthy> {
+    /// What the probes say about the pod's running containers: which failed (with the kill
+    /// reason) and which have not passed their startup probe yet.
+    fn probe_view(&self, pod: &Pod, rt: &PodRuntime) -> actions::ProbeView {
         let results = self.probes.results();
-        rt.containers
+        let mut view = actions::ProbeView::default();
+        for c in rt
+            .containers
             .iter()
             .filter(|c| c.state == ContainerState::Running)
-            .filter_map(|c| {
-                let kind = results.unhealthy(&c.id)?;
-                let want = spec(pod).containers.iter().find(|w| w.name == c.name);
-                let probe = want.and_then(|w| match kind {
-                    probe::Kind::Startup => w.startup_probe.as_ref(),
-                    _ => w.liveness_probe.as_ref(),
-                });
-                let which = if kind == probe::Kind::Startup {
-                    "startup"
-                } else {
-                    "liveness"
-                };
-                Some((
-                    c.id.clone(),
-                    actions::Unhealthy {
-                        reason: format!(
-                            "Container {} failed {which} probe, will be restarted",
-                            c.name
-                        ),
-                        grace: probe.and_then(|p| p.termination_grace_period_seconds),
-                    },
-                ))
-            })
-            .collect()
+        {
+            let Some(want) = crate::pod::all_containers(spec(pod)).find(|w| w.name == c.name)
+            else {
+                continue;
+            };
+            if !results.state(&c.id, want).1 {
+                view.unstarted.insert(c.id.clone());
+            }
+            let Some(kind) = results.unhealthy(&c.id) else {
+                continue;
+            };
+            let (which, probe) = match kind {
+                probe::Kind::Startup => ("startup", want.startup_probe.as_ref()),
+                _ => ("liveness", want.liveness_probe.as_ref()),
+            };
+            view.unhealthy.insert(
+                c.id.clone(),
+                actions::Unhealthy {
+                    reason: format!(
+                        "Container {} failed {which} probe, will be restarted",
+                        c.name
+                    ),
+                    grace: probe.and_then(|p| p.termination_grace_period_seconds),
+                },
+            );
+        }
+        view
+    }
+
+    /// An exited container's termination message: its terminationMessagePath file (at most
+    /// 4 KiB), or with FallbackToLogsOnError and a failure, the tail of its log.
+    fn termination_message(&self, pod: &Pod, c: &runtime::Container) -> Option<String> {
+        if c.state != ContainerState::Exited {
+            return None;
+        }
+        if let Some(file) = &c.termination_message_file
+            && let Ok(f) = std::fs::File::open(file)
+        {
+            use std::io::Read;
+            let mut text = String::new();
+            let _ = f.take(MAX_TERMINATION_MESSAGE).read_to_string(&mut text);
+            if !text.is_empty() {
+                return Some(text);
+            }
+        }
+        if c.termination_message_policy != "FallbackToLogsOnError" || c.exit_code == 0 {
+            return None;
+        }
+        let log = convert::pod_log_dir(&self.ctx, pod)
+            .join(convert::container_log_path(&c.name, c.attempt));
+        let text = std::fs::read_to_string(log).ok()?;
+        Some(log_tail(&text))
     }
 
     async fn update_status(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
-        let rt = self.runtime.pod_runtime(&uid).await?;
+        let mut rt = self.runtime.pod_runtime(&uid).await?;
+        for c in rt.containers.iter_mut() {
+            if let Some(message) = self.termination_message(pod, c) {
+                c.message = message;
+            }
+        }
         let pod_ips = match rt.latest_sandbox() {
             Some(sb) if sb.state == runtime::SandboxState::Ready => {
                 match self.runtime.pod_sandbox_status(&sb.id).await {
@@ -242,7 +284,7 @@ impl Syncer {
     async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
         let uid = PodUid::of(pod);
         let rt = self.runtime.pod_runtime(&uid).await?;
-        let plan = actions::plan(pod, &rt, &self.unhealthy(pod, &rt));
+        let plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
         if plan.kill_pod {
             self.kill_all(pod, &rt).await?;
@@ -263,6 +305,12 @@ impl Syncer {
                 ) {
                     tracing::warn!(pod = %full_name(pod), "no cluster DNS is configured; dnsPolicy ClusterFirst falls back to the host's resolver (dnsPolicy Default)");
                 }
+                if resources::wants_hugepages(pod) {
+                    tracing::warn!(pod = %full_name(pod), "hugepages are not provided by nodelet; the request is ignored");
+                }
+                if spec(pod).host_users == Some(false) {
+                    tracing::warn!(pod = %full_name(pod), "hostUsers: false needs user namespaces, which the runtime does not offer here; ignored");
+                }
                 let log_dir = convert::pod_log_dir(&self.ctx, pod);
                 std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
                     path: log_dir.clone(),
@@ -275,10 +323,23 @@ impl Syncer {
             (None, Some(id)) => id.clone(),
             (None, None) => return self.update_status(pod).await.map(|()| None),
         };
-        for k in &plan.kill {
-            tracing::info!(pod = %full_name(pod), container = %k.name, reason = %k.reason, "killing container");
-            self.stop_container(&k.id, k.grace.unwrap_or_else(|| grace_period_seconds(pod)))
+        if !plan.kill.is_empty() {
+            let host = self.hook_host(pod, &rt).await;
+            for k in &plan.kill {
+                tracing::info!(pod = %full_name(pod), container = %k.name, reason = %k.reason, "killing container");
+                let grace = k.grace.unwrap_or_else(|| grace_period_seconds(pod)).max(0) as u64;
+                let want = crate::pod::all_containers(spec(pod))
+                    .find(|w| w.name == k.name)
+                    .cloned();
+                hooks::stop_container(
+                    self.runtime.clone(),
+                    k.id.clone(),
+                    want,
+                    host.clone(),
+                    Duration::from_secs(grace),
+                )
                 .await?;
+            }
         }
         let pod_ip = if plan.start.is_empty() {
             String::new()
@@ -359,21 +420,36 @@ impl Syncer {
             .image_pull_policy
             .as_deref()
             .unwrap_or("IfNotPresent");
-        let image_ref = images::ensure(&self.runtime, image, policy, sandbox_config)
+        let image_info = images::ensure(&self.runtime, image, policy, sandbox_config)
             .await
             .map_err(|source| Error::Image {
                 container: start.name.clone(),
                 reason: source.reason(),
                 source,
             })?;
+        verify_non_root(pod, container, &image_info).map_err(|message| Error::Config {
+            container: start.name.clone(),
+            message,
+        })?;
+        let termination_log = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0)
+            .join("containers")
+            .join(&start.name)
+            .join(format!("{}.termination-log", start.restart_count));
+        create_world_writable(&termination_log).map_err(|source| Error::Io {
+            path: termination_log.clone(),
+            source,
+        })?;
         let config = convert::container_config(&convert::ContainerInput {
             pod,
             container,
             init: start.init,
             restart_count: start.restart_count,
-            image_ref: &image_ref,
+            image_ref: &image_info.id,
             volumes: volume_paths,
             pod_ip,
+            host_ip: &self.ctx.host_ip,
+            node: &self.ctx.node,
+            termination_log: Some(&termination_log),
         })
         .map_err(|message| Error::Config {
             container: start.name.clone(),
@@ -392,6 +468,41 @@ impl Syncer {
         self.link_log(pod, &start.name, &id, &log_file);
         self.runtime.start_container(&id).await?;
         tracing::info!(pod = %full_name(pod), container = %start.name, id = %id, restart_count = start.restart_count, "started container");
+        if let Some(handler) = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.post_start.as_ref())
+        {
+            let host = if pod_ip.is_empty() {
+                self.ctx.host_ip.as_str()
+            } else {
+                pod_ip
+            };
+            let hook = hooks::run(
+                &self.runtime,
+                handler,
+                container,
+                &id,
+                host,
+                POST_START_TIMEOUT,
+            );
+            if let Err(why) = hook.await {
+                tracing::warn!(pod = %full_name(pod), container = %start.name, %why, "FailedPostStartHook: killing the container");
+                let grace = Duration::from_secs(grace_period_seconds(pod).max(0) as u64);
+                hooks::stop_container(
+                    self.runtime.clone(),
+                    id,
+                    Some(container.clone()),
+                    host.to_string(),
+                    grace,
+                )
+                .await?;
+                return Err(Error::PostStart {
+                    container: start.name.clone(),
+                    message: why,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -409,11 +520,6 @@ impl Syncer {
         }
     }
 
-    async fn stop_container(&self, id: &str, grace: i64) -> Result<(), Error> {
-        ignore_not_found(self.runtime.stop_container(id, grace).await)?;
-        Ok(())
-    }
-
     async fn remove_container(&self, pod: &Pod, rt: &PodRuntime, id: &str) -> Result<(), Error> {
         ignore_not_found(self.runtime.remove_container(id).await)?;
         if let Some(c) = rt.containers.iter().find(|c| c.id == id) {
@@ -425,25 +531,80 @@ impl Syncer {
 
     /// Stops every running container of the pod in parallel (each gets the grace period:
     /// SIGTERM, then SIGKILL at the deadline), then its sandboxes, then removes them all.
+    /// Where the pod's httpGet and tcpSocket hooks connect: its IP, or the node's on the host
+    /// network or when the sandbox is gone.
+    async fn hook_host(&self, pod: &Pod, rt: &PodRuntime) -> String {
+        if !spec(pod).host_network.unwrap_or(false)
+            && let Some(sb) = rt.latest_sandbox()
+            && let Ok(ip) = self.pod_ip(&sb.id).await
+            && !ip.is_empty()
+        {
+            return ip;
+        }
+        self.ctx.host_ip.clone()
+    }
+
+    /// Stops every running container of the pod: app containers in parallel, then sidecars in
+    /// reverse order, all within one grace period (preStop hooks first, then SIGTERM, then
+    /// SIGKILL at the deadline); then stops its sandboxes and removes them all.
     async fn kill_all(&self, pod: &Pod, rt: &PodRuntime) -> Result<(), Error> {
-        let mut stops = JoinSet::new();
-        for c in rt
+        let live: Vec<&runtime::Container> = rt
             .containers
             .iter()
             .filter(|c| c.state == ContainerState::Running || c.state == ContainerState::Created)
-        {
-            let grace = if pod.spec.is_some() {
-                grace_period_seconds(pod)
-            } else {
-                c.grace_seconds.unwrap_or(30)
-            };
-            let runtime = self.runtime.clone();
-            let id = c.id.clone();
-            stops.spawn(async move { ignore_not_found(runtime.stop_container(&id, grace).await) });
+            .collect();
+        let grace_of = |c: &runtime::Container| {
+            Duration::from_secs(
+                if pod.spec.is_some() {
+                    grace_period_seconds(pod)
+                } else {
+                    c.grace_seconds.unwrap_or(30)
+                }
+                .max(0) as u64,
+            )
+        };
+        let deadline = tokio::time::Instant::now()
+            + live.iter().map(|c| grace_of(c)).max().unwrap_or_default();
+        let host = self.hook_host(pod, rt).await;
+        let s = spec(pod);
+        let sidecars: Vec<&str> = s
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| actions::is_sidecar(c))
+            .map(|c| c.name.as_str())
+            .collect();
+        let want = |name: &str| {
+            crate::pod::all_containers(s)
+                .find(|w| w.name == name)
+                .cloned()
+        };
+        let mut stops = JoinSet::new();
+        for c in live.iter().filter(|c| !sidecars.contains(&c.name.as_str())) {
+            stops.spawn(hooks::stop_container(
+                self.runtime.clone(),
+                c.id.clone(),
+                want(&c.name),
+                host.clone(),
+                grace_of(c),
+            ));
         }
         while let Some(joined) = stops.join_next().await {
             if let Ok(result) = joined {
                 result?;
+            }
+        }
+        for name in sidecars.iter().rev() {
+            for c in live.iter().filter(|c| c.name == *name) {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                hooks::stop_container(
+                    self.runtime.clone(),
+                    c.id.clone(),
+                    want(name),
+                    host.clone(),
+                    left,
+                )
+                .await?;
             }
         }
         for sb in &rt.sandboxes {
@@ -486,6 +647,63 @@ impl Syncer {
         tracing::info!(pod = %full_name(pod), %uid, "pod terminated and cleaned up");
         Ok(())
     }
+}
+
+/// With runAsNonRoot, refuses a container whose effective user is root or cannot be told.
+fn verify_non_root(
+    pod: &Pod,
+    c: &k8s_openapi::api::core::v1::Container,
+    image: &images::Image,
+) -> Result<(), String> {
+    let pod_sc = spec(pod).security_context.as_ref();
+    let sc = c.security_context.as_ref();
+    let non_root = sc
+        .and_then(|s| s.run_as_non_root)
+        .or(pod_sc.and_then(|s| s.run_as_non_root))
+        .unwrap_or(false);
+    if !non_root {
+        return Ok(());
+    }
+    let uid = sc
+        .and_then(|s| s.run_as_user)
+        .or(pod_sc.and_then(|s| s.run_as_user))
+        .or(image.uid);
+    match uid {
+        Some(0) => Err("container has runAsNonRoot and its user is root (uid 0)".into()),
+        Some(_) => Ok(()),
+        None if !image.username.is_empty() => Err(format!(
+            "container has runAsNonRoot and image has non-numeric user ({}), cannot verify user is non-root",
+            image.username
+        )),
+        None => Err("container has runAsNonRoot and image will run as root".into()),
+    }
+}
+
+/// Largest termination message read from a container's file (upstream: 4 KiB).
+const MAX_TERMINATION_MESSAGE: u64 = 4096;
+
+/// The last 80 lines (at most 2 KiB) of a CRI-format log, without the time/stream/tag prefixes.
+fn log_tail(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(|l| l.splitn(4, ' ').nth(3).unwrap_or(""))
+        .collect();
+    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    let mut start = tail.len().saturating_sub(2048);
+    while !tail.is_char_boundary(start) {
+        start += 1;
+    }
+    tail[start..].to_string()
+}
+
+/// An empty file any container user may write (its termination message).
+fn create_world_writable(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, b"")?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
 }
 
 fn ignore_not_found(r: runtime::Result<()>) -> runtime::Result<()> {

@@ -169,12 +169,15 @@ fn failed(s: &ContainerStatus) -> bool {
 }
 
 /// The pod phase by the upstream rules (kubelet getPhase).
+/// `init` holds the regular init containers; `initializing` says the pod is not initialized yet
+/// (its sidecars have not started).
 pub fn phase(
     restart_policy: &str,
     init: &[ContainerStatus],
+    initializing: bool,
     app: &[ContainerStatus],
 ) -> &'static str {
-    let mut pending_init = false;
+    let mut pending_init = initializing;
     for s in init {
         if succeeded(s) {
             continue;
@@ -255,7 +258,41 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .flatten()
         .map(|c| container_status(input, c, "PodInitializing"))
         .collect();
-    let initialized = init.iter().all(succeeded);
+    let is_sidecar: Vec<bool> = s
+        .init_containers
+        .iter()
+        .flatten()
+        .map(crate::pod_sync::actions::is_sidecar)
+        .collect();
+    // A regular init container is done when it succeeded; a sidecar once it runs and started.
+    // Once an app container has run, the pod stays initialized whatever its sidecars do.
+    let app_started = input
+        .rt
+        .containers
+        .iter()
+        .any(|c| s.containers.iter().any(|w| w.name == c.name));
+    let init_done = |(i, c): (usize, &ContainerStatus)| {
+        if is_sidecar[i] {
+            app_started
+                || (c.state.as_ref().is_some_and(|st| st.running.is_some())
+                    && c.started == Some(true))
+        } else {
+            succeeded(c)
+        }
+    };
+    let incomplete: Vec<&str> = init
+        .iter()
+        .enumerate()
+        .filter(|&(i, c)| !init_done((i, c)))
+        .map(|(_, c)| c.name.as_str())
+        .collect();
+    let initialized = incomplete.is_empty();
+    let regular_init: Vec<ContainerStatus> = init
+        .iter()
+        .zip(&is_sidecar)
+        .filter(|(_, sidecar)| !**sidecar)
+        .map(|(c, _)| c.clone())
+        .collect();
     let app_default = if initialized {
         "ContainerCreating"
     } else {
@@ -266,16 +303,11 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .iter()
         .map(|c| container_status(input, c, app_default))
         .collect();
-    let phase = phase(policy, &init, &app);
+    let phase = phase(policy, &regular_init, !initialized, &app);
     let terminal = phase == "Succeeded" || phase == "Failed";
     let unready: Vec<&str> = app
         .iter()
         .filter(|c| !c.ready)
-        .map(|c| c.name.as_str())
-        .collect();
-    let incomplete: Vec<&str> = init
-        .iter()
-        .filter(|c| !succeeded(c))
         .map(|c| c.name.as_str())
         .collect();
     let (ready_reason, ready_message) = if terminal {
@@ -464,7 +496,7 @@ mod tests {
             ),
         ];
         for (i, (policy, init, app, want)) in cases.into_iter().enumerate() {
-            assert_eq!(phase(policy, &init, &app), want, "case {i}");
+            assert_eq!(phase(policy, &init, false, &app), want, "case {i}");
         }
     }
 

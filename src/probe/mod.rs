@@ -3,6 +3,8 @@
 
 mod check;
 
+pub use check::{Target, attempt};
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -152,7 +154,18 @@ impl Manager {
             keep
         });
         for c in running.values() {
-            let Some(want) = s.containers.iter().find(|w| w.name == c.name) else {
+            // App containers and sidecars are probed; run-to-completion init containers are not.
+            let Some(want) = s
+                .containers
+                .iter()
+                .chain(
+                    s.init_containers
+                        .iter()
+                        .flatten()
+                        .filter(|i| i.restart_policy.as_deref() == Some("Always")),
+                )
+                .find(|w| w.name == c.name)
+            else {
                 continue;
             };
             for kind in [Kind::Startup, Kind::Liveness, Kind::Readiness] {

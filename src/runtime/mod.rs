@@ -22,6 +22,12 @@ pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
 pub const ANNOTATION_CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 /// CRI annotation: the container's restart count.
 pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
+/// CRI annotation: where the container writes its termination message.
+pub const ANNOTATION_TERMINATION_MESSAGE_PATH: &str =
+    "io.kubernetes.container.terminationMessagePath";
+/// CRI annotation: File or FallbackToLogsOnError.
+pub const ANNOTATION_TERMINATION_MESSAGE_POLICY: &str =
+    "io.kubernetes.container.terminationMessagePolicy";
 /// CRI annotation: the pod's termination grace period in seconds.
 pub const ANNOTATION_TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
 /// Sandbox annotation naming the node agent that owns the sandbox, so agents sharing one runtime
@@ -79,6 +85,9 @@ pub struct Container {
     /// The image as the user named it, and the image ID it resolved to.
     pub image: String,
     pub image_ref: String,
+    /// The host file behind the container's terminationMessagePath, and the message policy.
+    pub termination_message_file: Option<String>,
+    pub termination_message_policy: String,
     /// The pod's termination grace period recorded at creation, for pods no longer desired.
     pub grace_seconds: Option<i64>,
 }
@@ -143,6 +152,12 @@ fn container_from_cri(c: cri::Container) -> Container {
         message: String::new(),
         image: c.image.map(|i| i.image).unwrap_or_default(),
         image_ref: c.image_ref,
+        termination_message_file: None,
+        termination_message_policy: c
+            .annotations
+            .get(ANNOTATION_TERMINATION_MESSAGE_POLICY)
+            .cloned()
+            .unwrap_or_default(),
         grace_seconds: c
             .annotations
             .get(ANNOTATION_TERMINATION_GRACE)

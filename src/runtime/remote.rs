@@ -10,7 +10,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
 
-use super::LABEL_POD_UID;
+use super::{ANNOTATION_TERMINATION_MESSAGE_PATH, LABEL_POD_UID};
 use super::{
     Container, PodRuntime, Sandbox, container_from_cri, cri, sandbox_from_cri, state_from_cri,
 };
@@ -224,6 +224,12 @@ impl RuntimeClient {
                     c.reason = status.reason;
                     c.message = status.message;
                     c.image_ref = status.image_ref;
+                    let message_path = status.annotations.get(ANNOTATION_TERMINATION_MESSAGE_PATH);
+                    c.termination_message_file = status
+                        .mounts
+                        .iter()
+                        .find(|m| Some(&m.container_path) == message_path)
+                        .map(|m| m.host_path.clone());
                 }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),

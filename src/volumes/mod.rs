@@ -48,9 +48,10 @@ pub fn setup(pod: &Pod, root_dir: &Path) -> Result<HashMap<String, PathBuf>> {
         std::fs::create_dir_all(dir.join(sub)).map_err(io("cannot create", &dir.join(sub)))?;
     }
     let mut paths = HashMap::new();
+    let fs_group = spec(pod).security_context.as_ref().and_then(|s| s.fs_group);
     for v in spec(pod).volumes.iter().flatten() {
         let path = if v.empty_dir.is_some() {
-            empty_dir(v, &dir)?
+            empty_dir(v, &dir, fs_group)?
         } else if let Some(hp) = &v.host_path {
             host_path(
                 &v.name,
@@ -69,7 +70,7 @@ pub fn setup(pod: &Pod, root_dir: &Path) -> Result<HashMap<String, PathBuf>> {
     Ok(paths)
 }
 
-fn empty_dir(v: &Volume, pod_dir: &Path) -> Result<PathBuf> {
+fn empty_dir(v: &Volume, pod_dir: &Path, fs_group: Option<i64>) -> Result<PathBuf> {
     let path = pod_dir
         .join("volumes/kubernetes.io~empty-dir")
         .join(&v.name);
@@ -86,8 +87,17 @@ fn empty_dir(v: &Volume, pod_dir: &Path) -> Result<PathBuf> {
             message: format!("cannot mount tmpfs on {}: {e}", path.display()),
         })?;
     }
-    // Containers running as any user may write an emptyDir, as upstream.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+    // Containers running as any user may write an emptyDir, as upstream. With an fsGroup the
+    // directory belongs to that group, and files made in it inherit the group (setgid).
+    let mode = match fs_group {
+        Some(gid) => {
+            std::os::unix::fs::chown(&path, None, Some(gid as u32))
+                .map_err(io("cannot chown", &path))?;
+            0o2777
+        }
+        None => 0o777,
+    };
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
         .map_err(io("cannot chmod", &path))?;
     Ok(path)
 }

@@ -6,6 +6,7 @@ mod config;
 mod cri;
 mod healthz;
 mod http_source;
+mod lifecycle;
 mod probes;
 mod run_once;
 mod static_pods;

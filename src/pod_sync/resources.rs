@@ -1,0 +1,239 @@
+//! Resource arithmetic for containers: the node's capacity (what unset limits default to),
+//! oom_score_adj by QoS class, and the downward API's resourceFieldRef values. Pure but `detect`.
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::pod::{ANNOTATION_CONFIG_SOURCE, parse_quantity, qos_class, spec};
+
+/// The node's capacity: cores, memory bytes and root-dir filesystem bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeResources {
+    pub cpu: f64,
+    pub memory: f64,
+    pub ephemeral_storage: f64,
+}
+
+impl NodeResources {
+    /// Reads the machine's capacity; the filesystem is the one holding `root_dir`.
+    pub fn detect(root_dir: &Path) -> NodeResources {
+        let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            })
+            .map_or(0.0, |kib| kib * 1024.0);
+        let probe = std::iter::successors(Some(root_dir), |p| p.parent()).find(|p| p.exists());
+        let ephemeral_storage = probe.and_then(statvfs_bytes).unwrap_or(0.0);
+        NodeResources {
+            cpu,
+            memory,
+            ephemeral_storage,
+        }
+    }
+}
+
+fn statvfs_bytes(path: &Path) -> Option<f64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs is plain data; all zeroes is a valid value.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `stat` a properly sized out-parameter.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut stat) };
+    (rc == 0).then_some(stat.f_blocks as f64 * stat.f_frsize as f64)
+}
+
+fn quantity(c: &Container, limits: bool, resource: &str) -> Option<f64> {
+    let res = c.resources.as_ref()?;
+    let map = if limits {
+        res.limits.as_ref()
+    } else {
+        res.requests.as_ref()
+    }?;
+    parse_quantity(&map.get(resource)?.0)
+}
+
+/// Static and mirror pods are critical: they get the Guaranteed score whatever their QoS.
+fn is_critical(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_CONFIG_SOURCE))
+        .is_some_and(|s| s != "api")
+}
+
+/// The container's oom_score_adj (upstream: -997 Guaranteed and critical, 1000 BestEffort,
+/// Burstable 1000 - 1000 * memory request / node memory, kept within 3..=999).
+pub fn oom_score_adj(pod: &Pod, c: &Container, node_memory: f64) -> i64 {
+    if is_critical(pod) {
+        return -997;
+    }
+    match qos_class(pod) {
+        "Guaranteed" => -997,
+        "BestEffort" => 1000,
+        _ => {
+            let request = quantity(c, false, "memory").unwrap_or(0.0);
+            let score = if node_memory > 0.0 {
+                1000 - (1000.0 * request / node_memory) as i64
+            } else {
+                1000
+            };
+            score.clamp(3, 999)
+        }
+    }
+}
+
+/// The value of `resourceFieldRef` `resource` (e.g. `limits.memory`) of container `c`, divided
+/// by `divisor` and rounded up; unset limits are the node's capacity.
+pub fn resource_field_value(
+    c: &Container,
+    resource: &str,
+    divisor: Option<&str>,
+    node: &NodeResources,
+) -> Result<String, String> {
+    let (kind, name) = resource
+        .split_once('.')
+        .ok_or_else(|| format!("resource {resource:?} is not like limits.memory"))?;
+    let limits = match kind {
+        "limits" => true,
+        "requests" => false,
+        _ => {
+            return Err(format!(
+                "resource {resource:?} must start with limits. or requests."
+            ));
+        }
+    };
+    let capacity = match name {
+        "cpu" => node.cpu,
+        "memory" => node.memory,
+        "ephemeral-storage" => node.ephemeral_storage,
+        _ => {
+            return Err(format!(
+                "resource {resource:?} is not cpu, memory or ephemeral-storage"
+            ));
+        }
+    };
+    let value = match quantity(c, limits, name) {
+        Some(v) => v,
+        None if limits => capacity,
+        None => 0.0,
+    };
+    let divisor = match divisor.filter(|d| !d.is_empty()) {
+        Some(d) => parse_quantity(d)
+            .filter(|d| *d > 0.0)
+            .ok_or_else(|| format!("invalid divisor {d:?}"))?,
+        None => 1.0,
+    };
+    // Rounded up like upstream; the epsilon absorbs float noise (0.1 cpu / 100m is exactly 1).
+    Ok((((value / divisor) - 1e-9).ceil().max(0.0) as i64).to_string())
+}
+
+/// Does any container ask for hugepages (which nodelet does not provide)?
+pub fn wants_hugepages(pod: &Pod) -> bool {
+    crate::pod::all_containers(spec(pod)).any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flatten()
+                .any(|(k, _)| k.starts_with("hugepages-"))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(source: &str, resources: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {ANNOTATION_CONFIG_SOURCE: source}},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}
+        }))
+        .unwrap()
+    }
+
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+    #[test]
+    fn oom_scores_follow_qos_and_criticality() {
+        let be = pod("api", serde_json::json!({}));
+        assert_eq!(
+            oom_score_adj(&be, &spec(&be).containers[0], 8.0 * GIB),
+            1000
+        );
+        let g = pod(
+            "api",
+            serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1", "memory": "1Gi"}}),
+        );
+        assert_eq!(oom_score_adj(&g, &spec(&g).containers[0], 8.0 * GIB), -997);
+        let b = pod("api", serde_json::json!({"requests": {"memory": "2Gi"}}));
+        assert_eq!(oom_score_adj(&b, &spec(&b).containers[0], 8.0 * GIB), 750);
+        let huge = pod("api", serde_json::json!({"requests": {"memory": "8Gi"}}));
+        assert_eq!(
+            oom_score_adj(&huge, &spec(&huge).containers[0], 8.0 * GIB),
+            3
+        );
+        let tiny = pod("api", serde_json::json!({"requests": {"memory": "1"}}));
+        assert_eq!(
+            oom_score_adj(&tiny, &spec(&tiny).containers[0], 8.0 * GIB),
+            999
+        );
+        let static_pod = pod("file", serde_json::json!({}));
+        assert_eq!(
+            oom_score_adj(&static_pod, &spec(&static_pod).containers[0], 8.0 * GIB),
+            -997
+        );
+    }
+
+    #[test]
+    fn resource_fields_divide_round_up_and_default_to_the_node() {
+        let node = NodeResources {
+            cpu: 2.0,
+            memory: 8.0 * GIB,
+            ephemeral_storage: 100.0 * GIB,
+        };
+        let p = pod(
+            "file",
+            serde_json::json!({"limits": {"memory": "64Mi", "cpu": "250m"}, "requests": {"cpu": "100m"}}),
+        );
+        let c = &spec(&p).containers[0];
+        assert_eq!(
+            resource_field_value(c, "limits.memory", None, &node).unwrap(),
+            (64 * 1024 * 1024).to_string()
+        );
+        assert_eq!(
+            resource_field_value(c, "limits.memory", Some("1Mi"), &node).unwrap(),
+            "64"
+        );
+        assert_eq!(
+            resource_field_value(c, "limits.cpu", None, &node).unwrap(),
+            "1"
+        );
+        assert_eq!(
+            resource_field_value(c, "limits.cpu", Some("1m"), &node).unwrap(),
+            "250"
+        );
+        assert_eq!(
+            resource_field_value(c, "requests.cpu", Some("1m"), &node).unwrap(),
+            "100"
+        );
+        assert_eq!(
+            resource_field_value(c, "requests.memory", None, &node).unwrap(),
+            "0"
+        );
+        assert_eq!(
+            resource_field_value(c, "limits.ephemeral-storage", Some("1Gi"), &node).unwrap(),
+            "100"
+        );
+        let none = pod("file", serde_json::json!({}));
+        assert_eq!(
+            resource_field_value(&spec(&none).containers[0], "limits.cpu", None, &node).unwrap(),
+            "2"
+        );
+        assert!(resource_field_value(c, "limits.gpu", None, &node).is_err());
+    }
+}

@@ -1,0 +1,315 @@
+//! Container lifecycle against containerd: restart backoff, sidecars, hooks, termination
+//! messages, the downward API, resources and security context.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use nodelet::runtime::LABEL_POD_UID;
+
+use crate::bed::{BUSYBOX, FOREVER, Node, eventually};
+
+fn terminated(
+    st: &k8s_openapi::api::core::v1::PodStatus,
+    i: usize,
+) -> Option<k8s_openapi::api::core::v1::ContainerStateTerminated> {
+    st.container_statuses
+        .as_ref()?
+        .get(i)?
+        .state
+        .as_ref()?
+        .terminated
+        .clone()
+}
+
+fn waiting_reason(st: &k8s_openapi::api::core::v1::PodStatus, i: usize) -> Option<String> {
+    st.container_statuses
+        .as_ref()?
+        .get(i)?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .clone()
+}
+
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn restarts_back_off_with_growing_gaps() {
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
+    unsafe { std::env::set_var("NODELET_TEST_RESTART_BACKOFF", "1s") };
+    let node = Node::start("backoff", &[]).await;
+    node.write_manifest(
+        "crash.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: crash}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n"),
+    );
+    let (sandbox, _) = eventually("the sandbox", Duration::from_secs(30), || async {
+        node.sandboxes("crash")
+            .await
+            .into_iter()
+            .next()
+            .map(|s| (s, ()))
+    })
+    .await;
+    // Containers are collected as the pod restarts, so their creation times are recorded as seen.
+    let mut created: BTreeMap<u32, i64> = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while created.len() < 5 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "five starts never came: {created:?}"
+        );
+        for c in node
+            .runtime
+            .list_containers(Some((LABEL_POD_UID, &sandbox.uid.0)))
+            .await
+            .unwrap_or_default()
+        {
+            created.entry(c.attempt).or_insert(c.created_at);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let times: Vec<i64> = created.values().copied().collect();
+    let gaps: Vec<i64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps[2] > gaps[1] && gaps[3] > gaps[2],
+        "gaps between starts must grow: {gaps:?} ns"
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_sidecar_runs_beside_the_app_and_stops_last() {
+    let node = Node::start("sidecar", &[]).await;
+    let marks = node.path("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: side}}\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  initContainers:\n  - name: proxy\n    image: {BUSYBOX}\n    restartPolicy: Always\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    command: [sh, -c, \"trap 'sleep 1; echo proxy >> /m/stopped; exit 0' TERM; echo up > /m/proxy; {FOREVER}\"]\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    command: [sh, -c, \"trap 'echo app >> /m/stopped; exit 0' TERM; test -f /m/proxy && echo proxy-was-up; {FOREVER}\"]\n",
+        m = marks.display()
+    );
+    node.write_manifest("side.yaml", &yaml);
+    let (sandbox, _) = node.wait_running("side", 2).await;
+    node.wait_log("side", "app", "proxy-was-up").await;
+    let st = node
+        .wait_status("side", "Running", |s| s.phase.as_deref() == Some("Running"))
+        .await;
+    let sidecar = &st.init_container_statuses.as_ref().unwrap()[0];
+    assert!(
+        sidecar.state.as_ref().unwrap().running.is_some(),
+        "{sidecar:?}"
+    );
+    node.remove_manifest("side.yaml");
+    node.wait_gone(&sandbox.uid, Duration::from_secs(30)).await;
+    assert_eq!(
+        read(&marks.join("stopped")),
+        "app\nproxy\n",
+        "the app stops first, the sidecar last"
+    );
+
+    node.write_manifest(
+        "batch.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: batch}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 2\n  initContainers:\n  - {{name: helper, image: {BUSYBOX}, restartPolicy: Always, command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]}}\n  containers:\n  - {{name: job, image: {BUSYBOX}, command: [sh, -c, 'echo done']}}\n"
+        ),
+    );
+    node.wait_status("batch", "Succeeded with its sidecar stopped", |s| {
+        s.phase.as_deref() == Some("Succeeded")
+            && s.init_container_statuses.as_ref().is_some_and(|i| {
+                i[0].state
+                    .as_ref()
+                    .is_some_and(|st| st.terminated.is_some())
+            })
+    })
+    .await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn hooks_run_around_the_container() {
+    let node = Node::start("hooks", &[]).await;
+    let marks = node.path("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let m = marks.display();
+    node.write_manifest(
+        "order.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: order}}\nspec:\n  terminationGracePeriodSeconds: 10\n  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    lifecycle:\n      postStart: {{exec: {{command: [sh, -c, 'echo post-start >> /m/order']}}}}\n      preStop: {{exec: {{command: [sh, -c, 'echo pre-stop >> /m/order']}}}}\n    command: [sh, -c, \"trap 'echo term >> /m/order; exit 0' TERM; {FOREVER}\"]\n"),
+    );
+    let (order, _) = node.wait_running("order", 1).await;
+    eventually("postStart to run", Duration::from_secs(30), || async {
+        read(&marks.join("order"))
+            .contains("post-start")
+            .then_some(())
+    })
+    .await;
+    node.remove_manifest("order.yaml");
+    node.wait_gone(&order.uid, Duration::from_secs(30)).await;
+    assert_eq!(read(&marks.join("order")), "post-start\npre-stop\nterm\n");
+
+    node.write_manifest(
+        "slow.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: slow}}\nspec:\n  terminationGracePeriodSeconds: 3\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    lifecycle: {{preStop: {{exec: {{command: [sleep, '600']}}}}}}\n    command: [sh, -c, \"trap '' TERM; {FOREVER}\"]\n"),
+    );
+    let (slow, _) = node.wait_running("slow", 1).await;
+    node.remove_manifest("slow.yaml");
+    // A 10 minute preStop is cut at the 3 s grace deadline (plus upstream's 2 s minimum).
+    node.wait_gone(&slow.uid, Duration::from_secs(30)).await;
+
+    node.write_manifest(
+        "fails.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: fails}}\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    lifecycle: {{postStart: {{exec: {{command: [sh, -c, 'echo hook >> /m/failing; exit 1']}}}}}}\n    command: [sh, -c, \"trap 'echo killed >> /m/killed; exit 0' TERM; {FOREVER}\"]\n"),
+    );
+    node.wait_status("fails", "restarted after the failed postStart hook", |s| {
+        s.container_statuses
+            .as_ref()
+            .is_some_and(|c| c[0].restart_count >= 1)
+    })
+    .await;
+    assert!(
+        read(&marks.join("killed")).contains("killed"),
+        "the container was killed after its hook failed"
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn termination_messages_come_from_the_file_or_the_log() {
+    let node = Node::start("termmsg", &[]).await;
+    node.write_manifest(
+        "file.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: file}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo -n goodbye > /dev/termination-log; exit 1']}}\n"),
+    );
+    node.write_manifest(
+        "logs.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: logs}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BUSYBOX}, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last words; exit 2']}}\n"),
+    );
+    let st = node
+        .wait_status("file", "Failed", |s| s.phase.as_deref() == Some("Failed"))
+        .await;
+    assert_eq!(
+        terminated(&st, 0).unwrap().message.as_deref(),
+        Some("goodbye")
+    );
+    let st = node
+        .wait_status("logs", "Failed", |s| s.phase.as_deref() == Some("Failed"))
+        .await;
+    assert_eq!(
+        terminated(&st, 0).unwrap().message.as_deref(),
+        Some("first\nlast words")
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn env_expansion_and_every_downward_api_field() {
+    let node = Node::start("downward", &["--node-ip", "127.0.0.1"]).await;
+    let field = |name: &str, path: &str| {
+        format!("    - {{name: {name}, valueFrom: {{fieldRef: {{fieldPath: \"{path}\"}}}}}}\n")
+    };
+    let resource = |name: &str, res: &str, divisor: &str| {
+        format!(
+            "    - {{name: {name}, valueFrom: {{resourceFieldRef: {{resource: {res}, divisor: {divisor}}}}}}}\n"
+        )
+    };
+    let mut env = String::new();
+    for (name, path) in [
+        ("NAME", "metadata.name"),
+        ("NS", "metadata.namespace"),
+        ("UID", "metadata.uid"),
+        ("LABEL", "metadata.labels['app']"),
+        ("NOTE", "metadata.annotations['note']"),
+        ("NODE", "spec.nodeName"),
+        ("SA", "spec.serviceAccountName"),
+        ("HOST_IP", "status.hostIP"),
+        ("HOST_IPS", "status.hostIPs"),
+        ("POD_IP", "status.podIP"),
+        ("POD_IPS", "status.podIPs"),
+    ] {
+        env += &field(name, path);
+    }
+    env += &resource("MEM_MI", "limits.memory", "1Mi");
+    env += &resource("CPU_M", "requests.cpu", "1m");
+    env += &resource("CPU_LIMIT", "limits.cpu", "1");
+    env += "    - {name: GREETING, value: \"hi-$(NAME)\"}\n    - {name: LITERAL, value: \"$$(NAME)\"}\n";
+    let script = "env; echo arg=$1; trap 'exit 0' TERM; while true; do sleep 1; done";
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: dw, labels: {{app: web}}, annotations: {{note: hello}}}}\nspec:\n  serviceAccountName: robot\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {{requests: {{cpu: 250m}}, limits: {{memory: 64Mi}}}}\n    env:\n{env}    command: [sh, -c, {}, sh, \"$(GREETING)\"]\n",
+        serde_json::to_string(script).unwrap()
+    );
+    node.write_manifest("dw.yaml", &yaml);
+    let (sandbox, _) = node.wait_running("dw", 1).await;
+    let log = node.wait_log("dw", "c", "arg=").await;
+    let st = node
+        .wait_status("dw", "a pod IP", |s| s.pod_ip.is_some())
+        .await;
+    let pod_ip = st.pod_ip.unwrap();
+    let name = node.pod_name("dw");
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    for expected in [
+        format!("NAME={name}"),
+        "NS=default".into(),
+        format!("UID={}", sandbox.uid),
+        "LABEL=web".into(),
+        "NOTE=hello".into(),
+        format!("NODE={}", node.name),
+        "SA=robot".into(),
+        "HOST_IP=127.0.0.1".into(),
+        "HOST_IPS=127.0.0.1".into(),
+        format!("POD_IP={pod_ip}"),
+        format!("POD_IPS={pod_ip}"),
+        "MEM_MI=64".into(),
+        "CPU_M=250".into(),
+        format!("CPU_LIMIT={cpus}"),
+        format!("GREETING=hi-{name}"),
+        "LITERAL=$(NAME)".into(),
+        format!("arg=hi-{name}"),
+    ] {
+        assert!(
+            log.lines().any(|l| l.ends_with(&expected)),
+            "{expected} missing in:\n{log}"
+        );
+    }
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn resources_and_security_context_are_seen_inside_the_container() {
+    let node = Node::start("secctx", &[]).await;
+    let script = "cat /sys/fs/cgroup/memory/memory.limit_in_bytes; echo uid=$(id -u) gid=$(id -g); touch /rootfs-write 2>/dev/null || echo read-only-root; grep CapBnd /proc/self/status; trap 'exit 0' TERM; while true; do sleep 1; done";
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: sec}}\nspec:\n  securityContext: {{runAsUser: 1000, runAsGroup: 3000, runAsNonRoot: true}}\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {{limits: {{memory: 32Mi}}}}\n    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL], add: [NET_BIND_SERVICE]}}}}\n    command: [sh, -c, {}]\n",
+        serde_json::to_string(script).unwrap()
+    );
+    node.write_manifest("sec.yaml", &yaml);
+    let log = node.wait_log("sec", "c", "CapBnd").await;
+    for expected in [
+        "33554432",
+        "uid=1000 gid=3000",
+        "read-only-root",
+        "CapBnd:\t0000000000000400",
+    ] {
+        assert!(log.contains(expected), "{expected} missing in:\n{log}");
+    }
+
+    node.write_manifest(
+        "root.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: root}}\nspec:\n  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo should-not-run']}}\n"),
+    );
+    let st = node
+        .wait_status("root", "CreateContainerConfigError", |s| {
+            waiting_reason(s, 0).as_deref() == Some("CreateContainerConfigError")
+        })
+        .await;
+    let msg = st.container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .waiting
+        .unwrap()
+        .message
+        .unwrap_or_default();
+    assert!(msg.contains("runAsNonRoot"), "{msg}");
+    node.finish().await;
+}
