@@ -112,6 +112,11 @@ impl Core {
             node: pod_sync::resources::NodeResources::detect(&config.root_dir),
             restart_backoff_initial: test_restart_backoff()
                 .unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
+            cluster_dns: pod_sync::network::ClusterDns {
+                servers: config.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
+                domain: config.cluster_domain.clone(),
+            },
+            allowed_unsafe_sysctls: config.allowed_unsafe_sysctls.clone(),
         };
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();

@@ -12,6 +12,8 @@ pub enum Kind {
     Bool,
     /// `key=value,key=value` on the command line, a string map in the file.
     Map,
+    /// `a,b` on the command line (repeatable), a string list in the file.
+    List,
     /// Repeatable `Key:Value` on the command line, a map of string lists in the file.
     Headers,
 }
@@ -145,6 +147,27 @@ pub const FIELDS: &[Field] = &[
         true,
         Scalar,
         "Resolver configuration for pods with dnsPolicy Default [default /etc/resolv.conf]",
+    ),
+    field(
+        "clusterDNS",
+        "cluster-dns",
+        true,
+        List,
+        "DNS servers for pods with dnsPolicy ClusterFirst (comma-separated)",
+    ),
+    field(
+        "clusterDomain",
+        "cluster-domain",
+        true,
+        Scalar,
+        "Cluster domain, added to pods' DNS search paths",
+    ),
+    field(
+        "allowedUnsafeSysctls",
+        "allowed-unsafe-sysctls",
+        true,
+        List,
+        "Unsafe sysctls (or prefix* patterns) pods may set",
     ),
     field(
         "hostnameOverride",
@@ -308,8 +331,6 @@ pub const FIELDS: &[Field] = &[
 pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "authentication",
     "authorization",
-    "clusterDNS",
-    "clusterDomain",
     "cpuManagerPolicy",
     "cpuManagerReconcilePeriod",
     "containerLogMaxFiles",
@@ -344,6 +365,7 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RawValue {
     Scalar(String),
+    List(Vec<String>),
     Map(BTreeMap<String, Vec<String>>),
 }
 

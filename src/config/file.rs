@@ -78,6 +78,7 @@ fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
         let converted = match field.kind {
             Kind::Scalar | Kind::Bool => scalar(value).map(RawValue::Scalar),
             Kind::Map => string_map(value).map(RawValue::Map),
+            Kind::List => string_list(value).map(RawValue::List),
             Kind::Headers => header_map(value).map(RawValue::Map),
         };
         match converted {
@@ -102,6 +103,13 @@ fn scalar(v: &Value) -> Result<String, String> {
         Value::Number(n) => Ok(n.to_string()),
         Value::Bool(b) => Ok(b.to_string()),
         other => Err(format!("expected a single value, found {other}")),
+    }
+}
+
+fn string_list(v: &Value) -> Result<Vec<String>, String> {
+    match v {
+        Value::Array(items) => items.iter().map(scalar).collect(),
+        other => Ok(vec![scalar(other)?]),
     }
 }
 
@@ -174,9 +182,13 @@ mod tests {
     #[test]
     fn upstream_fields_not_acted_on_are_accepted() {
         let out = knobs(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nclusterDNS: [10.96.0.10]\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageMinimumGCAge: 2m\nclusterDNS: [10.96.0.10]\n",
         );
         assert!(out.errors.is_empty());
-        assert_eq!(out.ignored, vec!["clusterDNS".to_string()]);
+        assert_eq!(out.ignored, vec!["imageMinimumGCAge".to_string()]);
+        assert_eq!(
+            out.raw.get("clusterDNS"),
+            Some(&RawValue::List(vec!["10.96.0.10".into()]))
+        );
     }
 }

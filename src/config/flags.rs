@@ -23,7 +23,7 @@ pub fn command() -> Command {
                 .require_equals(true)
                 .default_missing_value("true")
                 .value_parser(["true", "false"]),
-            Kind::Map => arg.num_args(1).action(ArgAction::Append),
+            Kind::Map | Kind::List => arg.num_args(1).action(ArgAction::Append),
             Kind::Headers => arg
                 .num_args(1)
                 .action(ArgAction::Append)
@@ -52,6 +52,14 @@ pub fn to_raw(matches: &ArgMatches, errors: &mut Vec<String>) -> Raw {
             Kind::Scalar | Kind::Bool => {
                 RawValue::Scalar(values.last().map(|v| v.to_string()).unwrap_or_default())
             }
+            Kind::List => RawValue::List(
+                values
+                    .iter()
+                    .flat_map(|v| v.split(','))
+                    .map(|v| v.trim().to_string())
+                    .filter(|v| !v.is_empty())
+                    .collect(),
+            ),
             Kind::Map => {
                 let mut map = BTreeMap::new();
                 for item in values.iter().flat_map(|v| v.split(',')) {

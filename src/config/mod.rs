@@ -73,6 +73,10 @@ pub struct Config {
     pub eviction_hard: BTreeMap<String, String>,
     pub node_labels: BTreeMap<String, String>,
     pub verbosity: u8,
+    /// --cluster-dns servers (IP addresses).
+    pub cluster_dns: Vec<IpAddr>,
+    pub cluster_domain: String,
+    pub allowed_unsafe_sysctls: Vec<String>,
 }
 
 /// Why no configuration could be made: every problem found, each naming its field.
@@ -151,7 +155,7 @@ impl Reader<'_> {
     fn text(&mut self, name: &str) -> Option<String> {
         match self.raw.get(name) {
             Some(RawValue::Scalar(s)) => Some(s.clone()),
-            Some(RawValue::Map(_)) => {
+            Some(RawValue::Map(_) | RawValue::List(_)) => {
                 let label = Self::label(name);
                 self.problems
                     .push(format!("{label}: expected a single value"));
@@ -228,13 +232,26 @@ impl Reader<'_> {
         })
     }
 
+    fn list(&mut self, name: &str) -> Vec<String> {
+        match self.raw.get(name) {
+            Some(RawValue::List(items)) => items.clone(),
+            Some(RawValue::Scalar(s)) => vec![s.clone()],
+            Some(RawValue::Map(_)) => {
+                let label = Self::label(name);
+                self.problems.push(format!("{label}: expected a list"));
+                Vec::new()
+            }
+            None => Vec::new(),
+        }
+    }
+
     fn map(&mut self, name: &str) -> BTreeMap<String, String> {
         match self.raw.get(name) {
             Some(RawValue::Map(m)) => m
                 .iter()
                 .map(|(k, v)| (k.clone(), v.last().cloned().unwrap_or_default()))
                 .collect(),
-            Some(RawValue::Scalar(_)) => {
+            Some(RawValue::Scalar(_) | RawValue::List(_)) => {
                 let label = Self::label(name);
                 self.problems.push(format!("{label}: expected a map"));
                 BTreeMap::new()
@@ -415,6 +432,26 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         system_reserved: r.map("systemReserved"),
         eviction_hard: r.map("evictionHard"),
         node_labels: r.map("nodeLabels"),
+        cluster_dns: {
+            let servers = r.list("clusterDNS");
+            let mut ips = Vec::new();
+            for s in servers {
+                match s.parse::<IpAddr>() {
+                    Ok(ip) => ips.push(ip),
+                    Err(_) => r.problems.push(format!(
+                        "{}: {s:?} is not an IP address",
+                        Reader::label("clusterDNS")
+                    )),
+                }
+            }
+            ips
+        },
+        cluster_domain: r
+            .text("clusterDomain")
+            .unwrap_or_default()
+            .trim_end_matches('.')
+            .to_string(),
+        allowed_unsafe_sysctls: r.list("allowedUnsafeSysctls"),
         verbosity: r.parsed("verbosity", 0, |s| match s.trim().parse::<u8>() {
             Ok(n) if n <= 10 => Ok(n),
             _ => Err(format!("{s:?} is not a level from 0 to 10")),

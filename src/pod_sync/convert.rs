@@ -2,7 +2,7 @@
 //! log paths, namespaces, DNS, port mappings, mounts and environment. Pure functions.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -29,6 +29,9 @@ pub struct Context {
     pub node: super::resources::NodeResources,
     /// First delay of the container restart backoff (10 s; shorter only in tests).
     pub restart_backoff_initial: std::time::Duration,
+    pub cluster_dns: super::network::ClusterDns,
+    /// --allowed-unsafe-sysctls patterns (`name` or `prefix*`).
+    pub allowed_unsafe_sysctls: Vec<String>,
 }
 
 fn meta(pod: &Pod) -> (&str, &str, &str) {
@@ -94,55 +97,6 @@ fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
     }
 }
 
-/// Host resolver settings read from a resolv.conf text.
-pub fn parse_resolv_conf(text: &str) -> cri::DnsConfig {
-    let mut dns = cri::DnsConfig::default();
-    for line in text.lines() {
-        let line = line.split(['#', ';']).next().unwrap_or("");
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("nameserver") => dns.servers.extend(words.next().map(String::from)),
-            Some("search") => dns.searches = words.map(String::from).collect(),
-            Some("options") => dns.options.extend(words.map(String::from)),
-            _ => {}
-        }
-    }
-    dns
-}
-
-/// The pod's DNS settings per its dnsPolicy. Without cluster DNS, ClusterFirst falls back to the
-/// host's resolver like upstream; `host` is the host's resolv.conf content.
-pub fn dns_config(pod: &Pod, host: &cri::DnsConfig) -> cri::DnsConfig {
-    let s = spec(pod);
-    let mut dns = match s.dns_policy.as_deref() {
-        Some("None") => cri::DnsConfig::default(),
-        _ => host.clone(),
-    };
-    if let Some(extra) = &s.dns_config {
-        for server in extra.nameservers.iter().flatten() {
-            if !dns.servers.contains(server) {
-                dns.servers.push(server.clone());
-            }
-        }
-        for search in extra.searches.iter().flatten() {
-            if !dns.searches.contains(search) {
-                dns.searches.push(search.clone());
-            }
-        }
-        for opt in extra.options.iter().flatten() {
-            let text = match &opt.value {
-                Some(v) => format!("{}:{v}", opt.name.as_deref().unwrap_or_default()),
-                None => opt.name.clone().unwrap_or_default(),
-            };
-            dns.options
-                .retain(|o| o.split(':').next() != opt.name.as_deref());
-            dns.options.push(text);
-        }
-    }
-    dns.servers.truncate(3);
-    dns
-}
-
 /// The sandbox config of the pod's `attempt`th sandbox.
 pub fn sandbox_config(
     pod: &Pod,
@@ -152,17 +106,7 @@ pub fn sandbox_config(
 ) -> cri::PodSandboxConfig {
     let (name, namespace, uid) = meta(pod);
     let s = spec(pod);
-    let host_network = s.host_network.unwrap_or(false);
-    let hostname = if host_network {
-        String::new()
-    } else {
-        let h = s.hostname.clone().unwrap_or_else(|| name.to_string());
-        h.chars()
-            .take(63)
-            .collect::<String>()
-            .trim_end_matches(['-', '.'])
-            .to_string()
-    };
+    let hostname = super::network::sandbox_hostname(pod, &ctx.cluster_dns.domain);
     let mut annotations: HashMap<String, String> = pod
         .metadata
         .annotations
@@ -314,6 +258,8 @@ pub struct ContainerInput<'a> {
     pub node: &'a super::resources::NodeResources,
     /// The host file mounted at the container's terminationMessagePath.
     pub termination_log: Option<&'a std::path::Path>,
+    /// The managed hosts file mounted at /etc/hosts.
+    pub etc_hosts: Option<&'a std::path::Path>,
 }
 
 /// Builds the CRI container config, or says which field cannot be honoured.
@@ -386,6 +332,18 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         mounts.push(cri::Mount {
             container_path: message_path.to_string(),
             host_path: host.to_string_lossy().into_owned(),
+            ..Default::default()
+        });
+    }
+    let own_hosts = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/etc/hosts");
+    if let Some(hosts) = input.etc_hosts.filter(|_| !own_hosts) {
+        mounts.push(cri::Mount {
+            container_path: "/etc/hosts".into(),
+            host_path: hosts.to_string_lossy().into_owned(),
             ..Default::default()
         });
     }
@@ -573,13 +531,6 @@ fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContain
     }
 }
 
-/// Reads the host resolver file, or an empty config when there is none.
-pub fn host_dns(path: Option<&Path>) -> cri::DnsConfig {
-    path.and_then(|p| std::fs::read_to_string(p).ok())
-        .map(|text| parse_resolv_conf(&text))
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,6 +551,8 @@ mod tests {
                 ephemeral_storage: 1e11,
             },
             restart_backoff_initial: std::time::Duration::from_secs(10),
+            cluster_dns: Default::default(),
+            allowed_unsafe_sysctls: Vec::new(),
         }
     }
 
@@ -660,6 +613,7 @@ mod tests {
             host_ip: "192.0.2.1",
             node: &ctx().node,
             termination_log: Some(std::path::Path::new("/r/pods/u/containers/c/abc")),
+            etc_hosts: None,
         })
         .unwrap();
         assert_eq!(cfg.command[2], "echo hello-world $HOME");
@@ -680,23 +634,6 @@ mod tests {
             container_hash(c)
         );
         assert_eq!(cfg.annotations[ANNOTATION_TERMINATION_GRACE], "30");
-    }
-
-    #[test]
-    fn resolv_conf_and_dns_policy() {
-        let host = parse_resolv_conf(
-            "# c\nnameserver 1.1.1.1\nnameserver 8.8.8.8\nsearch a b\noptions ndots:2 edns0\n",
-        );
-        assert_eq!(host.servers, ["1.1.1.1", "8.8.8.8"]);
-        assert_eq!(host.searches, ["a", "b"]);
-        let p = pod(
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: d}\nspec:\n  dnsPolicy: None\n  dnsConfig: {nameservers: [9.9.9.9], options: [{name: ndots, value: '1'}]}\n  containers: [{name: c, image: i}]\n",
-        );
-        let dns = dns_config(&p, &host);
-        assert_eq!(dns.servers, ["9.9.9.9"]);
-        assert_eq!(dns.options, ["ndots:1"]);
-        let p = pod(POD);
-        assert_eq!(dns_config(&p, &host), host);
     }
 
     #[test]

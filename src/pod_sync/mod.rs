@@ -5,6 +5,7 @@ pub mod actions;
 mod backoff;
 pub mod convert;
 mod hooks;
+pub mod network;
 pub mod resources;
 pub mod status;
 
@@ -281,17 +282,41 @@ impl Syncer {
         Ok(())
     }
 
+    /// Admission: a pod that asks for forbidden sysctls is rejected (Failed, SysctlForbidden)
+    /// before anything of it runs, as upstream.
+    fn rejected(&self, pod: &Pod, rt: &PodRuntime) -> bool {
+        if !rt.sandboxes.is_empty() {
+            return false;
+        }
+        let Some(message) = network::forbidden_sysctls(pod, &self.ctx.allowed_unsafe_sysctls)
+        else {
+            return false;
+        };
+        tracing::warn!(pod = %full_name(pod), "pod rejected: {message}");
+        let status = k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("SysctlForbidden".into()),
+            message: Some(format!("Pod was rejected: {message}")),
+            ..Default::default()
+        };
+        self.status.set(pod, status);
+        true
+    }
+
     async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
         let uid = PodUid::of(pod);
         let rt = self.runtime.pod_runtime(&uid).await?;
+        if self.rejected(pod, &rt) {
+            return Ok(None);
+        }
         let plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
         if plan.kill_pod {
             self.kill_all(pod, &rt).await?;
         }
         let volume_paths = volumes::setup(pod, &self.ctx.root_dir)?;
-        let host_dns = convert::host_dns(self.ctx.resolv_conf.as_deref());
-        let dns = convert::dns_config(pod, &host_dns);
+        let host_dns = network::host_dns(self.ctx.resolv_conf.as_deref());
+        let (dns, dns_warnings) = network::dns_config(pod, &host_dns, &self.ctx.cluster_dns);
         let attempt = plan
             .create_sandbox
             .or_else(|| rt.latest_sandbox().map(|s| s.attempt))
@@ -299,11 +324,8 @@ impl Syncer {
         let sandbox_config = convert::sandbox_config(pod, attempt, &self.ctx, dns);
         let sandbox_id = match (&plan.create_sandbox, &plan.sandbox_id) {
             (Some(_), _) => {
-                if matches!(
-                    spec(pod).dns_policy.as_deref(),
-                    Some("ClusterFirst") | Some("ClusterFirstWithHostNet")
-                ) {
-                    tracing::warn!(pod = %full_name(pod), "no cluster DNS is configured; dnsPolicy ClusterFirst falls back to the host's resolver (dnsPolicy Default)");
+                for warning in &dns_warnings {
+                    tracing::warn!(pod = %full_name(pod), "DNSConfigForming: {warning}");
                 }
                 if resources::wants_hugepages(pod) {
                     tracing::warn!(pod = %full_name(pod), "hugepages are not provided by nodelet; the request is ignored");
@@ -431,6 +453,7 @@ impl Syncer {
             container: start.name.clone(),
             message,
         })?;
+        let etc_hosts = self.write_etc_hosts(pod, pod_ip)?;
         let termination_log = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0)
             .join("containers")
             .join(&start.name)
@@ -450,6 +473,7 @@ impl Syncer {
             host_ip: &self.ctx.host_ip,
             node: &self.ctx.node,
             termination_log: Some(&termination_log),
+            etc_hosts: Some(&etc_hosts),
         })
         .map_err(|message| Error::Config {
             container: start.name.clone(),
@@ -531,6 +555,26 @@ impl Syncer {
 
     /// Stops every running container of the pod in parallel (each gets the grace period:
     /// SIGTERM, then SIGKILL at the deadline), then its sandboxes, then removes them all.
+    /// Writes the pod's managed hosts file (`<root-dir>/pods/<uid>/etc-hosts`) and returns its path.
+    fn write_etc_hosts(&self, pod: &Pod, pod_ip: &str) -> Result<PathBuf, Error> {
+        let path = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0).join("etc-hosts");
+        let node_hosts = if spec(pod).host_network.unwrap_or(false) {
+            std::fs::read_to_string("/etc/hosts").unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let ips: Vec<String> = (!pod_ip.is_empty())
+            .then(|| pod_ip.to_string())
+            .into_iter()
+            .collect();
+        let content = network::etc_hosts(pod, &ips, &self.ctx.cluster_dns.domain, &node_hosts);
+        std::fs::write(&path, content).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    }
+
     /// Where the pod's httpGet and tcpSocket hooks connect: its IP, or the node's on the host
     /// network or when the sandbox is gone.
     async fn hook_host(&self, pod: &Pod, rt: &PodRuntime) -> String {

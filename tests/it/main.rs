@@ -7,6 +7,7 @@ mod cri;
 mod healthz;
 mod http_source;
 mod lifecycle;
+mod network;
 mod probes;
 mod run_once;
 mod static_pods;
