@@ -80,25 +80,43 @@ pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<Event> {
 
 /// Whether the PLEG relists in time; clone freely.
 #[derive(Clone)]
-pub struct Health(watch::Receiver<Instant>);
+pub struct Health(watch::Receiver<Relist>);
+
+/// The outcome of the latest relists.
+#[derive(Clone, Debug)]
+pub struct Relist {
+    /// When a relist last completed.
+    pub succeeded: Instant,
+    /// Why the latest relist failed, when it did (the runtime is not answering).
+    pub error: Option<String>,
+}
 
 impl Health {
     /// `Err` with how long ago the last relist completed when that is too long ago.
     pub fn check(&self) -> Result<(), Duration> {
-        let age = self.0.borrow().elapsed();
+        let age = self.0.borrow().succeeded.elapsed();
         if age > UNHEALTHY_AFTER {
             Err(age)
         } else {
             Ok(())
         }
     }
+
+    /// Why the runtime did not answer the latest relist, if it did not.
+    pub fn runtime_error(&self) -> Option<String> {
+        self.0.borrow().error.clone()
+    }
 }
+
+/// Delays between relists while the runtime does not answer: 100 ms doubling to 5 s.
+const FAILURE_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const FAILURE_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// The relisting task's state.
 pub struct Pleg {
     runtime: RuntimeClient,
     last: Snapshot,
-    relisted: watch::Sender<Instant>,
+    relisted: watch::Sender<Relist>,
 }
 
 impl Pleg {
@@ -106,7 +124,11 @@ impl Pleg {
         Pleg {
             runtime,
             last: Snapshot::new(),
-            relisted: watch::channel(Instant::now()).0,
+            relisted: watch::channel(Relist {
+                succeeded: Instant::now(),
+                error: None,
+            })
+            .0,
         }
     }
 
@@ -145,21 +167,35 @@ impl Pleg {
 
     /// Relists every period and sends the events, until `cancel`.
     pub async fn run(mut self, events: mpsc::Sender<Event>, cancel: CancellationToken) {
-        let mut ticker = tokio::time::interval(RELIST_PERIOD);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut wait = Duration::ZERO;
+        let mut failure_backoff = FAILURE_BACKOFF_FIRST;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = ticker.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
             }
+            let started = Instant::now();
             let snapshot = match self.relist().await {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::warn!(error = %e, "PLEG relist failed");
+                    if self.relisted.borrow().error.is_none() {
+                        tracing::warn!(error = %e, "the container runtime does not answer; retrying with backoff");
+                    }
+                    self.relisted.send_modify(|r| r.error = Some(e.to_string()));
+                    wait = failure_backoff;
+                    failure_backoff = (failure_backoff * 2).min(FAILURE_BACKOFF_MAX);
                     continue;
                 }
             };
-            self.relisted.send_replace(Instant::now());
+            if self.relisted.borrow().error.is_some() {
+                tracing::info!("the container runtime answers again");
+            }
+            self.relisted.send_replace(Relist {
+                succeeded: Instant::now(),
+                error: None,
+            });
+            failure_backoff = FAILURE_BACKOFF_FIRST;
+            wait = RELIST_PERIOD.saturating_sub(started.elapsed());
             for event in diff(&self.last, &snapshot) {
                 tracing::trace!(?event, "pod lifecycle event");
                 if events.send(event).await.is_err() {
@@ -219,12 +255,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn health_turns_bad_after_three_minutes_without_a_relist() {
-        let (tx, rx) = watch::channel(Instant::now());
+        let fresh = || Relist {
+            succeeded: Instant::now(),
+            error: None,
+        };
+        let (tx, rx) = watch::channel(fresh());
         let health = Health(rx);
         assert!(health.check().is_ok());
         tokio::time::advance(UNHEALTHY_AFTER + Duration::from_secs(1)).await;
         assert!(health.check().is_err());
-        tx.send_replace(Instant::now());
+        tx.send_replace(fresh());
         assert!(health.check().is_ok());
+        tx.send_modify(|r| r.error = Some("down".into()));
+        assert_eq!(health.runtime_error().as_deref(), Some("down"));
     }
 }

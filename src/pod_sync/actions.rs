@@ -329,6 +329,7 @@ mod tests {
             },
             created_at: attempt as i64,
             annotations: Default::default(),
+            has_pod_labels: true,
         }
     }
 

@@ -775,10 +775,14 @@ impl PodSyncer for Syncer {
         let mut seen = std::collections::HashSet::new();
         Ok(sandboxes
             .into_iter()
+            // Only sandboxes made by a kubelet-like agent (pod labels), and not by another node
+            // agent sharing the runtime; anything else on the runtime is never touched.
             .filter(|sb| {
-                sb.annotations
-                    .get(ANNOTATION_NODE_NAME)
-                    .is_none_or(|n| *n == self.ctx.node_name)
+                sb.has_pod_labels
+                    && sb
+                        .annotations
+                        .get(ANNOTATION_NODE_NAME)
+                        .is_none_or(|n| *n == self.ctx.node_name)
             })
             .filter(|sb| seen.insert(sb.uid.clone()))
             .map(|sb| {

@@ -559,6 +559,7 @@ mod tests {
                 state: SandboxState::Ready,
                 created_at: 0,
                 annotations: Default::default(),
+                has_pod_labels: true,
             }],
             containers,
         }

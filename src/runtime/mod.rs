@@ -52,6 +52,8 @@ pub struct Sandbox {
     pub state: SandboxState,
     pub created_at: i64,
     pub annotations: HashMap<String, String>,
+    /// Whether the sandbox carries the kubelet's pod labels (the agent made it).
+    pub has_pod_labels: bool,
 }
 
 /// Where a container is in its life.
@@ -128,6 +130,7 @@ fn sandbox_from_cri(s: cri::PodSandbox) -> Sandbox {
         },
         created_at: s.created_at,
         annotations: s.annotations,
+        has_pod_labels: s.labels.contains_key(LABEL_POD_UID),
     }
 }
 

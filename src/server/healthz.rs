@@ -32,6 +32,11 @@ async fn healthz(State(checks): State<Checks>) -> (StatusCode, String) {
             age.as_secs()
         ));
     }
+    if let Some(error) = checks.pleg.runtime_error() {
+        failed.push(format!(
+            "[-]runtime failed: container runtime is down: {error}"
+        ));
+    }
     if let Err(age) = checks.pleg.check() {
         failed.push(format!(
             "[-]pleg failed: PLEG is not healthy: last relist {}s ago",

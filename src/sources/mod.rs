@@ -45,3 +45,80 @@ pub fn static_pods(
         Err(problems)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {app: web}\nspec:\n  volumes: [{name: v, emptyDir: {}}]\n  containers:\n  - name: c\n    image: busybox:1\n    ports: [{containerPort: 80, name: http}]\n    env: [{name: A, value: b}]\n    volumeMounts: [{name: v, mountPath: /v}]\n";
+
+    /// A tiny deterministic generator (xorshift) so the smoke fuzz needs no dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    /// Smoke fuzz over manifest decoding: mutated manifests (bytes flipped, removed, repeated,
+    /// truncated, spliced) are refused or accepted, never a panic. Bounded to stay quick.
+    #[test]
+    fn mutated_manifests_never_panic() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let json =
+            serde_json::to_vec(&serde_yaml_ng::from_str::<serde_json::Value>(VALID).unwrap())
+                .unwrap();
+        for i in 0..3000 {
+            let mut bytes = if i % 2 == 0 {
+                VALID.as_bytes().to_vec()
+            } else {
+                json.clone()
+            };
+            for _ in 0..=rng.below(4) {
+                let at = rng.below(bytes.len());
+                match rng.below(5) {
+                    0 => bytes[at] = rng.next() as u8,
+                    1 => {
+                        bytes.remove(at);
+                    }
+                    2 => {
+                        let end = (at + rng.below(16)).min(bytes.len());
+                        let chunk = bytes[at..end].to_vec();
+                        bytes.splice(at..at, chunk);
+                    }
+                    3 => bytes.truncate(at),
+                    _ => {
+                        let tokens: [&[u8]; 6] = [b"&a ", b"*a", b"- ", b"{", b"]", b"\n---\n"];
+                        let t = tokens[rng.below(tokens.len())];
+                        bytes.splice(at..at, t.iter().copied());
+                    }
+                }
+                if bytes.is_empty() {
+                    break;
+                }
+            }
+            let _ = static_pods(&bytes, "n", StaticOrigin::File("/m/x.yaml"), "t");
+        }
+    }
+
+    #[test]
+    fn yaml_bombs_and_deep_nesting_are_refused() {
+        let mut bomb = String::from(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: bomb}\nx0: &x0 [a, a, a, a, a, a, a, a, a, a]\n",
+        );
+        for i in 1..10 {
+            let prev = format!("*x{}", i - 1);
+            bomb += &format!("x{i}: &x{i} [{}]\n", vec![prev; 10].join(", "));
+        }
+        assert!(static_pods(bomb.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(static_pods(deep.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
+    }
+}

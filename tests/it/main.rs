@@ -9,6 +9,7 @@ mod http_source;
 mod lifecycle;
 mod network;
 mod probes;
+mod resilience;
 mod run_once;
 mod static_pods;
 mod status;

@@ -1,0 +1,354 @@
+//! Promises that keep control planes alive: adoption across restarts (even kill -9), pods left
+//! running on shutdown, orphans collected and strangers left alone, hostile manifests survived.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, cri};
+
+use crate::bed::{
+    FOREVER, Node, endpoint, eventually, node_sandboxes, pod_yaml, remove_node_pods, runtime,
+    testbed_dir, unmount_all_under,
+};
+
+/// nodelet as a child process with its own dirs and node name.
+struct Process {
+    dir: tempfile::TempDir,
+    node: String,
+    child: Option<Child>,
+}
+
+impl Process {
+    fn new(test: &str) -> Process {
+        std::fs::create_dir_all(testbed_dir().join("tests")).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{test}-"))
+            .tempdir_in(testbed_dir().join("tests"))
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
+        Process {
+            dir,
+            node: format!("t-{test}"),
+            child: None,
+        }
+    }
+
+    fn manifest(&self, name: &str, content: &str) {
+        let tmp = self.dir.path().join(format!("manifests/.{name}.tmp"));
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(tmp, self.dir.path().join("manifests").join(name)).unwrap();
+    }
+
+    fn start(&mut self) {
+        let d = self.dir.path();
+        let child = Command::new(env!("CARGO_BIN_EXE_nodelet"))
+            .arg("--pod-manifest-path")
+            .arg(d.join("manifests"))
+            .arg(format!(
+                "--container-runtime-endpoint=unix://{}",
+                endpoint().display()
+            ))
+            .arg("--root-dir")
+            .arg(d.join("root"))
+            .arg("--pod-logs-dir")
+            .arg(d.join("pods"))
+            .arg("--container-logs-dir")
+            .arg(d.join("containers"))
+            .args(["--hostname-override", &self.node, "--healthz-port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nodelet");
+        self.child = Some(child);
+    }
+
+    fn signal(&mut self, signal: i32) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc::kill(pid, signal) };
+    }
+
+    async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nodelet did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Running containers of this node's pods, by pod name: (container ID, start time).
+    async fn running(&self) -> HashMap<String, (String, i64)> {
+        let rt = runtime().await;
+        let mut out = HashMap::new();
+        for sb in node_sandboxes(&rt, &self.node).await {
+            let Ok(uid_runtime) = rt.pod_runtime(&sb.uid).await else {
+                continue;
+            };
+            for c in uid_runtime
+                .containers
+                .iter()
+                .filter(|c| c.state == ContainerState::Running)
+            {
+                out.insert(sb.name.clone(), (c.id.clone(), c.started_at));
+            }
+        }
+        out
+    }
+
+    async fn finish(mut self) {
+        if self.child.is_some() {
+            self.signal(libc::SIGKILL);
+            self.wait_exit(Duration::from_secs(10)).await;
+        }
+        remove_node_pods(&runtime().await, &self.node).await;
+        unmount_all_under(self.dir.path());
+    }
+}
+
+#[tokio::test]
+async fn kill_9_and_restart_adopts_running_pods_without_restarting_them() {
+    let mut p = Process::new("kill9");
+    for i in 0..5 {
+        p.manifest(
+            &format!("p{i}.yaml"),
+            &pod_yaml(&format!("p{i}"), &[("c", FOREVER)], ""),
+        );
+    }
+    p.start();
+    let before = eventually("five running pods", Duration::from_secs(60), || async {
+        let r = p.running().await;
+        (r.len() == 5).then_some(r)
+    })
+    .await;
+    p.signal(libc::SIGKILL);
+    p.wait_exit(Duration::from_secs(10)).await;
+    p.start();
+    // A pod added after the restart runs only once nodelet is up and has synced the others.
+    p.manifest("late.yaml", &pod_yaml("late", &[("c", FOREVER)], ""));
+    let after = eventually(
+        "the late pod to run too",
+        Duration::from_secs(60),
+        || async {
+            let r = p.running().await;
+            (r.len() == 6).then_some(r)
+        },
+    )
+    .await;
+    for (pod, (id, started)) in &before {
+        assert_eq!(
+            after.get(pod),
+            Some(&(id.clone(), *started)),
+            "{pod} was restarted"
+        );
+    }
+    p.finish().await;
+}
+
+#[tokio::test]
+async fn sigterm_stops_nodelet_quickly_and_leaves_pods_running() {
+    let mut p = Process::new("sigterm");
+    p.manifest("a.yaml", &pod_yaml("a", &[("c", FOREVER)], ""));
+    p.start();
+    let before = eventually("the pod to run", Duration::from_secs(60), || async {
+        let r = p.running().await;
+        (r.len() == 1).then_some(r)
+    })
+    .await;
+    p.signal(libc::SIGTERM);
+    let status = p.wait_exit(Duration::from_secs(5)).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        p.running().await,
+        before,
+        "pods keep running after nodelet stops"
+    );
+    p.finish().await;
+}
+
+async fn make_sandbox(node: &str, name: &str, with_labels: bool) -> String {
+    let rt = runtime().await;
+    let uid = format!("{name}-{}", std::process::id());
+    let labels = if with_labels {
+        [
+            ("io.kubernetes.pod.name".to_string(), name.to_string()),
+            (
+                "io.kubernetes.pod.namespace".to_string(),
+                "default".to_string(),
+            ),
+            (LABEL_POD_UID.to_string(), uid.clone()),
+        ]
+        .into()
+    } else {
+        HashMap::new()
+    };
+    let config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid,
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        labels,
+        annotations: [
+            (ANNOTATION_NODE_NAME.to_string(), node.to_string()),
+            (
+                "kubernetes.io/config.source".to_string(),
+                "file".to_string(),
+            ),
+        ]
+        .into(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    rt.run_pod_sandbox(config).await.expect("RunPodSandbox")
+}
+
+#[tokio::test]
+async fn orphans_with_pod_labels_are_collected_and_strangers_left_alone() {
+    let node = Node::start("orphans", &[]).await;
+    let orphan = make_sandbox(&node.name, "orphan", true).await;
+    let stranger = make_sandbox(&node.name, "stranger", false).await;
+    node.write_manifest("real.yaml", &pod_yaml("real", &[("c", FOREVER)], ""));
+    node.wait_running("real", 1).await;
+    eventually(
+        "the orphan to be removed",
+        Duration::from_secs(30),
+        || async {
+            node.runtime
+                .pod_sandbox_status(&orphan)
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        node.runtime.pod_sandbox_status(&stranger).await.is_ok(),
+        "a sandbox without pod labels is never touched"
+    );
+    let _ = node.runtime.stop_pod_sandbox(&stranger).await;
+    let _ = node.runtime.remove_pod_sandbox(&stranger).await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn hostile_manifests_break_nothing() {
+    let node = Node::start("hostile", &[]).await;
+    node.write_manifest("good-a.yaml", &pod_yaml("good-a", &[("c", FOREVER)], ""));
+    node.write_manifest("good-b.yaml", &pod_yaml("good-b", &[("c", FOREVER)], ""));
+    let (a, _) = node.wait_running("good-a", 1).await;
+    let (b, _) = node.wait_running("good-b", 1).await;
+    let dir = node.manifests();
+    let mut bomb = String::from(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: bomb}\nx0: &x0 [a, a, a, a, a, a, a, a, a, a]\n",
+    );
+    for i in 1..10 {
+        bomb += &format!(
+            "x{i}: &x{i} [{}]\n",
+            vec![format!("*x{}", i - 1); 10].join(", ")
+        );
+    }
+    let hostile: Vec<(&str, Vec<u8>)> = vec![
+        ("empty.yaml", Vec::new()),
+        (
+            "junk.yaml",
+            (0..4096u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
+        ),
+        (
+            "malformed.yaml",
+            b"apiVersion: v1\nkind: Pod\nmetadata: {name: x\n  - [\n".to_vec(),
+        ),
+        ("bomb.yaml", bomb.into_bytes()),
+        (
+            "deep.json",
+            format!("{}{}", "[".repeat(200_000), "]".repeat(200_000)).into_bytes(),
+        ),
+        ("huge.yaml", vec![b'#'; 11 * 1024 * 1024]),
+        (
+            "kind.yaml",
+            b"apiVersion: v1\nkind: Service\nmetadata: {name: svc}\n".to_vec(),
+        ),
+        (
+            "noname.yaml",
+            pod_yaml("x", &[("c", FOREVER)], "")
+                .replace("  name: x\n", "")
+                .into_bytes(),
+        ),
+        (
+            "badname.yaml",
+            pod_yaml("Not_Valid", &[("c", FOREVER)], "").into_bytes(),
+        ),
+        (
+            "dupes.yaml",
+            pod_yaml("dupes", &[("c", FOREVER), ("c", FOREVER)], "").into_bytes(),
+        ),
+    ];
+    for (name, bytes) in &hostile {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    std::fs::create_dir_all(dir.join("directory.yaml")).unwrap();
+    std::os::unix::fs::symlink("loop-b.yaml", dir.join("loop-a.yaml")).unwrap();
+    std::os::unix::fs::symlink("loop-a.yaml", dir.join("loop-b.yaml")).unwrap();
+    // One file rewritten 200 times within a second, ending valid.
+    for i in 0..200 {
+        let content = if i % 2 == 0 {
+            b"garbage: [".to_vec()
+        } else {
+            pod_yaml("churn", &[("c", FOREVER)], "").into_bytes()
+        };
+        std::fs::write(dir.join("churn.yaml"), content).unwrap();
+    }
+    // Many manifests at once.
+    for i in 0..40 {
+        std::fs::write(
+            dir.join(format!("many-{i}.yaml")),
+            pod_yaml(
+                &format!("many-{i}"),
+                &[("c", FOREVER)],
+                "  hostNetwork: true\n",
+            ),
+        )
+        .unwrap();
+    }
+    node.wait_running("churn", 1).await;
+    for i in 0..40 {
+        node.wait_running(&format!("many-{i}"), 1).await;
+    }
+    assert!(node.agent_alive(), "nodelet survived the corpus");
+    let (a2, _) = node.wait_running("good-a", 1).await;
+    let (b2, _) = node.wait_running("good-b", 1).await;
+    assert_eq!(
+        (a2.id, b2.id),
+        (a.id, b.id),
+        "the valid pods were never touched"
+    );
+    let names: Vec<String> = node
+        .all_sandboxes()
+        .await
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names.len(), 43, "only valid manifests made pods: {names:?}");
+    node.finish().await;
+}
