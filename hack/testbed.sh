@@ -532,6 +532,18 @@ clean_network() {
     fi
 }
 
+# Remove the cgroup roots the tests gave their nodes (/nodelet-test/<node>), deepest first,
+# in every hierarchy; a tree still holding processes stays (and is named).
+clean_test_cgroups() {
+    local mount
+    while read -r mount; do
+        [[ -d $mount/nodelet-test ]] || continue
+        find "$mount/nodelet-test" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        [[ -d $mount/nodelet-test ]] && log "warning: cgroup $mount/nodelet-test is still in use"
+    done < <(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5; break } }' /proc/self/mountinfo)
+    return 0
+}
+
 # Remove the cgroup directories our containers left: the paths their specs
 # named (and their parents, while empty and not ours) and any directory
 # named after one of our CRI container ids (64 hex digits); ctr's default
@@ -653,6 +665,7 @@ teardown() {
     clean_network
     # shellcheck disable=SC2086
     clean_cgroups $ids
+    clean_test_cgroups
     if [[ -e $DIRTY && $purged == 0 ]]; then
         # containerd died with containers in its metadata: remove them with a
         # containerd that has no CRI plugin (which would otherwise load them)

@@ -95,6 +95,36 @@ impl Core {
             endpoint = %endpoint,
             "connected to the container runtime"
         );
+        if config.fail_swap_on && crate::cgroups::swap_enabled() {
+            anyhow::bail!(
+                "swap is on; the kubelet's rules need it off (swapoff -a), or start with --fail-swap-on=false"
+            );
+        }
+        let node = pod_sync::resources::NodeResources::detect(&config.root_dir);
+        let allocatable = crate::cgroups::allocatable(
+            node.cpu,
+            node.memory,
+            config.max_pods,
+            &[&config.kube_reserved, &config.system_reserved],
+            &config.eviction_hard,
+        );
+        let cgroups = crate::cgroups::Manager::new(crate::cgroups::Config {
+            root: config.cgroup_root.clone(),
+            per_qos: config.cgroups_per_qos,
+            driver: match config.cgroup_driver {
+                crate::config::CgroupDriver::Cgroupfs => crate::cgroups::Driver::Cgroupfs,
+                crate::config::CgroupDriver::Systemd => crate::cgroups::Driver::Systemd,
+            },
+        });
+        cgroups
+            .setup_node(&allocatable)
+            .context("cannot set up the pod cgroups (--cgroup-root, --cgroups-per-qos)")?;
+        tracing::info!(
+            cpu = allocatable.cpu,
+            memory = allocatable.memory,
+            pods = allocatable.pods,
+            "node allocatable"
+        );
         let tracker = TaskTracker::new();
         let host_ip = config
             .node_ip
@@ -109,7 +139,7 @@ impl Core {
             resolv_conf: config.resolv_conf.clone(),
             host_ip,
             runtime_name: version.runtime_name.clone(),
-            node: pod_sync::resources::NodeResources::detect(&config.root_dir),
+            node,
             restart_backoff_initial: test_restart_backoff()
                 .unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
             cluster_dns: pod_sync::network::ClusterDns {
@@ -131,9 +161,11 @@ impl Core {
             ctx,
             status_writer,
             probe_manager,
+            cgroups,
         ));
         let loop_config = sync_loop::Config {
             resync: config.sync_frequency,
+            allocatable: Some(allocatable),
             ..Default::default()
         };
         let sync_loop = SyncLoop::new(loop_config, syncer.clone(), tracker.clone(), cancel.clone());

@@ -12,6 +12,7 @@
 //! handles only; `agent` is the one place that wires everything together.
 
 pub mod agent;
+pub mod cgroups;
 pub mod config;
 pub mod images;
 pub mod lock;

@@ -23,6 +23,17 @@ pub trait PodSyncer: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Duration>, String>> + Send;
     /// Stops the pod gracefully and removes everything it had on the node.
     fn terminate_pod(&self, pod: Arc<Pod>) -> impl Future<Output = Result<(), String>> + Send;
+    /// Records that admission refused the pod (it ends Failed with `reason`).
+    fn reject_pod(
+        &self,
+        pod: Arc<Pod>,
+        reason: &str,
+        message: &str,
+    ) -> impl Future<Output = ()> + Send;
+    /// Forgets what is known of a pod that never ran and is gone (a rejected pod).
+    fn forget_pod(&self, pod: Arc<Pod>) -> impl Future<Output = ()> + Send;
+    /// Periodic node-level upkeep for the desired pods (QoS cgroup shares).
+    fn housekeep(&self, desired: Vec<Arc<Pod>>) -> impl Future<Output = ()> + Send;
     /// The pods this node has in the runtime, as pods carrying only their metadata (name,
     /// namespace, uid, annotations), for housekeeping.
     fn runtime_pods(&self) -> impl Future<Output = Result<Vec<Arc<Pod>>, String>> + Send;
@@ -217,6 +228,9 @@ mod tests {
                 .push(format!("kill {}", pod.metadata.name.clone().unwrap()));
             Ok(())
         }
+        async fn reject_pod(&self, _pod: Arc<Pod>, _reason: &str, _message: &str) {}
+        async fn forget_pod(&self, _pod: Arc<Pod>) {}
+        async fn housekeep(&self, _desired: Vec<Arc<Pod>>) {}
         async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {
             Ok(Vec::new())
         }

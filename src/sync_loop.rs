@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::cgroups::Allocatable;
 use crate::pleg::{Event, EventKind};
-use crate::pod::ANNOTATION_CONFIG_SOURCE;
+use crate::pod::{ANNOTATION_CONFIG_SOURCE, requests};
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
 use crate::sources::Mux;
@@ -27,6 +28,8 @@ pub struct Config {
     pub housekeeping: Duration,
     /// Time between resyncs of a pod; a jitter of up to half of it is added (upstream: 1 m).
     pub resync: Duration,
+    /// What pods may use; `None` admits everything.
+    pub allocatable: Option<Allocatable>,
 }
 
 impl Default for Config {
@@ -35,6 +38,7 @@ impl Default for Config {
             tick: Duration::from_secs(1),
             housekeeping: Duration::from_secs(2),
             resync: Duration::from_secs(60),
+            allocatable: None,
         }
     }
 }
@@ -51,6 +55,11 @@ pub struct SyncLoop<S> {
     terminating_names: HashMap<String, PodUid>,
     heartbeat: watch::Sender<Instant>,
     done: mpsc::UnboundedReceiver<PodUid>,
+    /// Requests (cpu, memory) of the pods admitted to run.
+    admitted: HashMap<PodUid, (f64, f64)>,
+    /// Pods admission refused; they stay refused until they leave their source.
+    rejected: std::collections::HashSet<PodUid>,
+    tracker: TaskTracker,
 }
 
 impl<S: PodSyncer> SyncLoop<S> {
@@ -65,7 +74,10 @@ impl<S: PodSyncer> SyncLoop<S> {
         SyncLoop {
             config,
             mux: Mux::default(),
-            workers: PodWorkers::new(syncer.clone(), done_tx, tracker, cancel),
+            workers: PodWorkers::new(syncer.clone(), done_tx, tracker.clone(), cancel),
+            admitted: HashMap::new(),
+            rejected: Default::default(),
+            tracker,
             syncer,
             next_resync: HashMap::new(),
             terminating_names: HashMap::new(),
@@ -85,11 +97,79 @@ impl<S: PodSyncer> SyncLoop<S> {
         self.next_resync.insert(uid, Instant::now() + base + jitter);
     }
 
+    /// Upstream's admission: a pod that does not fit what is left of allocatable (by requests)
+    /// or beyond --max-pods does not run. `Some((reason, message))` when refused.
+    fn admit(&mut self, pod: &Pod) -> Option<(&'static str, String)> {
+        let uid = PodUid::of(pod);
+        if self.admitted.contains_key(&uid) {
+            return None;
+        }
+        let wanted = requests(pod);
+        if let Some(a) = self.config.allocatable {
+            let used_cpu: f64 = self.admitted.values().map(|r| r.0).sum();
+            let used_mem: f64 = self.admitted.values().map(|r| r.1).sum();
+            let count = self.admitted.len() as u32;
+            if count + 1 > a.pods {
+                return Some((
+                    "OutOfpods",
+                    format!(
+                        "Node didn't have enough resource: pods, requested: 1, used: {count}, capacity: {}",
+                        a.pods
+                    ),
+                ));
+            }
+            if used_cpu + wanted.0 > a.cpu + 1e-9 {
+                return Some((
+                    "OutOfcpu",
+                    format!(
+                        "Node didn't have enough resource: cpu, requested: {}m, used: {}m, capacity: {}m",
+                        (wanted.0 * 1000.0) as i64,
+                        (used_cpu * 1000.0) as i64,
+                        (a.cpu * 1000.0) as i64
+                    ),
+                ));
+            }
+            if used_mem + wanted.1 > a.memory {
+                return Some((
+                    "OutOfmemory",
+                    format!(
+                        "Node didn't have enough resource: memory, requested: {}, used: {}, capacity: {}",
+                        wanted.1 as i64, used_mem as i64, a.memory as i64
+                    ),
+                ));
+            }
+        }
+        self.admitted.insert(uid, wanted);
+        None
+    }
+
     fn dispatch(&mut self, pods: &[Arc<Pod>], terminate: bool) {
         for pod in pods {
             let uid = PodUid::of(pod);
             let name = full_name(pod);
+            if !terminate && self.rejected.contains(&uid) {
+                continue;
+            }
+            if !terminate
+                && !self.workers.contains(&uid)
+                && let Some((reason, message)) = self.admit(pod)
+            {
+                self.rejected.insert(uid);
+                let syncer = self.syncer.clone();
+                let pod = pod.clone();
+                self.tracker
+                    .spawn(async move { syncer.reject_pod(pod, reason, &message).await });
+                continue;
+            }
             if terminate {
+                self.admitted.remove(&uid);
+                if self.rejected.remove(&uid) {
+                    let syncer = self.syncer.clone();
+                    let pod = pod.clone();
+                    self.tracker
+                        .spawn(async move { syncer.forget_pod(pod).await });
+                    continue;
+                }
                 self.next_resync.remove(&uid);
                 if self.workers.update(Work::Terminate(pod.clone())) {
                     self.terminating_names.insert(name, uid);
@@ -135,6 +215,13 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// Terminates pods the runtime holds for this node that no source wants, once their source
     /// is ready (so a slow source never gets its pods killed, and never blocks another source).
     async fn housekeeping(&mut self) {
+        let admitted: Vec<Arc<Pod>> = self
+            .mux
+            .desired()
+            .filter(|p| self.admitted.contains_key(&PodUid::of(p)))
+            .cloned()
+            .collect();
+        self.syncer.housekeep(admitted).await;
         let running = match self.syncer.runtime_pods().await {
             Ok(r) => r,
             Err(e) => {

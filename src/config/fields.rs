@@ -276,6 +276,13 @@ pub const FIELDS: &[Field] = &[
         "Create the QoS cgroup hierarchy [default true]",
     ),
     field(
+        "failSwapOn",
+        "fail-swap-on",
+        true,
+        Bool,
+        "Refuse to start when swap is on [default true]",
+    ),
+    field(
         "cgroupDriver",
         "cgroup-driver",
         true,
@@ -339,7 +346,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "evictionPressureTransitionPeriod",
     "evictionSoft",
     "evictionSoftGracePeriod",
-    "failSwapOn",
     "featureGates",
     "imageGCHighThresholdPercent",
     "imageGCLowThresholdPercent",

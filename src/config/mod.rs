@@ -66,6 +66,7 @@ pub struct Config {
     pub exit_on_lock_contention: bool,
     pub cgroup_root: String,
     pub cgroups_per_qos: bool,
+    pub fail_swap_on: bool,
     pub cgroup_driver: CgroupDriver,
     pub max_pods: u32,
     pub kube_reserved: BTreeMap<String, String>,
@@ -423,6 +424,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         exit_on_lock_contention: r.bool("exitOnLockContention", false),
         cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
+        fail_swap_on: r.bool("failSwapOn", true),
         cgroup_driver,
         max_pods: r.parsed("maxPods", 110, |s| match s.trim().parse::<u32>() {
             Ok(n) if n > 0 => Ok(n),

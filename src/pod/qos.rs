@@ -40,6 +40,32 @@ pub fn qos_class(pod: &Pod) -> &'static str {
     }
 }
 
+/// A pod's requests (cpu cores, memory bytes): the larger of its app containers' sum and its
+/// largest init container, as upstream's admission counts them.
+pub fn requests(pod: &Pod) -> (f64, f64) {
+    let request = |c: &k8s_openapi::api::core::v1::Container, key: &str| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|m| m.get(key))
+            .and_then(|q| parse_quantity(&q.0))
+            .unwrap_or(0.0)
+    };
+    let s = spec(pod);
+    let sum = |key: &str| s.containers.iter().map(|c| request(c, key)).sum::<f64>();
+    let init_max = |key: &str| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .map(|c| request(c, key))
+            .fold(0.0, f64::max)
+    };
+    (
+        sum("cpu").max(init_max("cpu")),
+        sum("memory").max(init_max("memory")),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,6 +103,7 @@ pub fn sandbox_config(
     attempt: u32,
     ctx: &Context,
     dns: cri::DnsConfig,
+    cgroup_parent: String,
 ) -> cri::PodSandboxConfig {
     let (name, namespace, uid) = meta(pod);
     let s = spec(pod);
@@ -165,6 +166,7 @@ pub fn sandbox_config(
         labels: pod_labels(pod),
         annotations,
         linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent,
             sysctls,
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(pod)),
@@ -569,7 +571,13 @@ mod tests {
     fn sandbox_config_carries_the_kubelet_conventions() {
         let p = pod(POD);
         let uid = p.metadata.uid.clone().unwrap();
-        let cfg = sandbox_config(&p, 2, &ctx(), cri::DnsConfig::default());
+        let cfg = sandbox_config(
+            &p,
+            2,
+            &ctx(),
+            cri::DnsConfig::default(),
+            "/kubepods/podx".into(),
+        );
         let m = cfg.metadata.unwrap();
         assert_eq!(
             (

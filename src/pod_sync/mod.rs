@@ -33,6 +33,8 @@ pub enum Error {
     Runtime(#[from] runtime::Error),
     #[error(transparent)]
     Volume(#[from] volumes::Error),
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroups::Error),
     #[error("container {container:?}: {reason}: {source}")]
     Image {
         container: String,
@@ -82,6 +84,7 @@ pub struct Syncer {
     waiting: std::sync::Mutex<HashMap<PodUid, HashMap<String, status::Waiting>>>,
     backoff: std::sync::Mutex<backoff::Backoff>,
     probes: Arc<probe::Manager>,
+    cgroups: crate::cgroups::Manager,
 }
 
 fn display_chain(e: &dyn std::error::Error) -> String {
@@ -104,9 +107,11 @@ impl Syncer {
         ctx: Context,
         status: crate::status::Writer,
         probes: Arc<probe::Manager>,
+        cgroups: crate::cgroups::Manager,
     ) -> Self {
         let backoff = backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
         Syncer {
+            cgroups,
             probes,
             runtime,
             ctx,
@@ -293,13 +298,7 @@ impl Syncer {
             return false;
         };
         tracing::warn!(pod = %full_name(pod), "pod rejected: {message}");
-        let status = k8s_openapi::api::core::v1::PodStatus {
-            phase: Some("Failed".into()),
-            reason: Some("SysctlForbidden".into()),
-            message: Some(format!("Pod was rejected: {message}")),
-            ..Default::default()
-        };
-        self.status.set(pod, status);
+        self.status.set(pod, rejection("SysctlForbidden", &message));
         true
     }
 
@@ -315,13 +314,15 @@ impl Syncer {
             self.kill_all(pod, &rt).await?;
         }
         let volume_paths = volumes::setup(pod, &self.ctx.root_dir)?;
+        self.cgroups.ensure_pod(pod)?;
         let host_dns = network::host_dns(self.ctx.resolv_conf.as_deref());
         let (dns, dns_warnings) = network::dns_config(pod, &host_dns, &self.ctx.cluster_dns);
         let attempt = plan
             .create_sandbox
             .or_else(|| rt.latest_sandbox().map(|s| s.attempt))
             .unwrap_or(0);
-        let sandbox_config = convert::sandbox_config(pod, attempt, &self.ctx, dns);
+        let sandbox_config =
+            convert::sandbox_config(pod, attempt, &self.ctx, dns, self.cgroups.pod_parent(pod));
         let sandbox_id = match (&plan.create_sandbox, &plan.sandbox_id) {
             (Some(_), _) => {
                 for warning in &dns_warnings {
@@ -668,6 +669,7 @@ impl Syncer {
         let rt = self.runtime.pod_runtime(&uid).await?;
         self.kill_all(pod, &rt).await?;
         volumes::teardown(&self.ctx.root_dir, &uid.0)?;
+        self.cgroups.remove_pod(&uid.0)?;
         let log_dir = convert::pod_log_dir(&self.ctx, pod);
         match std::fs::remove_dir_all(&log_dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -690,6 +692,16 @@ impl Syncer {
             .remove(&uid);
         tracing::info!(pod = %full_name(pod), %uid, "pod terminated and cleaned up");
         Ok(())
+    }
+}
+
+/// The status of a pod refused at admission, as upstream: Failed with the reason.
+fn rejection(reason: &str, message: &str) -> k8s_openapi::api::core::v1::PodStatus {
+    k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some(reason.into()),
+        message: Some(format!("Pod was rejected: {message}")),
+        ..Default::default()
     }
 }
 
@@ -764,6 +776,22 @@ impl PodSyncer for Syncer {
 
     async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
         self.terminate(&pod).await.map_err(|e| display_chain(&e))
+    }
+
+    async fn reject_pod(&self, pod: Arc<Pod>, reason: &str, message: &str) {
+        tracing::warn!(pod = %full_name(&pod), %reason, "pod rejected: {message}");
+        self.status.set(&pod, rejection(reason, message));
+    }
+
+    async fn forget_pod(&self, pod: Arc<Pod>) {
+        self.status.remove(&PodUid::of(&pod));
+    }
+
+    async fn housekeep(&self, desired: Vec<Arc<Pod>>) {
+        let pods: Vec<&Pod> = desired.iter().map(|p| p.as_ref()).collect();
+        if let Err(e) = self.cgroups.update_qos(&pods) {
+            tracing::warn!(error = %e, "cannot update the QoS cgroups");
+        }
     }
 
     async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {

@@ -114,8 +114,11 @@ impl Node {
         let root = self.path("root").display().to_string();
         let pod_logs = self.pod_logs().display().to_string();
         let container_logs = self.path("containers").display().to_string();
+        let cgroup_root = cgroup_root(&self.name);
         let mut args = vec![
             "nodelet",
+            "--cgroup-root",
+            &cgroup_root,
             "--pod-manifest-path",
             &manifests,
             "--container-runtime-endpoint",
@@ -316,7 +319,19 @@ impl Node {
         self.stop_agent().await;
         remove_node_pods(&self.runtime, &self.name).await;
         unmount_all_under(self.dir.path());
+        remove_cgroups(&self.name);
     }
+}
+
+/// The cgroup root of a test node: its own, so parallel tests never share pod cgroups.
+pub fn cgroup_root(node: &str) -> String {
+    format!("/nodelet-test/{node}")
+}
+
+/// Removes a test node's cgroup tree (after its pods are gone).
+pub fn remove_cgroups(node: &str) {
+    let root = cgroup_root(node);
+    let _ = nodelet::cgroups::remove_tree(root.trim_start_matches('/'));
 }
 
 /// The sandboxes the node named `node` owns in the runtime.

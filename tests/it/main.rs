@@ -2,6 +2,7 @@
 //! that `make test` starts (see hack/testbed.sh).
 
 mod bed;
+mod cgroups;
 mod config;
 mod cri;
 mod healthz;

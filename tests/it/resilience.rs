@@ -8,8 +8,8 @@ use std::time::Duration;
 use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, cri};
 
 use crate::bed::{
-    FOREVER, Node, endpoint, eventually, node_sandboxes, pod_yaml, remove_node_pods, runtime,
-    testbed_dir, unmount_all_under,
+    FOREVER, Node, cgroup_root, endpoint, eventually, node_sandboxes, pod_yaml, remove_cgroups,
+    remove_node_pods, runtime, testbed_dir, unmount_all_under,
 };
 
 /// nodelet as a child process with its own dirs and node name.
@@ -56,6 +56,7 @@ impl Process {
             .arg("--container-logs-dir")
             .arg(d.join("containers"))
             .args(["--hostname-override", &self.node, "--healthz-port", "0"])
+            .args(["--cgroup-root", &cgroup_root(&self.node)])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -112,6 +113,7 @@ impl Process {
         }
         remove_node_pods(&runtime().await, &self.node).await;
         unmount_all_under(self.dir.path());
+        remove_cgroups(&self.node);
     }
 }
 

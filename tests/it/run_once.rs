@@ -5,8 +5,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::bed::{
-    BUSYBOX, FOREVER, endpoint, eventually, node_sandboxes, pod_yaml, remove_node_pods, runtime,
-    testbed_dir, unmount_all_under,
+    BUSYBOX, FOREVER, cgroup_root, endpoint, eventually, node_sandboxes, pod_yaml, remove_cgroups,
+    remove_node_pods, runtime, testbed_dir, unmount_all_under,
 };
 
 /// A directory and node name of its own for one run of the binary.
@@ -49,6 +49,7 @@ impl Batch {
             .arg("--container-logs-dir")
             .arg(d.join("containers"))
             .args(["--hostname-override", &self.node, "--healthz-port", "0"])
+            .args(["--cgroup-root", &cgroup_root(&self.node)])
             .args(extra)
             .stdin(Stdio::null());
         cmd
@@ -64,6 +65,7 @@ impl Batch {
     async fn finish(self) {
         remove_node_pods(&runtime().await, &self.node).await;
         unmount_all_under(self.dir.path());
+        remove_cgroups(&self.node);
     }
 }
 

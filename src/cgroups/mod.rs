@@ -1,0 +1,471 @@
+//! Pod and QoS cgroups (cgroups-rs): `kubepods`, `kubepods/burstable`, `kubepods/besteffort`
+//! under --cgroup-root, a `pod<uid>` cgroup per pod with limits from its containers, the
+//! chosen driver's name for it handed to the runtime as the sandbox's cgroup parent, and node
+//! allocatable arithmetic.
+
+use std::path::{Path, PathBuf};
+
+use cgroups_rs::fs::cgroup_builder::CgroupBuilder;
+use cgroups_rs::fs::{Cgroup, hierarchies};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::pod::{parse_quantity, qos_class, requests, spec};
+
+/// Why a cgroup could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("cgroup {path}: {message}")]
+pub struct Error {
+    pub path: String,
+    pub message: String,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How cgroups are named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Driver {
+    /// Paths: `/kubepods/burstable/pod<uid>`.
+    Cgroupfs,
+    /// systemd slices: `kubepods-burstable-pod<uid>.slice`.
+    Systemd,
+}
+
+/// Resources the node gives to pods: capacity less reservations and hard eviction thresholds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Allocatable {
+    /// Cores.
+    pub cpu: f64,
+    /// Bytes.
+    pub memory: f64,
+    pub pods: u32,
+}
+
+/// Allocatable = capacity - kube-reserved - system-reserved - hard eviction (memory.available).
+pub fn allocatable(
+    cpu: f64,
+    memory: f64,
+    pods: u32,
+    reserved: &[&std::collections::BTreeMap<String, String>],
+    eviction_hard: &std::collections::BTreeMap<String, String>,
+) -> Allocatable {
+    let reserved_of = |name: &str| -> f64 {
+        reserved
+            .iter()
+            .filter_map(|m| m.get(name))
+            .filter_map(|q| parse_quantity(q))
+            .sum()
+    };
+    let eviction_memory = eviction_hard
+        .get("memory.available")
+        .map_or(Some(100.0 * 1024.0 * 1024.0), |q| {
+            if q.ends_with('%') {
+                q.trim_end_matches('%')
+                    .parse::<f64>()
+                    .ok()
+                    .map(|p| memory * p / 100.0)
+            } else {
+                parse_quantity(q)
+            }
+        })
+        .unwrap_or(0.0);
+    Allocatable {
+        cpu: (cpu - reserved_of("cpu")).max(0.0),
+        memory: (memory - reserved_of("memory") - eviction_memory).max(0.0),
+        pods,
+    }
+}
+
+/// Limits for a pod cgroup, as upstream's ResourceConfigForPod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodLimits {
+    pub cpu_shares: u64,
+    /// With the period of 100 ms; only when every container limits cpu.
+    pub cpu_quota: Option<i64>,
+    /// Only when every container limits memory.
+    pub memory: Option<i64>,
+}
+
+/// CPU shares for `cores` of cpu (1024 per core, at least 2).
+pub fn shares(cores: f64) -> u64 {
+    ((cores * 1024.0).round() as u64).max(2)
+}
+
+/// The limits of the pod's cgroup.
+pub fn pod_limits(pod: &Pod) -> PodLimits {
+    let limit = |c: &k8s_openapi::api::core::v1::Container, key: &str| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|m| m.get(key))
+            .and_then(|q| parse_quantity(&q.0))
+    };
+    let s = spec(pod);
+    let all = |key: &str| -> Option<f64> {
+        s.containers
+            .iter()
+            .map(|c| limit(c, key))
+            .sum::<Option<f64>>()
+            .map(|sum| {
+                s.init_containers
+                    .iter()
+                    .flatten()
+                    .filter_map(|c| limit(c, key))
+                    .fold(sum, f64::max)
+            })
+    };
+    let (cpu_request, _) = requests(pod);
+    PodLimits {
+        cpu_shares: if qos_class(pod) == "BestEffort" {
+            2
+        } else {
+            shares(cpu_request)
+        },
+        cpu_quota: all("cpu").map(|cores| ((cores * 100_000.0).round() as i64).max(1000)),
+        memory: all("memory").map(|b| b as i64),
+    }
+}
+
+/// The QoS tier a pod's cgroup sits in: none (Guaranteed sits under kubepods directly).
+fn qos_dir(pod: &Pod) -> Option<&'static str> {
+    match qos_class(pod) {
+        "Burstable" => Some("burstable"),
+        "BestEffort" => Some("besteffort"),
+        _ => None,
+    }
+}
+
+/// Settings of the cgroup manager.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// --cgroup-root, e.g. `/`.
+    pub root: String,
+    /// --cgroups-per-qos.
+    pub per_qos: bool,
+    pub driver: Driver,
+}
+
+/// Creates and removes the node's pod cgroups.
+#[derive(Clone, Debug)]
+pub struct Manager {
+    config: Config,
+}
+
+fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::fs::error::Error) -> Error + '_ {
+    move |e| Error {
+        path: path.to_string(),
+        message: e.to_string(),
+    }
+}
+
+impl Manager {
+    pub fn new(config: Config) -> Self {
+        Manager { config }
+    }
+
+    /// A path below the cgroup root, without a leading slash (relative to each hierarchy).
+    fn relative(&self, parts: &[&str]) -> String {
+        let root = self.config.root.trim_matches('/');
+        let mut path = PathBuf::from(root);
+        for p in parts {
+            path.push(p);
+        }
+        path.to_string_lossy().trim_start_matches('/').to_string()
+    }
+
+    /// Creates kubepods and its QoS tiers; kubepods gets the allocatable cpu and memory.
+    pub fn setup_node(&self, allocatable: &Allocatable) -> Result<()> {
+        if !self.config.per_qos {
+            return Ok(());
+        }
+        let kubepods = self.relative(&["kubepods"]);
+        CgroupBuilder::new(&kubepods)
+            .cpu()
+            .shares(shares(allocatable.cpu))
+            .done()
+            .memory()
+            .memory_hard_limit(allocatable.memory as i64)
+            .done()
+            .build(hierarchies::auto())
+            .map_err(cgroup_error(&kubepods))?;
+        for tier in ["burstable", "besteffort"] {
+            let path = self.relative(&["kubepods", tier]);
+            CgroupBuilder::new(&path)
+                .cpu()
+                .shares(2)
+                .done()
+                .build(hierarchies::auto())
+                .map_err(cgroup_error(&path))?;
+        }
+        Ok(())
+    }
+
+    /// The cgroup path of the pod, relative to each hierarchy's root.
+    fn pod_path(&self, pod: &Pod) -> Option<String> {
+        if !self.config.per_qos {
+            return None;
+        }
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let name = format!("pod{uid}");
+        Some(match qos_dir(pod) {
+            Some(tier) => self.relative(&["kubepods", tier, &name]),
+            None => self.relative(&["kubepods", &name]),
+        })
+    }
+
+    /// The sandbox's cgroup parent in the driver's naming.
+    pub fn pod_parent(&self, pod: &Pod) -> String {
+        match (self.pod_path(pod), self.config.driver) {
+            (None, _) => format!("/{}", self.config.root.trim_matches('/')),
+            (Some(path), Driver::Cgroupfs) => format!("/{path}"),
+            (Some(_), Driver::Systemd) => {
+                let uid = pod
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .unwrap_or_default()
+                    .replace('-', "_");
+                match qos_dir(pod) {
+                    Some(tier) => format!("kubepods-{tier}-pod{uid}.slice"),
+                    None => format!("kubepods-pod{uid}.slice"),
+                }
+            }
+        }
+    }
+
+    /// Creates the pod's cgroup with its limits (idempotent; limits are re-applied).
+    pub fn ensure_pod(&self, pod: &Pod) -> Result<()> {
+        let Some(path) = self.pod_path(pod) else {
+            return Ok(());
+        };
+        let limits = pod_limits(pod);
+        let mut builder = CgroupBuilder::new(&path)
+            .cpu()
+            .shares(limits.cpu_shares)
+            .period(100_000)
+            .quota(limits.cpu_quota.unwrap_or(-1))
+            .done();
+        if let Some(memory) = limits.memory {
+            builder = builder.memory().memory_hard_limit(memory).done();
+        }
+        builder
+            .build(hierarchies::auto())
+            .map_err(cgroup_error(&path))?;
+        Ok(())
+    }
+
+    /// Removes the pod's cgroup (after its containers are gone; runc removes only theirs).
+    pub fn remove_pod(&self, pod_uid: &str) -> Result<()> {
+        if !self.config.per_qos {
+            return Ok(());
+        }
+        let name = format!("pod{pod_uid}");
+        for parts in [
+            vec!["kubepods", "burstable", name.as_str()],
+            vec!["kubepods", "besteffort", name.as_str()],
+            vec!["kubepods", name.as_str()],
+        ] {
+            let path = self.relative(&parts);
+            let cg = Cgroup::load(hierarchies::auto(), &path);
+            if cg.exists() {
+                remove_tree(&path).map_err(|e| Error {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the burstable tier's cpu shares to the sum of its pods' requests.
+    pub fn update_qos(&self, pods: &[&Pod]) -> Result<()> {
+        if !self.config.per_qos {
+            return Ok(());
+        }
+        let burstable: f64 = pods
+            .iter()
+            .filter(|p| qos_dir(p) == Some("burstable"))
+            .map(|p| requests(p).0)
+            .sum();
+        let path = self.relative(&["kubepods", "burstable"]);
+        CgroupBuilder::new(&path)
+            .cpu()
+            .shares(shares(burstable))
+            .done()
+            .build(hierarchies::auto())
+            .map_err(cgroup_error(&path))?;
+        Ok(())
+    }
+}
+
+/// The mount points of every cgroup hierarchy (v1 controllers, or the unified v2 mount).
+fn hierarchy_mounts() -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (_, after) = l.split_once(" - ")?;
+            let fs = after.split(' ').next()?;
+            (fs == "cgroup" || fs == "cgroup2").then(|| l.split(' ').nth(4).map(PathBuf::from))?
+        })
+        .collect()
+}
+
+/// Removes `path` (relative to each hierarchy) with any empty child cgroups, deepest first, in
+/// every hierarchy. A cgroup that still has processes stays and is reported.
+pub fn remove_tree(path: &str) -> std::io::Result<()> {
+    for mount in hierarchy_mounts() {
+        let dir = mount.join(path);
+        if dir.is_dir() {
+            remove_dirs(&dir)?;
+        }
+    }
+    Ok(())
+}
+
+fn remove_dirs(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            remove_dirs(&entry.path())?;
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Is swap on (a non-empty /proc/swaps)?
+pub fn swap_enabled() -> bool {
+    std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, resources: &[serde_json::Value]) -> Pod {
+        let containers: Vec<_> = resources
+            .iter()
+            .enumerate()
+            .map(
+                |(i, r)| serde_json::json!({"name": format!("c{i}"), "image": "i", "resources": r}),
+            )
+            .collect();
+        let mut p: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "uid": uid}, "spec": {"containers": containers}})).unwrap();
+        crate::pod::apply_defaults(&mut p);
+        p
+    }
+
+    #[test]
+    fn pod_limits_follow_the_containers() {
+        use serde_json::json;
+        let g = pod(
+            "u",
+            &[
+                json!({"limits": {"cpu": "500m", "memory": "64Mi"}}),
+                json!({"limits": {"cpu": "1", "memory": "32Mi"}}),
+            ],
+        );
+        assert_eq!(
+            pod_limits(&g),
+            PodLimits {
+                cpu_shares: 1536,
+                cpu_quota: Some(150_000),
+                memory: Some(96 * 1024 * 1024)
+            }
+        );
+        let b = pod(
+            "u",
+            &[
+                json!({"requests": {"cpu": "250m"}, "limits": {"memory": "64Mi"}}),
+                json!({}),
+            ],
+        );
+        assert_eq!(
+            pod_limits(&b),
+            PodLimits {
+                cpu_shares: 256,
+                cpu_quota: None,
+                memory: None
+            }
+        );
+        let be = pod("u", &[json!({})]);
+        assert_eq!(
+            pod_limits(&be),
+            PodLimits {
+                cpu_shares: 2,
+                cpu_quota: None,
+                memory: None
+            }
+        );
+    }
+
+    #[test]
+    fn pod_cgroups_are_named_per_driver_and_qos() {
+        use serde_json::json;
+        let cfg = |root: &str, driver| {
+            Manager::new(Config {
+                root: root.into(),
+                per_qos: true,
+                driver,
+            })
+        };
+        let b = pod("ab-cd", &[json!({"requests": {"cpu": "1"}})]);
+        let g = pod("ab-cd", &[json!({"limits": {"cpu": "1", "memory": "1Gi"}})]);
+        let be = pod("ab-cd", &[json!({})]);
+        assert_eq!(
+            cfg("/", Driver::Cgroupfs).pod_parent(&b),
+            "/kubepods/burstable/podab-cd"
+        );
+        assert_eq!(
+            cfg("/test/x", Driver::Cgroupfs).pod_parent(&g),
+            "/test/x/kubepods/podab-cd"
+        );
+        assert_eq!(
+            cfg("/", Driver::Cgroupfs).pod_parent(&be),
+            "/kubepods/besteffort/podab-cd"
+        );
+        assert_eq!(
+            cfg("/", Driver::Systemd).pod_parent(&b),
+            "kubepods-burstable-podab_cd.slice"
+        );
+        let flat = Manager::new(Config {
+            root: "/r".into(),
+            per_qos: false,
+            driver: Driver::Cgroupfs,
+        });
+        assert_eq!(flat.pod_parent(&b), "/r");
+    }
+
+    #[test]
+    fn allocatable_subtracts_reservations_and_eviction() {
+        let gib = 1024.0 * 1024.0 * 1024.0;
+        let kube: std::collections::BTreeMap<String, String> = [
+            ("cpu".into(), "500m".into()),
+            ("memory".into(), "1Gi".into()),
+        ]
+        .into();
+        let system: std::collections::BTreeMap<String, String> =
+            [("memory".into(), "512Mi".into())].into();
+        let a = allocatable(4.0, 8.0 * gib, 110, &[&kube, &system], &Default::default());
+        assert_eq!(a.cpu, 3.5);
+        assert_eq!(a.memory, 8.0 * gib - 1.5 * gib - 100.0 * 1024.0 * 1024.0);
+        let pct: std::collections::BTreeMap<String, String> =
+            [("memory.available".into(), "10%".into())].into();
+        assert_eq!(allocatable(1.0, 10.0 * gib, 5, &[], &pct).memory, 9.0 * gib);
+    }
+
+    #[test]
+    fn requests_count_the_largest_init_container() {
+        use serde_json::json;
+        let mut p = pod(
+            "u",
+            &[json!({"requests": {"cpu": "100m", "memory": "10Mi"}})],
+        );
+        p.spec.as_mut().unwrap().init_containers = Some(vec![serde_json::from_value(
+            json!({"name": "i", "image": "i", "resources": {"requests": {"cpu": "2", "memory": "1Mi"}}}),
+        )
+        .unwrap()]);
+        assert_eq!(requests(&p), (2.0, 10.0 * 1024.0 * 1024.0));
+    }
+}

@@ -1,0 +1,112 @@
+//! Pod cgroups on the machine's real cgroups: the QoS hierarchy, pod limits, containers beneath
+//! their pod, cleanup, and admission.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::bed::{BUSYBOX, FOREVER, Node, cgroup_root, eventually};
+
+/// A cgroup file of the given controller (v1) or the unified hierarchy (v2).
+fn cgroup_dir(controller: &str, relative: &str) -> PathBuf {
+    let v1 = PathBuf::from("/sys/fs/cgroup").join(controller);
+    let base = if v1.is_dir() {
+        v1
+    } else {
+        PathBuf::from("/sys/fs/cgroup")
+    };
+    base.join(relative.trim_start_matches('/'))
+}
+
+fn read(path: PathBuf) -> String {
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .to_string()
+}
+
+fn pod(name: &str, resources: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {resources}\n    command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]\n"
+    )
+}
+
+#[tokio::test]
+async fn pods_get_cgroups_per_qos_class_with_their_limits() {
+    let node = Node::start("cgqos", &[]).await;
+    node.write_manifest("g.yaml", &pod("g", "{limits: {cpu: 200m, memory: 64Mi}}"));
+    node.write_manifest("b.yaml", &pod("b", "{requests: {cpu: 100m}}"));
+    node.write_manifest("be.yaml", &pod("be", "{}"));
+    let root = cgroup_root(&node.name);
+    let (g, gc) = node.wait_running("g", 1).await;
+    let (b, bc) = node.wait_running("b", 1).await;
+    let (be, _) = node.wait_running("be", 1).await;
+    let g_dir = format!("{root}/kubepods/pod{}", g.uid);
+    let b_dir = format!("{root}/kubepods/burstable/pod{}", b.uid);
+    let be_dir = format!("{root}/kubepods/besteffort/pod{}", be.uid);
+    assert_eq!(
+        read(cgroup_dir("memory", &g_dir).join("memory.limit_in_bytes")),
+        (64 * 1024 * 1024).to_string()
+    );
+    assert_eq!(
+        read(cgroup_dir("cpu", &g_dir).join("cpu.cfs_quota_us")),
+        "20000"
+    );
+    assert_eq!(read(cgroup_dir("cpu", &g_dir).join("cpu.shares")), "205");
+    assert_eq!(read(cgroup_dir("cpu", &b_dir).join("cpu.shares")), "102");
+    assert_eq!(read(cgroup_dir("cpu", &be_dir).join("cpu.shares")), "2");
+    assert!(
+        cgroup_dir("memory", &g_dir).join(&gc[0].id).is_dir(),
+        "the container's cgroup sits beneath its pod's"
+    );
+    assert!(cgroup_dir("memory", &b_dir).join(&bc[0].id).is_dir());
+    eventually(
+        "the burstable tier's shares to follow its pods",
+        Duration::from_secs(30),
+        || async {
+            (read(cgroup_dir("cpu", &format!("{root}/kubepods/burstable")).join("cpu.shares"))
+                == "102")
+                .then_some(())
+        },
+    )
+    .await;
+
+    node.remove_manifest("b.yaml");
+    node.wait_gone(&b.uid, Duration::from_secs(30)).await;
+    eventually(
+        "the pod cgroup to be removed",
+        Duration::from_secs(30),
+        || async {
+            (!cgroup_dir("memory", &b_dir).exists() && !cgroup_dir("cpu", &b_dir).exists())
+                .then_some(())
+        },
+    )
+    .await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn admission_refuses_pods_that_do_not_fit() {
+    let node = Node::start("admission", &["--max-pods", "2"]).await;
+    node.write_manifest("a.yaml", &pod("a", "{}"));
+    node.write_manifest("b.yaml", &pod("b", "{}"));
+    node.wait_running("a", 1).await;
+    node.wait_running("b", 1).await;
+    node.write_manifest("c.yaml", &pod("c", "{}"));
+    let st = node
+        .wait_status("c", "OutOfpods", |s| {
+            s.reason.as_deref() == Some("OutOfpods")
+        })
+        .await;
+    assert_eq!(st.phase.as_deref(), Some("Failed"));
+    assert!(node.sandboxes("c").await.is_empty());
+    node.remove_manifest("b.yaml");
+    node.remove_manifest("c.yaml");
+    node.write_manifest("huge.yaml", &pod("huge", "{requests: {memory: 1000Ti}}"));
+    let st = node
+        .wait_status("huge", "OutOfmemory", |s| {
+            s.reason.as_deref() == Some("OutOfmemory")
+        })
+        .await;
+    assert!(st.message.unwrap_or_default().contains("memory"));
+    node.finish().await;
+}
