@@ -237,6 +237,25 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         });
     }
 
+    if config.read_only_port != 0 {
+        let addr = SocketAddr::new(config.address, config.read_only_port);
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for the read-only API (--read-only-port, --address)")
+        })?;
+        tracing::info!(%addr, "serving the read-only API");
+        let checks = server::healthz::Checks {
+            sync_loop: core.sync_loop.heartbeat(),
+            pleg: core.pleg_health.clone(),
+        };
+        let reader = core.status.clone();
+        let cancel = cancel.clone();
+        core.tracker.spawn(async move {
+            if let Err(e) = server::read_only::serve(listener, reader, checks, cancel).await {
+                tracing::error!(error = %e, "read-only server stopped");
+            }
+        });
+    }
+
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
     if let Some(path) = &config.static_pod_path {
         tracing::info!(path = %path.display(), "watching static pod manifests");

@@ -16,6 +16,7 @@ pub mod cgroups;
 pub mod config;
 pub mod images;
 pub mod lock;
+pub mod metrics;
 pub mod pleg;
 pub mod pod;
 pub mod pod_sync;

@@ -169,6 +169,7 @@ impl Pleg {
     pub async fn run(mut self, events: mpsc::Sender<Event>, cancel: CancellationToken) {
         let mut wait = Duration::ZERO;
         let mut failure_backoff = FAILURE_BACKOFF_FIRST;
+        let mut last_relist: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -190,6 +191,8 @@ impl Pleg {
             if self.relisted.borrow().error.is_some() {
                 tracing::info!("the container runtime answers again");
             }
+            crate::metrics::get().pleg_relist(started.elapsed(), last_relist.map(|l| started - l));
+            last_relist = Some(started);
             self.relisted.send_replace(Relist {
                 succeeded: Instant::now(),
                 error: None,

@@ -150,6 +150,7 @@ async fn run_worker<S: PodSyncer>(
     let mut retry = RETRY_FIRST;
     loop {
         let work = rx.borrow_and_update().clone();
+        let started = std::time::Instant::now();
         let (result, pod, terminating) = match work {
             Work::Sync(pod) => (syncer.sync_pod(pod.clone()).await, pod, false),
             Work::Terminate(pod) => (
@@ -158,6 +159,8 @@ async fn run_worker<S: PodSyncer>(
                 true,
             ),
         };
+        let operation = if terminating { "terminate" } else { "sync" };
+        crate::metrics::get().pod_worker(operation, started.elapsed());
         let wait = match result {
             Ok(_) if terminating => {
                 let _ = done.send(uid);

@@ -281,6 +281,24 @@ impl Syncer {
             now: crate::types::now(),
             runtime_name: &self.ctx.runtime_name,
         });
+        let was_started = old
+            .as_ref()
+            .is_some_and(|e| all_started(e.pod.status.as_ref()));
+        if !was_started && all_started(Some(&status)) {
+            let seen = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::pod::ANNOTATION_CONFIG_SEEN))
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+            if let Some(seen) = seen {
+                let took = crate::types::now()
+                    .duration_since(seen)
+                    .as_secs_f64()
+                    .max(0.0);
+                crate::metrics::get().pod_started(Duration::from_secs_f64(took));
+            }
+        }
         if self.status.set(pod, status) {
             tracing::debug!(pod = %full_name(pod), "pod status changed");
         }
@@ -493,6 +511,7 @@ impl Syncer {
         self.link_log(pod, &start.name, &id, &log_file);
         self.runtime.start_container(&id).await?;
         tracing::info!(pod = %full_name(pod), container = %start.name, id = %id, restart_count = start.restart_count, "started container");
+        crate::metrics::get().container_started(start.init);
         if let Some(handler) = container
             .lifecycle
             .as_ref()
@@ -693,6 +712,18 @@ impl Syncer {
         tracing::info!(pod = %full_name(pod), %uid, "pod terminated and cleaned up");
         Ok(())
     }
+}
+
+/// Are all of the pod's app containers running (the pod has started)?
+fn all_started(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> bool {
+    status
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            !cs.is_empty()
+                && cs
+                    .iter()
+                    .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        })
 }
 
 /// The status of a pod refused at admission, as upstream: Failed with the reason.

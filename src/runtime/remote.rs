@@ -92,11 +92,14 @@ impl RuntimeClient {
         timeout: Duration,
         fut: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T> {
-        match tokio::time::timeout(timeout, fut).await {
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(Error::Call { call, status }),
             Err(_) => Err(Error::Timeout { call, timeout }),
-        }
+        };
+        crate::metrics::get().runtime_operation(call, started.elapsed(), result.is_err());
+        result
     }
 
     /// The runtime's name and version.

@@ -1,10 +1,10 @@
-//! The healthz endpoint (127.0.0.1:10248 by default): `ok` while the sync loop turns and the
-//! PLEG relists in time.
+//! Health checks (127.0.0.1:10248 by default): `/healthz` is ok while the sync loop turns, the
+//! PLEG relists in time and the runtime answers; `/healthz/<check>` and `?verbose` as upstream.
 
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use tokio::net::TcpListener;
@@ -23,40 +23,93 @@ pub struct Checks {
     pub pleg: crate::pleg::Health,
 }
 
-async fn healthz(State(checks): State<Checks>) -> (StatusCode, String) {
-    let mut failed = Vec::new();
-    let age = checks.sync_loop.borrow().elapsed();
-    if age > SYNC_LOOP_STALE {
-        failed.push(format!(
-            "[-]syncloop failed: no iteration for {}s",
-            age.as_secs()
-        ));
-    }
-    if let Some(error) = checks.pleg.runtime_error() {
-        failed.push(format!(
-            "[-]runtime failed: container runtime is down: {error}"
-        ));
-    }
-    if let Err(age) = checks.pleg.check() {
-        failed.push(format!(
-            "[-]pleg failed: PLEG is not healthy: last relist {}s ago",
-            age.as_secs()
-        ));
-    }
-    if failed.is_empty() {
-        (StatusCode::OK, "ok".into())
-    } else {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("{}\nhealthz check failed\n", failed.join("\n")),
-        )
+impl Checks {
+    /// Every check by name, with the reason when it fails.
+    fn run(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let age = self.sync_loop.borrow().elapsed();
+        vec![
+            ("ping", Ok(())),
+            (
+                "syncloop",
+                if age > SYNC_LOOP_STALE {
+                    Err(format!("sync loop has not turned for {}s", age.as_secs()))
+                } else {
+                    Ok(())
+                },
+            ),
+            (
+                "pleg",
+                self.pleg.check().map_err(|age| {
+                    format!("PLEG is not healthy: last relist {}s ago", age.as_secs())
+                }),
+            ),
+            (
+                "runtime",
+                match self.pleg.runtime_error() {
+                    Some(e) => Err(format!("container runtime is down: {e}")),
+                    None => Ok(()),
+                },
+            ),
+        ]
     }
 }
 
-/// The router.
-pub fn router(checks: Checks) -> Router {
+#[derive(serde::Deserialize)]
+struct Params {
+    verbose: Option<String>,
+}
+
+fn answer(results: Vec<(&'static str, Result<(), String>)>, verbose: bool) -> (StatusCode, String) {
+    let healthy = results.iter().all(|(_, r)| r.is_ok());
+    if healthy && !verbose {
+        return (StatusCode::OK, "ok".into());
+    }
+    let mut text = String::new();
+    for (name, r) in &results {
+        match r {
+            Ok(()) => text += &format!("[+]{name} ok\n"),
+            Err(why) => text += &format!("[-]{name} failed: {why}\n"),
+        }
+    }
+    if healthy {
+        text += "healthz check passed\n";
+        (StatusCode::OK, text)
+    } else {
+        text += "healthz check failed\n";
+        (StatusCode::INTERNAL_SERVER_ERROR, text)
+    }
+}
+
+async fn all(State(checks): State<Checks>, Query(p): Query<Params>) -> (StatusCode, String) {
+    crate::metrics::get().http_request("GET", "healthz", "healthz");
+    answer(checks.run(), p.verbose.is_some())
+}
+
+async fn one(
+    State(checks): State<Checks>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+) -> (StatusCode, String) {
+    crate::metrics::get().http_request("GET", "healthz", "healthz");
+    let results: Vec<_> = checks
+        .run()
+        .into_iter()
+        .filter(|(n, _)| *n == name)
+        .collect();
+    if results.is_empty() {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("no health check named {name:?}\n"),
+        );
+    }
+    answer(results, p.verbose.is_some())
+}
+
+/// The healthz routes, for any server that offers them.
+pub fn routes(checks: Checks) -> Router {
     Router::new()
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(all))
+        .route("/healthz/{check}", get(one))
         .with_state(checks)
 }
 
@@ -66,7 +119,7 @@ pub async fn serve(
     checks: Checks,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(checks))
+    axum::serve(listener, routes(checks))
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
 }

@@ -1,12 +1,13 @@
-//! The healthz endpoint of a running agent.
+//! The node's HTTP endpoints: healthz and the read-only API, over real HTTP on free ports.
 
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::bed::{Node, eventually};
+use crate::bed::{FOREVER, Node, eventually, pod_yaml};
 
-async fn get(port: u16, path: &str) -> Option<String> {
+/// (status code, body) of a GET on loopback.
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .ok()?;
@@ -15,24 +16,177 @@ async fn get(port: u16, path: &str) -> Option<String> {
     )
     .await
     .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.ok()?;
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some((code, body))
+}
+
+fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[tokio::test]
-async fn healthz_answers_ok_on_its_port() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let port_text = port.to_string();
-    let node = Node::start("healthz", &["--healthz-port", &port_text]).await;
-    let reply = eventually("healthz to answer", Duration::from_secs(30), || {
+async fn healthz_answers_with_its_checks() {
+    let port = free_port();
+    let node = Node::start("healthz", &["--healthz-port", &port.to_string()]).await;
+    let (code, body) = eventually("healthz to answer", Duration::from_secs(30), || {
         get(port, "/healthz")
     })
     .await;
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    assert!(reply.ends_with("ok"), "{reply}");
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, body) = get(port, "/healthz?verbose").await.unwrap();
+    assert_eq!(code, 200);
+    for check in [
+        "[+]ping ok",
+        "[+]syncloop ok",
+        "[+]pleg ok",
+        "[+]runtime ok",
+        "healthz check passed",
+    ] {
+        assert!(body.contains(check), "{check} missing in {body}");
+    }
+    assert_eq!(
+        get(port, "/healthz/pleg").await.unwrap(),
+        (200, "ok".to_string())
+    );
+    assert_eq!(get(port, "/healthz/nothing").await.unwrap().0, 404);
+    node.finish().await;
+}
+
+/// Checks every sample line of the Prometheus text format: `name{labels} value`.
+fn parse_prometheus(text: &str) -> Vec<(String, f64)> {
+    let mut samples = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(comment) = line.strip_prefix('#') {
+            let words: Vec<&str> = comment.split_whitespace().collect();
+            assert!(
+                matches!(words.first(), Some(&"HELP") | Some(&"TYPE")),
+                "bad comment {line:?}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value in {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            assert!(
+                labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')),
+                "bad labels in {line:?}"
+            );
+        }
+        samples.push((series.to_string(), value));
+    }
+    samples
+}
+
+#[tokio::test]
+async fn the_read_only_api_serves_pods_and_metrics() {
+    let port = free_port();
+    let node = Node::start(
+        "readonly",
+        &[
+            "--read-only-port",
+            &port.to_string(),
+            "--address",
+            "127.0.0.1",
+        ],
+    )
+    .await;
+    node.write_manifest("web.yaml", &pod_yaml("web", &[("c", FOREVER)], ""));
+    node.wait_running("web", 1).await;
+    let st = node
+        .wait_status("web", "Running", |s| s.phase.as_deref() == Some("Running"))
+        .await;
+
+    let (code, body) = eventually("the read-only API", Duration::from_secs(30), || {
+        get(port, "/pods")
+    })
+    .await;
+    assert_eq!(code, 200);
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["kind"], "PodList");
+    let pod = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["metadata"]["name"] == node.pod_name("web"))
+        .expect("the pod");
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert_eq!(pod["status"]["podIP"], serde_json::json!(st.pod_ip));
+
+    let (_, body) = get(port, "/runningpods/").await.unwrap();
+    let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(running["items"][0]["spec"]["containers"][0]["name"], "c");
+
+    let (code, body) = get(port, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    let samples = parse_prometheus(&body);
+    let value = |series: &str| samples.iter().find(|(s, _)| s == series).map(|(_, v)| *v);
+    assert_eq!(value("kubelet_running_pods"), Some(1.0), "{body}");
+    assert_eq!(
+        value("kubelet_running_containers{container_state=\"running\"}"),
+        Some(1.0)
+    );
+    assert!(
+        value("kubelet_started_containers_total{container_type=\"container\"}").unwrap_or(0.0)
+            >= 1.0
+    );
+    assert!(
+        value("kubelet_runtime_operations_total{operation_type=\"RunPodSandbox\"}").unwrap_or(0.0)
+            >= 1.0
+    );
+    for family in [
+        "kubelet_pleg_relist_duration_seconds_count",
+        "kubelet_pod_worker_duration_seconds_count{operation_type=\"sync\"}",
+        "kubelet_pod_start_duration_seconds_count",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(value(family).is_some(), "{family} missing in {body}");
+    }
+    assert_eq!(
+        get(port, "/healthz").await.unwrap(),
+        (200, "ok".to_string())
+    );
     node.finish().await;
 }

@@ -1,0 +1,436 @@
+//! Prometheus metrics with the upstream kubelet's names, in the text exposition format. A leaf:
+//! components record into the process-wide registry, the server renders it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// A counter or gauge family keyed by label values.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: &'static str,
+    labels: &'static [&'static str],
+    values: Mutex<BTreeMap<Vec<String>, f64>>,
+}
+
+impl Family {
+    const fn new(
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+        labels: &'static [&'static str],
+    ) -> Self {
+        Family {
+            name,
+            help,
+            kind,
+            labels,
+            values: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn add(&self, labels: &[&str], by: f64) {
+        let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        *values
+            .entry(labels.iter().map(|s| s.to_string()).collect())
+            .or_default() += by;
+    }
+
+    fn set(&self, labels: &[&str], to: f64) {
+        let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        values.insert(labels.iter().map(|s| s.to_string()).collect(), to);
+    }
+
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP {} {}\n# TYPE {} {}",
+            self.name, self.help, self.name, self.kind
+        );
+        for (values, v) in self.values.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "{}{} {}",
+                self.name,
+                label_text(self.labels, values, None),
+                v
+            );
+        }
+    }
+}
+
+fn label_text(names: &[&str], values: &[String], le: Option<&str>) -> String {
+    let mut parts: Vec<String> = names
+        .iter()
+        .zip(values)
+        .map(|(n, v)| {
+            format!(
+                "{n}=\"{}\"",
+                v.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n")
+            )
+        })
+        .collect();
+    if let Some(le) = le {
+        parts.push(format!("le=\"{le}\""));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+/// Upper bounds (seconds) of the duration histograms, upstream's usual buckets.
+const BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+#[derive(Default, Clone)]
+struct HistogramData {
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+/// A histogram family keyed by label values.
+struct Histogram {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+    values: Mutex<BTreeMap<Vec<String>, HistogramData>>,
+}
+
+impl Histogram {
+    const fn new(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
+        Histogram {
+            name,
+            help,
+            labels,
+            values: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn observe(&self, labels: &[&str], seconds: f64) {
+        let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        let data = values
+            .entry(labels.iter().map(|s| s.to_string()).collect())
+            .or_insert_with(|| HistogramData {
+                counts: vec![0; BUCKETS.len()],
+                ..Default::default()
+            });
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                data.counts[i] += 1;
+            }
+        }
+        data.sum += seconds;
+        data.count += 1;
+    }
+
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP {} {}\n# TYPE {} histogram",
+            self.name, self.help, self.name
+        );
+        for (values, data) in self.values.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            for (bound, count) in BUCKETS.iter().zip(&data.counts) {
+                let _ = writeln!(
+                    out,
+                    "{}_bucket{} {count}",
+                    self.name,
+                    label_text(self.labels, values, Some(&bound.to_string()))
+                );
+            }
+            let _ = writeln!(
+                out,
+                "{}_bucket{} {}",
+                self.name,
+                label_text(self.labels, values, Some("+Inf")),
+                data.count
+            );
+            let _ = writeln!(
+                out,
+                "{}_sum{} {}",
+                self.name,
+                label_text(self.labels, values, None),
+                data.sum
+            );
+            let _ = writeln!(
+                out,
+                "{}_count{} {}",
+                self.name,
+                label_text(self.labels, values, None),
+                data.count
+            );
+        }
+    }
+}
+
+/// Every metric nodelet records.
+pub struct Metrics {
+    running_pods: Family,
+    running_containers: Family,
+    started_pods: Family,
+    started_containers: Family,
+    runtime_operations: Family,
+    runtime_errors: Family,
+    runtime_duration: Histogram,
+    pleg_relist_duration: Histogram,
+    pleg_relist_interval: Histogram,
+    pod_worker_duration: Histogram,
+    pod_start_duration: Histogram,
+    http_requests: Family,
+}
+
+/// The process-wide registry.
+pub fn get() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| Metrics {
+        running_pods: Family::new(
+            "kubelet_running_pods",
+            "Number of pods that have a running pod sandbox",
+            "gauge",
+            &[],
+        ),
+        running_containers: Family::new(
+            "kubelet_running_containers",
+            "Number of containers currently running",
+            "gauge",
+            &["container_state"],
+        ),
+        started_pods: Family::new(
+            "kubelet_started_pods_total",
+            "Cumulative number of pods started",
+            "counter",
+            &[],
+        ),
+        started_containers: Family::new(
+            "kubelet_started_containers_total",
+            "Cumulative number of containers started",
+            "counter",
+            &["container_type"],
+        ),
+        runtime_operations: Family::new(
+            "kubelet_runtime_operations_total",
+            "Cumulative number of runtime operations by operation type",
+            "counter",
+            &["operation_type"],
+        ),
+        runtime_errors: Family::new(
+            "kubelet_runtime_operations_errors_total",
+            "Cumulative number of runtime operation errors by operation type",
+            "counter",
+            &["operation_type"],
+        ),
+        runtime_duration: Histogram::new(
+            "kubelet_runtime_operations_duration_seconds",
+            "Duration in seconds of runtime operations",
+            &["operation_type"],
+        ),
+        pleg_relist_duration: Histogram::new(
+            "kubelet_pleg_relist_duration_seconds",
+            "Duration in seconds for relisting pods in PLEG",
+            &[],
+        ),
+        pleg_relist_interval: Histogram::new(
+            "kubelet_pleg_relist_interval_seconds",
+            "Interval in seconds between relisting in PLEG",
+            &[],
+        ),
+        pod_worker_duration: Histogram::new(
+            "kubelet_pod_worker_duration_seconds",
+            "Duration in seconds to sync a single pod",
+            &["operation_type"],
+        ),
+        pod_start_duration: Histogram::new(
+            "kubelet_pod_start_duration_seconds",
+            "Duration in seconds from the agent seeing a pod to all its containers running",
+            &[],
+        ),
+        http_requests: Family::new(
+            "kubelet_http_requests_total",
+            "Number of the http requests received since the server started",
+            "counter",
+            &["method", "path", "server_type"],
+        ),
+    })
+}
+
+impl Metrics {
+    /// A CRI call finished.
+    pub fn runtime_operation(&self, operation: &str, took: Duration, failed: bool) {
+        self.runtime_operations.add(&[operation], 1.0);
+        self.runtime_duration
+            .observe(&[operation], took.as_secs_f64());
+        if failed {
+            self.runtime_errors.add(&[operation], 1.0);
+        }
+    }
+
+    pub fn pleg_relist(&self, took: Duration, since_last: Option<Duration>) {
+        self.pleg_relist_duration.observe(&[], took.as_secs_f64());
+        if let Some(interval) = since_last {
+            self.pleg_relist_interval
+                .observe(&[], interval.as_secs_f64());
+        }
+    }
+
+    /// A pod worker finished one sync ("sync") or termination ("terminate").
+    pub fn pod_worker(&self, operation: &str, took: Duration) {
+        self.pod_worker_duration
+            .observe(&[operation], took.as_secs_f64());
+    }
+
+    pub fn pod_started(&self, since_seen: Duration) {
+        self.started_pods.add(&[], 1.0);
+        self.pod_start_duration
+            .observe(&[], since_seen.as_secs_f64());
+    }
+
+    pub fn container_started(&self, init: bool) {
+        self.started_containers
+            .add(&[if init { "init_container" } else { "container" }], 1.0);
+    }
+
+    pub fn http_request(&self, method: &str, path: &str, server: &str) {
+        self.http_requests.add(&[method, path, server], 1.0);
+    }
+
+    /// Sets the gauges computed at scrape time.
+    pub fn set_running(&self, pods: usize, containers_by_state: &[(&str, usize)]) {
+        self.running_pods.set(&[], pods as f64);
+        for (state, n) in containers_by_state {
+            self.running_containers.set(&[state], *n as f64);
+        }
+    }
+
+    /// The text exposition of every metric, plus the process's own.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for f in [
+            &self.running_pods,
+            &self.running_containers,
+            &self.started_pods,
+            &self.started_containers,
+            &self.runtime_operations,
+            &self.runtime_errors,
+            &self.http_requests,
+        ] {
+            f.render(&mut out);
+        }
+        for h in [
+            &self.runtime_duration,
+            &self.pleg_relist_duration,
+            &self.pleg_relist_interval,
+            &self.pod_worker_duration,
+            &self.pod_start_duration,
+        ] {
+            h.render(&mut out);
+        }
+        process_metrics(&mut out);
+        out
+    }
+}
+
+fn process_metrics(out: &mut String) {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // Fields after the command name (which may hold spaces) start at state (field 3).
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let (ticks, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK) as f64,
+            libc::sysconf(libc::_SC_PAGESIZE) as f64,
+        )
+    };
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let cpu = (num(11) + num(12)) / ticks.max(1.0);
+    let rss = num(21) * page;
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("btime ")
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+        })
+        .unwrap_or(0.0);
+    let start = boot + num(19) / ticks.max(1.0);
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    for (name, kind, help, value) in [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds",
+            cpu,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes",
+            rss,
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds",
+            start,
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors",
+            fds as f64,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_render_in_the_text_format() {
+        let f = Family::new("x_total", "Things", "counter", &["kind"]);
+        f.add(&["a\"b"], 2.0);
+        let h = Histogram::new("y_seconds", "Time", &[]);
+        h.observe(&[], 0.02);
+        let mut out = String::new();
+        f.render(&mut out);
+        h.render(&mut out);
+        assert!(
+            out.contains("# TYPE x_total counter\nx_total{kind=\"a\\\"b\"} 2\n"),
+            "{out}"
+        );
+        assert!(out.contains("y_seconds_bucket{le=\"0.01\"} 0\n"), "{out}");
+        assert!(out.contains("y_seconds_bucket{le=\"0.025\"} 1\n"), "{out}");
+        assert!(
+            out.contains(
+                "y_seconds_bucket{le=\"+Inf\"} 1\ny_seconds_sum 0.02\ny_seconds_count 1\n"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn process_metrics_are_there() {
+        let text = get().render();
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+    }
+}

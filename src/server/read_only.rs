@@ -1,0 +1,156 @@
+//! The read-only server (--read-only-port on --address, off by default): /pods, /runningpods,
+//! /metrics and /healthz, as the upstream kubelet serves them.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::healthz;
+use crate::status;
+
+fn json(value: serde_json::Value) -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&value).unwrap_or_default(),
+    )
+}
+
+fn pod_list(items: Vec<Pod>) -> serde_json::Value {
+    serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+}
+
+fn sorted(reader: &status::Reader) -> Vec<Pod> {
+    let mut pods: Vec<Pod> = reader
+        .list()
+        .into_iter()
+        .map(|e| (*e.pod).clone())
+        .collect();
+    pods.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    pods
+}
+
+fn running(c: &ContainerStatus) -> bool {
+    c.state.as_ref().is_some_and(|s| s.running.is_some())
+}
+
+async fn pods(State(reader): State<status::Reader>) -> impl IntoResponse {
+    crate::metrics::get().http_request("GET", "pods", "readonly");
+    json(pod_list(sorted(&reader)))
+}
+
+/// Pods with running containers, as the runtime sees them: metadata and those containers.
+async fn running_pods(State(reader): State<status::Reader>) -> impl IntoResponse {
+    crate::metrics::get().http_request("GET", "runningpods", "readonly");
+    let items = sorted(&reader)
+        .into_iter()
+        .filter_map(|p| {
+            let statuses = p
+                .status
+                .as_ref()?
+                .container_statuses
+                .clone()
+                .unwrap_or_default();
+            let containers: Vec<Container> = statuses
+                .iter()
+                .filter(|c| running(c))
+                .map(|c| Container {
+                    name: c.name.clone(),
+                    image: Some(c.image.clone()),
+                    ..Default::default()
+                })
+                .collect();
+            (!containers.is_empty()).then(|| Pod {
+                metadata: ObjectMeta {
+                    name: p.metadata.name.clone(),
+                    namespace: p.metadata.namespace.clone(),
+                    uid: p.metadata.uid.clone(),
+                    ..Default::default()
+                },
+                spec: Some(PodSpec {
+                    containers,
+                    ..Default::default()
+                }),
+                status: None,
+            })
+        })
+        .collect();
+    json(pod_list(items))
+}
+
+async fn metrics(State(reader): State<status::Reader>) -> impl IntoResponse {
+    let m = crate::metrics::get();
+    m.http_request("GET", "metrics", "readonly");
+    let pods = reader.list();
+    let mut by_state = [
+        ("running", 0usize),
+        ("exited", 0),
+        ("created", 0),
+        ("unknown", 0),
+    ];
+    let mut running_pods = 0;
+    for e in &pods {
+        let statuses = e
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default();
+        if statuses.iter().any(running) {
+            running_pods += 1;
+        }
+        for c in &statuses {
+            let state = c.state.clone().unwrap_or_default();
+            let slot = if state.running.is_some() {
+                0
+            } else if state.terminated.is_some() {
+                1
+            } else if state.waiting.is_some() {
+                2
+            } else {
+                3
+            };
+            by_state[slot].1 += 1;
+        }
+    }
+    m.set_running(running_pods, &by_state);
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        m.render(),
+    )
+}
+
+/// The read-only router.
+pub fn router(reader: status::Reader, checks: healthz::Checks) -> Router {
+    Router::new()
+        .route("/pods", get(pods))
+        .route("/runningpods", get(running_pods))
+        .route("/runningpods/", get(running_pods))
+        .route("/metrics", get(metrics))
+        .with_state(reader)
+        .merge(healthz::routes(checks))
+}
+
+/// Serves the read-only API on `listener` until `cancel`.
+pub async fn serve(
+    listener: TcpListener,
+    reader: status::Reader,
+    checks: healthz::Checks,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(reader, checks))
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
+}
