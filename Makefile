@@ -16,7 +16,7 @@ export NODELET_TESTBED
 
 TESTBED := bash hack/testbed.sh
 
-.PHONY: help deps runtime-up images runtime-down build test run clean
+.PHONY: help deps runtime-up images runtime-down build test run bench clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
@@ -26,6 +26,7 @@ help:
 	@echo "make build         cargo build --locked (target dir $(TARGET_DIR))"
 	@echo "make test          run the tests against the test bed, then tear it down"
 	@echo "make run           run nodelet in the foreground against the test bed"
+	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench)"
 	@echo "make clean         cargo clean"
 
 deps:
@@ -61,6 +62,15 @@ run: deps runtime-up images build
 		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \
 		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
 		--hostname-override nodelet-dev
+
+# BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--reps 5 --footprint-secs 60".
+bench: deps runtime-up images
+	cargo build --release --locked --bin nodelet --example bench
+	@status=0; $(TARGET_DIR)/release/examples/bench \
+		--endpoint unix://$(NODELET_TESTBED)/containerd.sock \
+		--nodelet $(TARGET_DIR)/release/nodelet --out target/bench \
+		--containerd-pid $$(cat $(NODELET_TESTBED)/containerd.pid) $(BENCH_ARGS) || status=$$?; \
+	$(TESTBED) down || true; exit $$status
 
 clean:
 	cargo clean

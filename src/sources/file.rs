@@ -17,7 +17,7 @@ use crate::types::{Source, SourceSnapshot, full_name};
 
 /// Events arriving within this window are handled by one scan, so an editor's save (several
 /// writes, renames and chmods) is read once, after it is done.
-const SETTLE: Duration = Duration::from_millis(100);
+const SETTLE: Duration = Duration::from_millis(25);
 
 /// Settings of the file source.
 #[derive(Clone, Debug)]

@@ -1,0 +1,476 @@
+//! `make bench`: pod start-up and teardown through nodelet against the runtime's own floor (the
+//! same CRI calls made directly), and nodelet's footprint. Floor and nodelet runs interleave in
+//! one invocation; only ratios are meant to be compared across runs.
+//!
+//! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--reps N]
+//!              [--footprint-secs S] [--containerd-pid PID]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, RuntimeClient, cri};
+use tokio::task::JoinSet;
+
+const IMAGE: &str = "localhost/busybox:local";
+const NODE: &str = "bench";
+/// Exits at once on SIGTERM, so teardown measures the agent, not a grace period.
+const SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+
+struct Args {
+    endpoint: PathBuf,
+    nodelet: PathBuf,
+    out: PathBuf,
+    reps: usize,
+    footprint: Duration,
+    containerd_pid: Option<u32>,
+    /// Pod counts of the burst and max-pods scenarios (30 and 110; smaller for a smoke run).
+    sizes: (usize, usize),
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        endpoint: PathBuf::from("/var/lib/nodelet-testbed/containerd.sock"),
+        nodelet: PathBuf::from("target/release/nodelet"),
+        out: PathBuf::from("target/bench"),
+        reps: 3,
+        footprint: Duration::from_secs(60),
+        containerd_pid: None,
+        sizes: (30, 110),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--endpoint" => a.endpoint = PathBuf::from(value.trim_start_matches("unix://")),
+            "--nodelet" => a.nodelet = PathBuf::from(value),
+            "--out" => a.out = PathBuf::from(value),
+            "--reps" => a.reps = value.parse()?,
+            "--footprint-secs" => a.footprint = Duration::from_secs(value.parse()?),
+            "--containerd-pid" => a.containerd_pid = Some(value.parse()?),
+            "--sizes" => {
+                let (burst, max) = value.split_once(',').context("--sizes BURST,MAX")?;
+                a.sizes = (burst.parse()?, max.parse()?);
+            }
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(a)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+fn p90(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[((v.len() as f64 * 0.9).ceil() as usize).clamp(1, v.len()) - 1]
+    }
+}
+
+/// One pod the way nodelet would make it, made directly over CRI.
+async fn floor_pod(
+    rt: RuntimeClient,
+    i: usize,
+    host_network: bool,
+    image: String,
+    logs: PathBuf,
+) -> Result<(String, String)> {
+    let uid = format!("floor-{}-{i}", std::process::id());
+    let labels: std::collections::HashMap<String, String> =
+        [(LABEL_POD_UID.to_string(), uid.clone())].into();
+    let sandbox = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: format!("floor-{i}"),
+            uid: uid.clone(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: if host_network {
+            String::new()
+        } else {
+            format!("floor-{i}")
+        },
+        log_directory: logs.join(&uid).display().to_string(),
+        labels: labels.clone(),
+        // Marked as another node's, so the nodelet under test leaves the floor's pods alone.
+        annotations: [(ANNOTATION_NODE_NAME.to_string(), "bench-floor".to_string())].into(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: if host_network {
+                        cri::NamespaceMode::Node
+                    } else {
+                        cri::NamespaceMode::Pod
+                    } as i32,
+                    pid: cri::NamespaceMode::Container as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let id = rt.run_pod_sandbox(sandbox.clone()).await?;
+    let container = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: "c".into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image,
+            ..Default::default()
+        }),
+        command: vec!["sh".into(), "-c".into(), SCRIPT.into()],
+        log_path: "c/0.log".into(),
+        labels,
+        ..Default::default()
+    };
+    let cid = rt.create_container(&id, container, sandbox).await?;
+    rt.start_container(&cid).await?;
+    Ok((id, cid))
+}
+
+/// The floor for n pods at a concurrency: (start seconds, teardown seconds).
+async fn floor(
+    rt: &RuntimeClient,
+    n: usize,
+    host_network: bool,
+    concurrency: usize,
+    image: &str,
+    logs: &Path,
+) -> Result<(f64, f64)> {
+    let started = Instant::now();
+    let mut made = Vec::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(concurrency) {
+        let mut set = JoinSet::new();
+        for &i in chunk {
+            set.spawn(floor_pod(
+                rt.clone(),
+                i,
+                host_network,
+                image.to_string(),
+                logs.to_path_buf(),
+            ));
+        }
+        while let Some(r) = set.join_next().await {
+            made.push(r??);
+        }
+    }
+    let start = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    for chunk in made.chunks(concurrency) {
+        let mut set = JoinSet::new();
+        for (sandbox, container) in chunk {
+            let (rt, sandbox, container) = (rt.clone(), sandbox.clone(), container.clone());
+            set.spawn(async move {
+                rt.stop_container(&container, 30).await?;
+                rt.remove_container(&container).await?;
+                rt.stop_pod_sandbox(&sandbox).await?;
+                rt.remove_pod_sandbox(&sandbox).await
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r??;
+        }
+    }
+    Ok((start, started.elapsed().as_secs_f64()))
+}
+
+/// The fastest floor over the concurrency levels.
+async fn best_floor(
+    rt: &RuntimeClient,
+    n: usize,
+    host_network: bool,
+    image: &str,
+    logs: &Path,
+) -> Result<(f64, f64)> {
+    let mut best = (f64::MAX, f64::MAX);
+    for c in [1, 2, 4, 8, 16] {
+        if c > 1 && c > n {
+            break;
+        }
+        let (s, t) = floor(rt, n, host_network, c, image, logs).await?;
+        best = (best.0.min(s), best.1.min(t));
+    }
+    Ok(best)
+}
+
+fn manifest(i: usize, host_network: bool) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: b{i}}}\nspec:\n  hostNetwork: {host_network}\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, \"{SCRIPT}\"]\n"
+    )
+}
+
+struct Agent {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Agent {
+    fn start(binary: &Path, endpoint: &Path, dir: &Path) -> Result<Agent> {
+        std::fs::create_dir_all(dir.join("manifests"))?;
+        let child = Command::new(binary)
+            .arg("--pod-manifest-path")
+            .arg(dir.join("manifests"))
+            .arg(format!(
+                "--container-runtime-endpoint=unix://{}",
+                endpoint.display()
+            ))
+            .arg("--root-dir")
+            .arg(dir.join("root"))
+            .arg("--pod-logs-dir")
+            .arg(dir.join("pods"))
+            .arg("--container-logs-dir")
+            .arg(dir.join("containers"))
+            .args([
+                "--hostname-override",
+                NODE,
+                "--healthz-port",
+                "0",
+                "--max-pods",
+                "200",
+                "--cgroup-root",
+                "/nodelet-bench",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start nodelet")?;
+        Ok(Agent {
+            child,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn write(&self, i: usize, host_network: bool) -> Result<()> {
+        let tmp = self.dir.join(format!("manifests/.b{i}.tmp"));
+        std::fs::write(&tmp, manifest(i, host_network))?;
+        std::fs::rename(tmp, self.dir.join(format!("manifests/b{i}.yaml")))?;
+        Ok(())
+    }
+
+    fn remove(&self, i: usize) -> Result<()> {
+        Ok(std::fs::remove_file(
+            self.dir.join(format!("manifests/b{i}.yaml")),
+        )?)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn running_count(rt: &RuntimeClient) -> Result<(usize, usize)> {
+    let sandboxes: Vec<_> = rt
+        .list_sandboxes(None)
+        .await?
+        .into_iter()
+        .filter(|s| s.annotations.get(ANNOTATION_NODE_NAME).map(String::as_str) == Some(NODE))
+        .collect();
+    let ids: std::collections::HashSet<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
+    let running = rt
+        .list_containers(None)
+        .await?
+        .into_iter()
+        .filter(|c| ids.contains(&c.sandbox_id) && c.state == ContainerState::Running)
+        .count();
+    Ok((sandboxes.len(), running))
+}
+
+async fn until(
+    rt: &RuntimeClient,
+    what: &str,
+    done: impl Fn((usize, usize)) -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if done(running_count(rt).await?) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// nodelet for n pods: (start seconds, teardown seconds).
+async fn through_nodelet(
+    rt: &RuntimeClient,
+    agent: &Agent,
+    n: usize,
+    host_network: bool,
+) -> Result<(f64, f64)> {
+    let started = Instant::now();
+    for i in 0..n {
+        agent.write(i, host_network)?;
+    }
+    until(rt, "pods running", |(_, running)| running == n).await?;
+    let start = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    for i in 0..n {
+        agent.remove(i)?;
+    }
+    until(rt, "sandboxes gone", |(sandboxes, _)| sandboxes == 0).await?;
+    Ok((start, started.elapsed().as_secs_f64()))
+}
+
+/// (RSS MiB, peak RSS MiB, CPU seconds) of a process.
+fn usage(pid: u32) -> Option<(f64, f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = (rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?) / ticks;
+    Some((kib("VmRSS:")? / 1024.0, kib("VmHWM:")? / 1024.0, cpu))
+}
+
+/// Idle footprint over `window`: RSS, peak and % of one core, for nodelet and the runtime.
+async fn footprint(pid: u32, containerd: Option<u32>, window: Duration) -> serde_json::Value {
+    let before = (usage(pid), containerd.and_then(usage));
+    tokio::time::sleep(window).await;
+    let after = (usage(pid), containerd.and_then(usage));
+    let describe = |b: Option<(f64, f64, f64)>, a: Option<(f64, f64, f64)>| match (b, a) {
+        (Some(b), Some(a)) => {
+            serde_json::json!({"rss_mib": a.0, "peak_rss_mib": a.1, "cpu_percent": 100.0 * (a.2 - b.2) / window.as_secs_f64()})
+        }
+        _ => serde_json::Value::Null,
+    };
+    serde_json::json!({"nodelet": describe(before.0, after.0), "containerd": describe(before.1, after.1)})
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let a = args()?;
+    let rt = RuntimeClient::new(&a.endpoint, &a.endpoint, Duration::from_secs(120));
+    rt.version().await.context("the runtime does not answer")?;
+    let image = rt
+        .image_status(IMAGE)
+        .await?
+        .context("busybox image missing: run make images")?
+        .id;
+    let work = tempfile::tempdir()?;
+    let logs = work.path().join("floor-logs");
+    let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"))?;
+    until(&rt, "nodelet to start", |_| true).await?;
+    let mut report = BTreeMap::new();
+    let mut rows = Vec::new();
+    for host_network in [false, true] {
+        let net = if host_network { "hostNetwork" } else { "cni" };
+        let (burst, max) = a.sizes;
+        for (scenario, n, reps) in [
+            ("one pod x10".to_string(), 1usize, 10usize),
+            (format!("burst of {burst}"), burst, a.reps),
+            (format!("{max} pods"), max, a.reps),
+        ] {
+            let (mut floors, mut nodes, mut floor_down, mut node_down) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..reps {
+                let (fs, ft) = best_floor(&rt, n, host_network, &image, &logs).await?;
+                let (ns, nt) = through_nodelet(&rt, &agent, n, host_network).await?;
+                floors.push(fs);
+                floor_down.push(ft);
+                nodes.push(ns);
+                node_down.push(nt);
+            }
+            let added: Vec<f64> = nodes
+                .iter()
+                .zip(&floors)
+                .map(|(n, f)| (n - f) * 1000.0)
+                .collect();
+            let row = serde_json::json!({
+                "network": net, "scenario": &scenario, "pods": n, "repetitions": reps,
+                "floor_start_s": median(floors.clone()), "nodelet_start_s": median(nodes.clone()),
+                "start_ratio": median(nodes.clone()) / median(floors.clone()).max(1e-9),
+                "added_ms_median": median(added.clone()), "added_ms_p90": p90(added),
+                "floor_teardown_s": median(floor_down.clone()), "nodelet_teardown_s": median(node_down.clone()),
+                "teardown_ratio": median(node_down) / median(floor_down).max(1e-9),
+            });
+            eprintln!("{row}");
+            rows.push(row);
+        }
+    }
+    report.insert("scenarios", serde_json::Value::Array(rows.clone()));
+    let pid = agent.child.id();
+    let mut prints = Vec::new();
+    for pods in [0usize, a.sizes.0, a.sizes.1] {
+        for i in 0..pods {
+            agent.write(i, true)?;
+        }
+        until(&rt, "pods running", |(_, running)| running == pods).await?;
+        let f = footprint(pid, a.containerd_pid, a.footprint).await;
+        prints.push(serde_json::json!({"pods": pods, "usage": f}));
+        for i in 0..pods {
+            agent.remove(i)?;
+        }
+        until(&rt, "sandboxes gone", |(sandboxes, _)| sandboxes == 0).await?;
+    }
+    report.insert("footprint", serde_json::Value::Array(prints.clone()));
+    drop(agent);
+    let _ = nodelet::cgroups::remove_tree("nodelet-bench");
+
+    println!(
+        "{:<12} {:<12} {:>8} {:>9} {:>7} {:>12} {:>11} {:>11} {:>7}",
+        "network",
+        "scenario",
+        "floor s",
+        "nodelet s",
+        "ratio",
+        "added ms p50",
+        "added p90",
+        "teardown x",
+        ""
+    );
+    for r in &rows {
+        println!(
+            "{:<12} {:<12} {:>8.3} {:>9.3} {:>7.2} {:>12.1} {:>11.1} {:>11.2}",
+            r["network"].as_str().unwrap_or(""),
+            r["scenario"].as_str().unwrap_or(""),
+            r["floor_start_s"].as_f64().unwrap_or(0.0),
+            r["nodelet_start_s"].as_f64().unwrap_or(0.0),
+            r["start_ratio"].as_f64().unwrap_or(0.0),
+            r["added_ms_median"].as_f64().unwrap_or(0.0),
+            r["added_ms_p90"].as_f64().unwrap_or(0.0),
+            r["teardown_ratio"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "\n{:<6} {:>14} {:>14} {:>12} {:>16}",
+        "pods", "nodelet RSS", "nodelet peak", "nodelet CPU", "containerd RSS"
+    );
+    for p in &prints {
+        let u = &p["usage"];
+        println!(
+            "{:<6} {:>11.1} MiB {:>11.1} MiB {:>11.2}% {:>12.1} MiB",
+            p["pods"],
+            u["nodelet"]["rss_mib"].as_f64().unwrap_or(0.0),
+            u["nodelet"]["peak_rss_mib"].as_f64().unwrap_or(0.0),
+            u["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0),
+            u["containerd"]["rss_mib"].as_f64().unwrap_or(0.0)
+        );
+    }
+    std::fs::create_dir_all(&a.out)?;
+    let file = a.out.join("bench.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&report)?)?;
+    println!("\nwritten to {}", file.display());
+    Ok(())
+}
