@@ -5,11 +5,12 @@
 //! desired state and hands each pod to its worker in `pod_workers`; a worker runs `pod_sync`,
 //! which plans the pod's actions and carries them out through `runtime` (CRI).
 //!
-//! Dependency rules (arrows mean "may use"): `types` and `pod` are leaves; `config`, `runtime`,
-//! `sources` and `volumes` use only leaves; `images` uses `runtime`; `pod_workers` defines the
-//! `PodSyncer` trait and knows nothing of the runtime; `pod_sync` uses runtime, images and
-//! volumes and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read
-//! handles only; `agent` is the one place that wires everything together.
+//! Dependency rules (arrows mean "may use"): `types`, `metrics` and `pod` are leaves; `config`,
+//! `runtime`, `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe` and
+//! `images` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of the
+//! runtime; `pod_sync` uses runtime, images, cgroups, volumes, probe and status and implements
+//! `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles only; `agent` and
+//! `run_once` are the only places that wire everything together.
 
 pub mod agent;
 pub mod cgroups;

@@ -129,11 +129,6 @@ impl<S: PodSyncer> PodWorkers<S> {
         self.workers.remove(uid);
     }
 
-    /// How many workers exist.
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
     /// True when there are no workers.
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty()

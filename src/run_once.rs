@@ -267,11 +267,31 @@ fn report(
     (text, json!({"succeeded": succeeded, "pods": json_pods}))
 }
 
+/// Each pod of the batch with its latest status and outcome.
+fn evaluate(
+    batch: &[Arc<Pod>],
+    status: &crate::status::Reader,
+) -> Vec<(Arc<Pod>, Option<PodStatus>, Outcome)> {
+    batch
+        .iter()
+        .map(|p| {
+            let st = status
+                .get(&PodUid::of(p))
+                .and_then(|e| e.pod.status.clone());
+            let o = outcome(restart_policy(p), st.as_ref());
+            (p.clone(), st, o)
+        })
+        .collect()
+}
+
 /// Reads the sources once: the pods of the batch.
 async fn snapshots(config: &Config, deadline: tokio::time::Instant) -> Result<Vec<SourceSnapshot>> {
     let mut out = Vec::new();
     if let Some(path) = &config.static_pod_path {
-        out.push(file::Scanner::new(file_config(config, path)).scan());
+        let snapshot = file::Scanner::new(file_config(config, path))
+            .scan()
+            .with_context(|| format!("cannot read the manifest path {}", path.display()))?;
+        out.push(snapshot);
     }
     if let Some(url) = &config.static_pod_url {
         let snapshot = http::first_snapshot(&http_config(config, url), deadline)
@@ -314,16 +334,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<bool> {
     };
     let mut watch = status.clone();
     let timed_out = loop {
-        let states: Vec<(Arc<Pod>, Option<PodStatus>, Outcome)> = batch
-            .iter()
-            .map(|p| {
-                let st = status
-                    .get(&PodUid::of(p))
-                    .and_then(|e| e.pod.status.clone());
-                let o = outcome(restart_policy(p), st.as_ref());
-                (p.clone(), st, o)
-            })
-            .collect();
+        let states = evaluate(&batch, &status);
         progress.show(
             states
                 .iter()
@@ -340,16 +351,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<bool> {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     };
-    let results: Vec<(Arc<Pod>, Option<PodStatus>, Outcome)> = batch
-        .iter()
-        .map(|p| {
-            let st = status
-                .get(&PodUid::of(p))
-                .and_then(|e| e.pod.status.clone());
-            let o = outcome(restart_policy(p), st.as_ref());
-            (p.clone(), st, o)
-        })
-        .collect();
+    let results = evaluate(&batch, &status);
     let (table, json) = report(&config, &results);
     match config.run_once_output {
         RunOnceOutput::Text => println!("{table}"),

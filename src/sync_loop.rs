@@ -11,13 +11,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cgroups::Allocatable;
 use crate::pleg::{Event, EventKind};
 use crate::pod::{ANNOTATION_CONFIG_SOURCE, requests};
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
 use crate::sources::Mux;
-use crate::types::{PodOperation, PodUid, Source, SourceSnapshot, full_name};
+use crate::types::{Allocatable, PodOperation, PodUid, Source, SourceSnapshot, full_name};
 
 /// Timing of the loop.
 #[derive(Clone, Debug)]
@@ -183,7 +182,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             } else if self.workers.update(Work::Sync(pod.clone())) {
                 self.schedule_resync(uid);
             } else {
-                tracing::info!(pod = %full_name(pod), "pod is still terminating; it starts again once that is done");
+                tracing::debug!(pod = %full_name(pod), "pod is still terminating; it starts again once that is done");
             }
         }
     }
@@ -262,7 +261,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 
-    /// Runs until `cancel` or until every source channel is closed.
+    /// Runs until `cancel`.
     pub async fn run(
         mut self,
         mut snapshots: mpsc::Receiver<SourceSnapshot>,
@@ -277,10 +276,8 @@ impl<S: PodSyncer> SyncLoop<S> {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                snapshot = snapshots.recv() => match snapshot {
-                    Some(s) => self.handle_snapshot(s),
-                    None => return,
-                },
+                // With no (more) sources the loop still reaps workers, resyncs and keeps house.
+                Some(snapshot) = snapshots.recv() => self.handle_snapshot(snapshot),
                 Some(uid) = self.done.recv() => {
                     self.workers.forget(&uid);
                     self.terminating_names.retain(|_, old| *old != uid);

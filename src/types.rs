@@ -102,3 +102,13 @@ pub fn now() -> k8s_openapi::jiff::Timestamp {
     k8s_openapi::jiff::Timestamp::from_nanosecond(nanos)
         .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }
+
+/// Resources the node gives to pods: capacity less reservations and hard eviction thresholds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Allocatable {
+    /// Cores.
+    pub cpu: f64,
+    /// Bytes.
+    pub memory: f64,
+    pub pods: u32,
+}

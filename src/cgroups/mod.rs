@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use cgroups_rs::fs::cgroup_builder::CgroupBuilder;
-use cgroups_rs::fs::{Cgroup, hierarchies};
+use cgroups_rs::cgroup_builder::CgroupBuilder;
+use cgroups_rs::{Cgroup, hierarchies};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::pod::{parse_quantity, qos_class, requests, spec};
@@ -30,15 +30,7 @@ pub enum Driver {
     Systemd,
 }
 
-/// Resources the node gives to pods: capacity less reservations and hard eviction thresholds.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Allocatable {
-    /// Cores.
-    pub cpu: f64,
-    /// Bytes.
-    pub memory: f64,
-    pub pods: u32,
-}
+pub use crate::types::Allocatable;
 
 /// Allocatable = capacity - kube-reserved - system-reserved - hard eviction (memory.available).
 pub fn allocatable(
@@ -150,7 +142,7 @@ pub struct Manager {
     config: Config,
 }
 
-fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::fs::error::Error) -> Error + '_ {
+fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::error::Error) -> Error + '_ {
     move |e| Error {
         path: path.to_string(),
         message: e.to_string(),
@@ -299,7 +291,9 @@ impl Manager {
 
 /// The mount points of every cgroup hierarchy (v1 controllers, or the unified v2 mount).
 fn hierarchy_mounts() -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    // Read as bytes: one mount point that is not UTF-8 must not hide all the others.
+    let info = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
+    let info = String::from_utf8_lossy(&info);
     info.lines()
         .filter_map(|l| {
             let (_, after) = l.split_once(" - ")?;

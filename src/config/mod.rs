@@ -12,9 +12,13 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::pod::is_dns1123_subdomain;
 pub use duration::{format as format_duration, parse as parse_duration};
 pub use fields::FIELDS;
 use fields::{Raw, RawValue, by_name};
+
+/// The longest period or timeout accepted: longer ones overflow timers.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// How the pod cgroups are named.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,6 +192,7 @@ impl Reader<'_> {
     fn positive_duration(&mut self, name: &str, default: Duration) -> Duration {
         self.parsed(name, default, |s| match duration::parse(s)? {
             d if d.is_zero() => Err("must be greater than zero".into()),
+            d if d > MAX_DURATION => Err("must be at most a year".into()),
             d => Ok(d),
         })
     }
@@ -260,20 +265,6 @@ impl Reader<'_> {
             None => BTreeMap::new(),
         }
     }
-}
-
-/// Is `s` a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253 characters)?
-pub fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        })
 }
 
 /// The node's IP when --node-ip is not given: the IPv4 address of the default route's
@@ -362,7 +353,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
     }
     let cgroup_driver = r.parsed("cgroupDriver", CgroupDriver::Cgroupfs, |s| match s {
         "cgroupfs" => Ok(CgroupDriver::Cgroupfs),
-        "systemd" => Ok(CgroupDriver::Systemd),
+        "systemd" => Err("the systemd cgroup driver is not supported yet; use cgroupfs (and configure the runtime to match)".into()),
         other => Err(format!("{other:?} is not cgroupfs or systemd")),
     });
     let static_pod_url = r.text("staticPodURL").filter(|s| !s.is_empty());

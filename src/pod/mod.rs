@@ -18,7 +18,7 @@ pub use static_pod::{
     ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,
     ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,
 };
-pub use validate::validate;
+pub use validate::{is_dns1123_subdomain, validate};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
@@ -36,6 +36,11 @@ pub fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
         .iter()
         .flatten()
         .chain(spec.containers.iter())
+}
+
+/// Is this init container a sidecar (`restartPolicy: Always`)?
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
 }
 
 /// The pod's termination grace period in seconds (30 when unset, as the API defaults it).

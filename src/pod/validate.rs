@@ -5,7 +5,19 @@ use std::collections::HashSet;
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use serde_json::Value;
 
-use crate::config::is_dns1123_subdomain;
+/// Is `s` a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253 characters)?
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
+}
 
 fn is_dns1123_label(s: &str) -> bool {
     s.len() <= 63 && !s.contains('.') && is_dns1123_subdomain(s)
@@ -22,6 +34,16 @@ fn is_port_name(s: &str) -> bool {
         && !s.contains("--")
 }
 
+/// The longest grace period accepted (a year): longer ones overflow timers.
+pub const MAX_GRACE_SECONDS: i64 = 365 * 24 * 3600;
+
+fn spec_grace_too_long(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .is_some_and(|g| g > MAX_GRACE_SECONDS)
+}
+
 /// The volume source kinds nodelet can materialise today.
 const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath"];
 
@@ -34,6 +56,22 @@ pub fn validate(pod: &Pod) -> Vec<String> {
             "metadata.name: {n:?} must be lower-case alphanumerics, '-' or '.' (DNS-1123 subdomain)"
         )),
         _ => {}
+    }
+    // The UID names the pod's directories and cgroup: nothing that could leave them.
+    if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty())
+        && (uid.len() > 64
+            || !uid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+    {
+        p.push(format!(
+            "metadata.uid: {uid:?} must be at most 64 letters, digits, '-' or '_'"
+        ));
+    }
+    if spec_grace_too_long(pod) {
+        p.push(format!(
+            "spec.terminationGracePeriodSeconds: at most {MAX_GRACE_SECONDS} seconds"
+        ));
     }
     if let Some(ns) = pod.metadata.namespace.as_deref()
         && !is_dns1123_label(ns)
@@ -308,6 +346,23 @@ mod tests {
             assert!(p.iter().any(|x| x.starts_with(e)), "missing {e} in {p:?}");
         }
         assert_eq!(p.len(), expect.len(), "{p:?}");
+    }
+
+    #[test]
+    fn uids_that_could_name_other_paths_are_refused() {
+        for uid in ["../../etc", "/etc", "a.b", "x y"] {
+            let p = problems(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, uid: '{uid}'}}\nspec:\n  containers: [{{name: c, image: i}}]\n"
+            ));
+            assert!(
+                p.iter().any(|x| x.starts_with("metadata.uid")),
+                "{uid}: {p:?}"
+            );
+        }
+        let ok = problems(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, uid: 3f2a-11_ab}\nspec:\n  containers: [{name: c, image: i}]\n",
+        );
+        assert!(ok.is_empty(), "{ok:?}");
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct Plan {
     pub remove_containers: Vec<String>,
     /// Old, not ready sandboxes.
     pub remove_sandboxes: Vec<String>,
+    /// The sandbox of a pod that has finished, to stop (not remove).
+    pub stop_sandbox: Option<String>,
 }
 
 fn next_restart_count(rt: &PodRuntime, name: &str) -> u32 {
@@ -83,15 +85,26 @@ fn restarts(policy: &str, c: &Container) -> bool {
 }
 
 /// Has the pod run to completion (no container will ever be started again)?
-fn finished(pod: &Pod, rt: &PodRuntime) -> bool {
+pub fn finished(pod: &Pod, rt: &PodRuntime) -> bool {
     let s = spec(pod);
     let policy = s.restart_policy.as_deref().unwrap_or("Always");
+    let init_failed = policy == "Never"
+        && s.init_containers
+            .iter()
+            .flatten()
+            .filter(|c| !is_sidecar(c))
+            .any(|c| {
+                rt.latest_container(&c.name).is_some_and(|latest| {
+                    latest.state == ContainerState::Exited && !exited_ok(latest)
+                })
+            });
     policy != "Always"
-        && s.containers.iter().all(|c| {
-            rt.latest_container(&c.name).is_some_and(|latest| {
-                latest.state == ContainerState::Exited && !restarts(policy, latest)
-            })
-        })
+        && (init_failed
+            || s.containers.iter().all(|c| {
+                rt.latest_container(&c.name).is_some_and(|latest| {
+                    latest.state == ContainerState::Exited && !restarts(policy, latest)
+                })
+            }))
 }
 
 /// What the probes say that the plan needs, by container ID.
@@ -103,10 +116,7 @@ pub struct ProbeView {
     pub unstarted: std::collections::HashSet<String>,
 }
 
-/// Is this init container a sidecar (`restartPolicy: Always`)?
-pub fn is_sidecar(c: &SpecContainer) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
+pub use crate::pod::is_sidecar;
 
 /// Computes the actions that bring the runtime to the pod's spec.
 pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
@@ -123,17 +133,40 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
         _ => None,
     };
     let Some(current) = current else {
-        if finished(pod, rt) {
+        // A finished pod is not brought back; under Never, neither is one whose containers
+        // already ran (upstream does not recreate its sandbox).
+        if finished(pod, rt) || (policy == "Never" && !rt.containers.is_empty()) {
             return plan;
         }
         plan.kill_pod = !rt.sandboxes.is_empty() || !rt.containers.is_empty();
         plan.create_sandbox = Some(rt.latest_sandbox().map_or(0, |sb| sb.attempt + 1));
         match s.init_containers.iter().flatten().next() {
             Some(first) => plan.start.push(start(rt, first, true)),
-            None => plan.start = s.containers.iter().map(|c| start(rt, c, false)).collect(),
+            None => {
+                plan.start = s
+                    .containers
+                    .iter()
+                    // Under OnFailure, containers that already succeeded stay done.
+                    .filter(|c| {
+                        !(policy == "OnFailure"
+                            && rt.latest_container(&c.name).is_some_and(exited_ok))
+                    })
+                    .map(|c| start(rt, c, false))
+                    .collect()
+            }
         }
         return plan;
     };
+    if finished(pod, rt)
+        && !rt
+            .containers
+            .iter()
+            .any(|c| c.state == ContainerState::Running)
+    {
+        // The pod is done: its sandbox is stopped (its containers and logs are kept).
+        plan.stop_sandbox = Some(current.id.clone());
+        return plan;
+    }
     plan.sandbox_id = Some(current.id.clone());
     let in_sandbox = |name: &str| {
         rt.containers
@@ -595,6 +628,70 @@ mod tests {
             done.kill.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
             ["c1"],
             "the finished pod's sidecar is stopped"
+        );
+    }
+
+    #[test]
+    fn a_finished_pod_has_its_sandbox_stopped_and_never_pods_are_not_recreated() {
+        let p = pod("OnFailure", &[], &["a"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "a",
+                0,
+                ContainerState::Exited,
+                Some(0),
+            )],
+        };
+        assert_eq!(
+            plan(&p, &rt, &ProbeView::default()).stop_sandbox.as_deref(),
+            Some("s1")
+        );
+        let never = pod("Never", &[], &["a", "b"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            containers: vec![container(
+                &never,
+                "c1",
+                "s1",
+                "a",
+                0,
+                ContainerState::Exited,
+                Some(0),
+            )],
+        };
+        assert_eq!(plan(&never, &rt, &ProbeView::default()), Plan::default());
+        let on_failure = pod("OnFailure", &[], &["a", "b"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            containers: vec![
+                container(
+                    &on_failure,
+                    "c2",
+                    "s1",
+                    "b",
+                    0,
+                    ContainerState::Exited,
+                    Some(1),
+                ),
+                container(
+                    &on_failure,
+                    "c1",
+                    "s1",
+                    "a",
+                    0,
+                    ContainerState::Exited,
+                    Some(0),
+                ),
+            ],
+        };
+        assert_eq!(
+            names(&plan(&on_failure, &rt, &ProbeView::default())),
+            [("b", 1)],
+            "the succeeded one stays done"
         );
     }
 

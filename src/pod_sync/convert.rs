@@ -1,5 +1,6 @@
 //! PodSpec to CRI: the sandbox and container configs, with the kubelet's labels, annotations,
-//! log paths, namespaces, DNS, port mappings, mounts and environment. Pure functions.
+//! log paths, namespaces, DNS, port mappings, mounts and environment. Pure but for creating a
+//! missing subPath directory.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,8 +10,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use crate::pod::{container_hash, grace_period_seconds, parse_quantity, spec};
 use crate::runtime::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ANNOTATION_RESTART_COUNT,
-    ANNOTATION_TERMINATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE,
-    LABEL_POD_UID, cri,
+    ANNOTATION_TERMINATION_GRACE, ANNOTATION_TERMINATION_MESSAGE_PATH,
+    ANNOTATION_TERMINATION_MESSAGE_POLICY, LABEL_CONTAINER_NAME, LABEL_POD_NAME,
+    LABEL_POD_NAMESPACE, LABEL_POD_UID, cri,
 };
 
 /// Node-level settings the conversion needs.
@@ -264,12 +266,30 @@ pub struct ContainerInput<'a> {
     pub etc_hosts: Option<&'a std::path::Path>,
 }
 
+/// `sub` inside the volume at `base`, created as a directory when missing, resolved through
+/// any symlinks: a path a container made to point out of its volume is refused.
+fn beneath(base: &std::path::Path, sub: &str) -> Result<PathBuf, String> {
+    let path = base.join(sub);
+    if std::fs::symlink_metadata(&path).is_err() {
+        std::fs::create_dir_all(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    }
+    let real_base = std::fs::canonicalize(base).map_err(|e| format!("{}: {e}", base.display()))?;
+    let real = std::fs::canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !real.starts_with(&real_base) {
+        return Err(format!(
+            "resolves to {}, outside its volume",
+            real.display()
+        ));
+    }
+    Ok(real)
+}
+
 /// Builds the CRI container config, or says which field cannot be honoured.
 pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConfig, String> {
     let ContainerInput {
         pod, container: c, ..
     } = *input;
-    let (_, _, _) = meta(pod);
     let mut vars: HashMap<String, String> = HashMap::new();
     let mut envs = Vec::new();
     for e in c.env.iter().flatten() {
@@ -354,19 +374,8 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
             return Err(format!("volumeMount {}: volume is not set up", m.name));
         };
         let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => {
-                let p = base.join(sub);
-                if !p.exists() {
-                    std::fs::create_dir_all(&p).map_err(|e| {
-                        format!(
-                            "volumeMount {}: cannot create subPath {}: {e}",
-                            m.name,
-                            p.display()
-                        )
-                    })?;
-                }
-                p
-            }
+            Some(sub) => beneath(base, sub)
+                .map_err(|e| format!("volumeMount {}: subPath {sub:?}: {e}", m.name))?,
             None => base.clone(),
         };
         mounts.push(cri::Mount {
@@ -389,11 +398,11 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         input.restart_count.to_string(),
     );
     annotations.insert(
-        "io.kubernetes.container.terminationMessagePath".to_string(),
+        ANNOTATION_TERMINATION_MESSAGE_PATH.to_string(),
         c.termination_message_path.clone().unwrap_or_default(),
     );
     annotations.insert(
-        "io.kubernetes.container.terminationMessagePolicy".to_string(),
+        ANNOTATION_TERMINATION_MESSAGE_POLICY.to_string(),
         c.termination_message_policy.clone().unwrap_or_default(),
     );
     annotations.insert(
@@ -528,8 +537,53 @@ fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContain
                     .or(pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
             )),
             no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+            masked_paths: masked_paths(sc),
+            readonly_paths: readonly_paths(sc),
             ..Default::default()
         }),
+    }
+}
+
+/// procMount Default masks and write-protects these /proc paths, as upstream; Unmasked none.
+const MASKED_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+fn unmasked(sc: Option<&k8s_openapi::api::core::v1::SecurityContext>) -> bool {
+    sc.and_then(|s| s.proc_mount.as_deref()) == Some("Unmasked")
+        || sc.and_then(|s| s.privileged) == Some(true)
+}
+
+fn masked_paths(sc: Option<&k8s_openapi::api::core::v1::SecurityContext>) -> Vec<String> {
+    if unmasked(sc) {
+        Vec::new()
+    } else {
+        MASKED_PATHS.iter().map(|p| p.to_string()).collect()
+    }
+}
+
+fn readonly_paths(sc: Option<&k8s_openapi::api::core::v1::SecurityContext>) -> Vec<String> {
+    if unmasked(sc) {
+        Vec::new()
+    } else {
+        READONLY_PATHS.iter().map(|p| p.to_string()).collect()
     }
 }
 
@@ -642,6 +696,22 @@ mod tests {
             container_hash(c)
         );
         assert_eq!(cfg.annotations[ANNOTATION_TERMINATION_GRACE], "30");
+    }
+
+    #[test]
+    fn sub_paths_cannot_leave_their_volume() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vol = tmp.path().join("vol");
+        std::fs::create_dir_all(&vol).unwrap();
+        std::os::unix::fs::symlink("/etc", vol.join("out")).unwrap();
+        assert!(
+            beneath(&vol, "out")
+                .unwrap_err()
+                .contains("outside its volume")
+        );
+        assert!(beneath(&vol, "out/ssl").is_err());
+        let made = beneath(&vol, "a/b").unwrap();
+        assert!(made.is_dir() && made.ends_with("vol/a/b"));
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub struct Syncer {
     backoff: std::sync::Mutex<backoff::Backoff>,
     probes: Arc<probe::Manager>,
     cgroups: crate::cgroups::Manager,
+    /// Pods whose containers have all run once (the pod-start metric counts each once).
+    started: std::sync::Mutex<std::collections::HashSet<PodUid>>,
 }
 
 fn display_chain(e: &dyn std::error::Error) -> String {
@@ -111,6 +113,7 @@ impl Syncer {
     ) -> Self {
         let backoff = backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
         Syncer {
+            started: Default::default(),
             cgroups,
             probes,
             runtime,
@@ -156,7 +159,6 @@ impl Syncer {
         }
     }
 
-    /// Reads the pod's runtime state and records its status.
     /// What the probes say about the pod's running containers: which failed (with the kill
     /// reason) and which have not passed their startup probe yet.
     fn probe_view(&self, pod: &Pod, rt: &PodRuntime) -> actions::ProbeView {
@@ -202,24 +204,21 @@ impl Syncer {
             return None;
         }
         if let Some(file) = &c.termination_message_file
-            && let Ok(f) = std::fs::File::open(file)
+            && let Ok(bytes) = read_bounded(std::path::Path::new(file), false)
+            && !bytes.is_empty()
         {
-            use std::io::Read;
-            let mut text = String::new();
-            let _ = f.take(MAX_TERMINATION_MESSAGE).read_to_string(&mut text);
-            if !text.is_empty() {
-                return Some(text);
-            }
+            return Some(String::from_utf8_lossy(&bytes).into_owned());
         }
         if c.termination_message_policy != "FallbackToLogsOnError" || c.exit_code == 0 {
             return None;
         }
         let log = convert::pod_log_dir(&self.ctx, pod)
             .join(convert::container_log_path(&c.name, c.attempt));
-        let text = std::fs::read_to_string(log).ok()?;
-        Some(log_tail(&text))
+        let bytes = read_bounded(&log, true).ok()?;
+        Some(log_tail(&String::from_utf8_lossy(&bytes)))
     }
 
+    /// Reads the pod's runtime state and records its status.
     async fn update_status(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let mut rt = self.runtime.pod_runtime(&uid).await?;
@@ -329,7 +328,11 @@ impl Syncer {
         let plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
         if plan.kill_pod {
-            self.kill_all(pod, &rt).await?;
+            self.kill_all(pod, &rt, false).await?;
+        }
+        if let Some(id) = &plan.stop_sandbox {
+            tracing::info!(pod = %full_name(pod), "pod finished; stopping its sandbox");
+            ignore_not_found(self.runtime.stop_pod_sandbox(id).await)?;
         }
         let volume_paths = volumes::setup(pod, &self.ctx.root_dir)?;
         self.cgroups.ensure_pod(pod)?;
@@ -348,6 +351,20 @@ impl Syncer {
                 }
                 if resources::wants_hugepages(pod) {
                     tracing::warn!(pod = %full_name(pod), "hugepages are not provided by nodelet; the request is ignored");
+                }
+                let stop_signals: Vec<&str> = spec(pod)
+                    .containers
+                    .iter()
+                    .filter(|c| {
+                        c.lifecycle
+                            .as_ref()
+                            .and_then(|l| l.stop_signal.as_ref())
+                            .is_some()
+                    })
+                    .map(|c| c.name.as_str())
+                    .collect();
+                if !stop_signals.is_empty() {
+                    tracing::warn!(pod = %full_name(pod), containers = ?stop_signals, "lifecycle.stopSignal needs a CRI runtime that takes a stop signal; the image's stop signal applies");
                 }
                 if spec(pod).host_users == Some(false) {
                     tracing::warn!(pod = %full_name(pod), "hostUsers: false needs user namespaces, which the runtime does not offer here; ignored");
@@ -573,8 +590,6 @@ impl Syncer {
         Ok(())
     }
 
-    /// Stops every running container of the pod in parallel (each gets the grace period:
-    /// SIGTERM, then SIGKILL at the deadline), then its sandboxes, then removes them all.
     /// Writes the pod's managed hosts file (`<root-dir>/pods/<uid>/etc-hosts`) and returns its path.
     fn write_etc_hosts(&self, pod: &Pod, pod_ip: &str) -> Result<PathBuf, Error> {
         let path = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0).join("etc-hosts");
@@ -611,7 +626,7 @@ impl Syncer {
     /// Stops every running container of the pod: app containers in parallel, then sidecars in
     /// reverse order, all within one grace period (preStop hooks first, then SIGTERM, then
     /// SIGKILL at the deadline); then stops its sandboxes and removes them all.
-    async fn kill_all(&self, pod: &Pod, rt: &PodRuntime) -> Result<(), Error> {
+    async fn kill_all(&self, pod: &Pod, rt: &PodRuntime, remove: bool) -> Result<(), Error> {
         let live: Vec<&runtime::Container> = rt
             .containers
             .iter()
@@ -674,6 +689,11 @@ impl Syncer {
         for sb in &rt.sandboxes {
             ignore_not_found(self.runtime.stop_pod_sandbox(&sb.id).await)?;
         }
+        // A pod being replaced keeps its dead containers (their last state and logs) for the
+        // garbage collection of later syncs; a terminated pod leaves nothing behind.
+        if !remove {
+            return Ok(());
+        }
         for c in &rt.containers {
             self.remove_container(pod, rt, &c.id).await?;
         }
@@ -686,7 +706,7 @@ impl Syncer {
     async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let rt = self.runtime.pod_runtime(&uid).await?;
-        self.kill_all(pod, &rt).await?;
+        self.kill_all(pod, &rt, true).await?;
         volumes::teardown(&self.ctx.root_dir, &uid.0)?;
         self.cgroups.remove_pod(&uid.0)?;
         let log_dir = convert::pod_log_dir(&self.ctx, pod);
@@ -701,6 +721,10 @@ impl Syncer {
         }
         self.status.remove(&uid);
         self.probes.remove_pod(&uid);
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
         self.backoff
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -769,6 +793,22 @@ fn verify_non_root(
 /// Largest termination message read from a container's file (upstream: 4 KiB).
 const MAX_TERMINATION_MESSAGE: u64 = 4096;
 
+/// At most 4 KiB of a file: its start, or with `tail` its end (a log's last lines).
+fn read_bounded(path: &std::path::Path, tail: bool) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    if tail {
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(
+            len.saturating_sub(MAX_TERMINATION_MESSAGE * 4),
+        ))?;
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_TERMINATION_MESSAGE * if tail { 4 } else { 1 })
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// The last 80 lines (at most 2 KiB) of a CRI-format log, without the time/stream/tag prefixes.
 fn log_tail(text: &str) -> String {
     let lines: Vec<&str> = text
@@ -802,7 +842,16 @@ fn ignore_not_found(r: runtime::Result<()>) -> runtime::Result<()> {
 
 impl PodSyncer for Syncer {
     async fn sync_pod(&self, pod: Arc<Pod>) -> Result<Option<Duration>, String> {
-        self.sync(&pod).await.map_err(|e| display_chain(&e))
+        match self.sync(&pod).await {
+            Ok(again) => Ok(again),
+            Err(e) => {
+                // The pod still gets a status (Pending, ContainerCreating) when it can be read.
+                if self.statuses.get(&PodUid::of(&pod)).is_none() {
+                    let _ = self.update_status(&pod).await;
+                }
+                Err(display_chain(&e))
+            }
+        }
     }
 
     async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {

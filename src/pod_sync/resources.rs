@@ -56,19 +56,22 @@ fn quantity(c: &Container, limits: bool, resource: &str) -> Option<f64> {
     parse_quantity(&map.get(resource)?.0)
 }
 
-/// Static and mirror pods are critical: they get the Guaranteed score whatever their QoS.
-fn is_critical(pod: &Pod) -> bool {
-    pod.metadata
+/// Node-critical pods (static or mirror pods of priority class system-node-critical, as
+/// kubeadm's control plane) get the Guaranteed score whatever their QoS, as upstream.
+fn is_node_critical(pod: &Pod) -> bool {
+    let static_pod = pod
+        .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_CONFIG_SOURCE))
-        .is_some_and(|s| s != "api")
+        .is_some_and(|s| s != "api");
+    static_pod && spec(pod).priority_class_name.as_deref() == Some("system-node-critical")
 }
 
-/// The container's oom_score_adj (upstream: -997 Guaranteed and critical, 1000 BestEffort,
+/// The container's oom_score_adj (upstream: -997 Guaranteed and node-critical, 1000 BestEffort,
 /// Burstable 1000 - 1000 * memory request / node memory, kept within 3..=999).
 pub fn oom_score_adj(pod: &Pod, c: &Container, node_memory: f64) -> i64 {
-    if is_critical(pod) {
+    if is_node_critical(pod) {
         return -997;
     }
     match qos_class(pod) {
@@ -159,7 +162,7 @@ mod tests {
     const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
     #[test]
-    fn oom_scores_follow_qos_and_criticality() {
+    fn oom_scores_follow_qos_and_node_criticality() {
         let be = pod("api", serde_json::json!({}));
         assert_eq!(
             oom_score_adj(&be, &spec(&be).containers[0], 8.0 * GIB),
@@ -185,6 +188,12 @@ mod tests {
         let static_pod = pod("file", serde_json::json!({}));
         assert_eq!(
             oom_score_adj(&static_pod, &spec(&static_pod).containers[0], 8.0 * GIB),
+            1000
+        );
+        let mut critical = pod("file", serde_json::json!({}));
+        critical.spec.as_mut().unwrap().priority_class_name = Some("system-node-critical".into());
+        assert_eq!(
+            oom_score_adj(&critical, &spec(&critical).containers[0], 8.0 * GIB),
             -997
         );
     }

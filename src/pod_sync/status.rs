@@ -303,7 +303,18 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .iter()
         .map(|c| container_status(input, c, app_default))
         .collect();
-    let phase = phase(policy, &regular_init, !initialized, &app);
+    let mut phase = phase(policy, &regular_init, !initialized, &app);
+    // A pod that finished stays finished, whatever the runtime later loses.
+    if policy != "Always"
+        && let Some(old) = input.old.and_then(|o| o.phase.as_deref())
+        && (old == "Succeeded" || old == "Failed")
+    {
+        phase = if old == "Succeeded" {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
+    }
     let terminal = phase == "Succeeded" || phase == "Failed";
     let unready: Vec<&str> = app
         .iter()

@@ -162,7 +162,7 @@ impl Manager {
                     s.init_containers
                         .iter()
                         .flatten()
-                        .filter(|i| i.restart_policy.as_deref() == Some("Always")),
+                        .filter(|i| crate::pod::is_sidecar(i)),
                 )
                 .find(|w| w.name == c.name)
             else {

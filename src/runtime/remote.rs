@@ -56,6 +56,9 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How long one image pull may take.
+const PULL_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// A cheap-to-clone client of one runtime (and its image service).
 #[derive(Clone)]
 pub struct RuntimeClient {
@@ -364,8 +367,13 @@ impl RuntimeClient {
             auth: None,
             sandbox_config: sandbox,
         };
+        // Pulls of large images take long; upstream sets no deadline, an hour bounds a hung one.
         Ok(self
-            .call("PullImage", self.timeout, c.pull_image(req))
+            .call(
+                "PullImage",
+                PULL_TIMEOUT.max(self.timeout),
+                c.pull_image(req),
+            )
             .await?
             .image_ref)
     }

@@ -59,27 +59,29 @@ impl Scanner {
     }
 
     /// The manifest files to read, in lexical order.
-    fn files(&self) -> Vec<PathBuf> {
+    /// `None` when the path cannot be listed right now (the pods are then left as they are:
+    /// a passing error must not stop every static pod).
+    fn files(&self) -> Option<Vec<PathBuf>> {
         let path = &self.config.path;
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::debug!(path = %path.display(), "manifest path does not exist; no static pods");
-                return Vec::new();
+                return Some(Vec::new());
             }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read the manifest path");
-                return Vec::new();
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the manifest path; pods are left as they are");
+                return None;
             }
         };
         if meta.is_file() {
-            return vec![path.clone()];
+            return Some(vec![path.clone()]);
         }
         let entries = match std::fs::read_dir(path) {
             Ok(entries) => entries,
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot list the manifest directory");
-                return Vec::new();
+                tracing::warn!(path = %path.display(), error = %e, "cannot list the manifest directory; pods are left as they are");
+                return None;
             }
         };
         let mut names: Vec<String> = entries
@@ -98,12 +100,14 @@ impl Scanner {
             match std::fs::metadata(&file) {
                 Ok(m) if m.is_file() => files.push(file),
                 Ok(_) => tracing::debug!(file = %file.display(), "not a regular file; skipped"),
-                Err(e) => {
-                    tracing::debug!(file = %file.display(), error = %e, "cannot stat; skipped")
-                }
+                // Gone since the listing: no manifest.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Unreadable (a symlink loop, no permission): reading it reports why and keeps
+                // what it described before.
+                Err(_) => files.push(file),
             }
         }
-        files
+        Some(files)
     }
 
     /// The pods one file describes, or every problem found in it.
@@ -126,10 +130,11 @@ impl Scanner {
         )
     }
 
-    /// Reads every manifest and returns the source's full snapshot.
-    pub fn scan(&mut self) -> SourceSnapshot {
+    /// Reads every manifest and returns the source's full snapshot, or `None` when the path
+    /// cannot be listed.
+    pub fn scan(&mut self) -> Option<SourceSnapshot> {
         let seen = crate::types::now().to_string();
-        let files = self.files();
+        let files = self.files()?;
         let present: HashSet<&PathBuf> = files.iter().collect();
         self.last_good.retain(|f, _| present.contains(f));
         self.last_error.retain(|f, _| present.contains(f));
@@ -169,10 +174,10 @@ impl Scanner {
                 pods.push(pod);
             }
         }
-        SourceSnapshot {
+        Some(SourceSnapshot {
             source: Source::File,
             pods,
-        }
+        })
     }
 }
 
@@ -188,7 +193,9 @@ pub async fn run(config: Config, tx: mpsc::Sender<SourceSnapshot>, cancel: Cance
         if watcher.is_none() {
             watcher = watch(&config.path, changed.clone());
         }
-        if tx.send(scanner.scan()).await.is_err() {
+        if let Some(snapshot) = scanner.scan()
+            && tx.send(snapshot).await.is_err()
+        {
             return;
         }
         tokio::select! {

@@ -59,6 +59,10 @@ impl Mux {
                 continue;
             }
             let uid = PodUid::of(&pod);
+            if new.contains_key(&uid) {
+                tracing::warn!(pod = %name, %uid, %source, "two pods share one UID; keeping the first");
+                continue;
+            }
             let kept = match old.get(&uid) {
                 None => {
                     let pod = Arc::new(pod);
@@ -239,6 +243,14 @@ mod tests {
         let mut mux = Mux::default();
         let ops = set(&mut mux, vec![pod("a", "1", "i"), pod("a", "2", "i")]);
         assert_eq!(ops, vec![(PodOperation::Add, vec!["1".into()])]);
+    }
+
+    #[test]
+    fn duplicate_uids_keep_the_first() {
+        let mut mux = Mux::default();
+        let ops = set(&mut mux, vec![pod("a", "1", "i"), pod("b", "1", "i")]);
+        assert_eq!(ops, vec![(PodOperation::Add, vec!["1".into()])]);
+        assert_eq!(mux.desired().count(), 1);
     }
 
     #[test]

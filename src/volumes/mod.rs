@@ -162,9 +162,11 @@ pub fn teardown(root_dir: &Path, uid: &str) -> Result<()> {
 }
 
 fn mount_points_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    // Read as bytes: one mount point that is not UTF-8 must not hide all the others.
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
         return Vec::new();
     };
+    let info = String::from_utf8_lossy(&info);
     info.lines()
         .filter_map(|line| line.split(' ').nth(4))
         .map(unescape_mount_path)

@@ -323,6 +323,47 @@ impl Node {
     }
 }
 
+/// A directory of its own for one test under the test bed, with an empty `manifests/`.
+pub fn test_dir(test: &str) -> tempfile::TempDir {
+    let base = testbed_dir().join("tests");
+    std::fs::create_dir_all(&base).expect("create the tests dir");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{test}-"))
+        .tempdir_in(&base)
+        .expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("manifests")).expect("manifest dir");
+    dir
+}
+
+/// The nodelet binary set up for a test node living in `dir` (its manifests, root, logs and
+/// cgroup root), healthz off.
+pub fn nodelet_command(dir: &Path, node: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_nodelet"));
+    cmd.arg("--pod-manifest-path")
+        .arg(dir.join("manifests"))
+        .arg(format!(
+            "--container-runtime-endpoint=unix://{}",
+            endpoint().display()
+        ))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-logs-dir")
+        .arg(dir.join("pods"))
+        .arg("--container-logs-dir")
+        .arg(dir.join("containers"))
+        .args(["--hostname-override", node, "--healthz-port", "0"])
+        .args(["--cgroup-root", &cgroup_root(node)])
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
+/// Removes everything a test node left: its pods, mounts and cgroups.
+pub async fn clean_node(node: &str, dir: &Path) {
+    remove_node_pods(&runtime().await, node).await;
+    unmount_all_under(dir);
+    remove_cgroups(node);
+}
+
 /// The cgroup root of a test node: its own, so parallel tests never share pod cgroups.
 pub fn cgroup_root(node: &str) -> String {
     format!("/nodelet-test/{node}")

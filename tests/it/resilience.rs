@@ -2,14 +2,14 @@
 //! running on shutdown, orphans collected and strangers left alone, hostile manifests survived.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, cri};
 
 use crate::bed::{
-    FOREVER, Node, cgroup_root, endpoint, eventually, node_sandboxes, pod_yaml, remove_cgroups,
-    remove_node_pods, runtime, testbed_dir, unmount_all_under,
+    FOREVER, Node, clean_node, eventually, node_sandboxes, nodelet_command, pod_yaml, runtime,
+    test_dir,
 };
 
 /// nodelet as a child process with its own dirs and node name.
@@ -21,14 +21,8 @@ struct Process {
 
 impl Process {
     fn new(test: &str) -> Process {
-        std::fs::create_dir_all(testbed_dir().join("tests")).unwrap();
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{test}-"))
-            .tempdir_in(testbed_dir().join("tests"))
-            .unwrap();
-        std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
         Process {
-            dir,
+            dir: test_dir(test),
             node: format!("t-{test}"),
             child: None,
         }
@@ -41,23 +35,7 @@ impl Process {
     }
 
     fn start(&mut self) {
-        let d = self.dir.path();
-        let child = Command::new(env!("CARGO_BIN_EXE_nodelet"))
-            .arg("--pod-manifest-path")
-            .arg(d.join("manifests"))
-            .arg(format!(
-                "--container-runtime-endpoint=unix://{}",
-                endpoint().display()
-            ))
-            .arg("--root-dir")
-            .arg(d.join("root"))
-            .arg("--pod-logs-dir")
-            .arg(d.join("pods"))
-            .arg("--container-logs-dir")
-            .arg(d.join("containers"))
-            .args(["--hostname-override", &self.node, "--healthz-port", "0"])
-            .args(["--cgroup-root", &cgroup_root(&self.node)])
-            .stdin(Stdio::null())
+        let child = nodelet_command(self.dir.path(), &self.node)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -111,9 +89,7 @@ impl Process {
             self.signal(libc::SIGKILL);
             self.wait_exit(Duration::from_secs(10)).await;
         }
-        remove_node_pods(&runtime().await, &self.node).await;
-        unmount_all_under(self.dir.path());
-        remove_cgroups(&self.node);
+        clean_node(&self.node, self.dir.path()).await;
     }
 }
 

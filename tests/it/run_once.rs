@@ -5,8 +5,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::bed::{
-    BUSYBOX, FOREVER, cgroup_root, endpoint, eventually, node_sandboxes, pod_yaml, remove_cgroups,
-    remove_node_pods, runtime, testbed_dir, unmount_all_under,
+    BUSYBOX, FOREVER, clean_node, eventually, node_sandboxes, nodelet_command, pod_yaml, runtime,
+    test_dir,
 };
 
 /// A directory and node name of its own for one run of the binary.
@@ -17,14 +17,8 @@ struct Batch {
 
 impl Batch {
     fn new(test: &str) -> Batch {
-        std::fs::create_dir_all(testbed_dir().join("tests")).unwrap();
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{test}-"))
-            .tempdir_in(testbed_dir().join("tests"))
-            .unwrap();
-        std::fs::create_dir_all(dir.path().join("manifests")).unwrap();
         Batch {
-            dir,
+            dir: test_dir(test),
             node: format!("t-{test}"),
         }
     }
@@ -34,24 +28,8 @@ impl Batch {
     }
 
     fn command(&self, extra: &[&str]) -> Command {
-        let d = self.dir.path();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodelet"));
-        cmd.arg("--pod-manifest-path")
-            .arg(d.join("manifests"))
-            .arg(format!(
-                "--container-runtime-endpoint=unix://{}",
-                endpoint().display()
-            ))
-            .arg("--root-dir")
-            .arg(d.join("root"))
-            .arg("--pod-logs-dir")
-            .arg(d.join("pods"))
-            .arg("--container-logs-dir")
-            .arg(d.join("containers"))
-            .args(["--hostname-override", &self.node, "--healthz-port", "0"])
-            .args(["--cgroup-root", &cgroup_root(&self.node)])
-            .args(extra)
-            .stdin(Stdio::null());
+        let mut cmd = nodelet_command(self.dir.path(), &self.node);
+        cmd.args(extra);
         cmd
     }
 
@@ -63,9 +41,7 @@ impl Batch {
     }
 
     async fn finish(self) {
-        remove_node_pods(&runtime().await, &self.node).await;
-        unmount_all_under(self.dir.path());
-        remove_cgroups(&self.node);
+        clean_node(&self.node, self.dir.path()).await;
     }
 }
 
