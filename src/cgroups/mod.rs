@@ -79,8 +79,11 @@ pub struct PodLimits {
 
 /// CPU shares for `cores` of cpu (1024 per core, at least 2).
 pub fn shares(cores: f64) -> u64 {
-    ((cores * 1024.0).round() as u64).max(2)
+    ((cores * 1024.0).round() as u64).clamp(2, MAX_SHARES)
 }
+
+/// The largest cpu.shares the kernel takes (cgroup v1).
+pub const MAX_SHARES: u64 = 262_144;
 
 /// The limits of the pod's cgroup.
 pub fn pod_limits(pod: &Pod) -> PodLimits {

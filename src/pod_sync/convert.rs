@@ -492,7 +492,7 @@ fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContain
         ..Default::default()
     };
     if let Some(cpu) = quantity(requests, "cpu") {
-        resources.cpu_shares = ((cpu * 1024.0).round() as i64).max(2);
+        resources.cpu_shares = crate::cgroups::shares(cpu) as i64;
     }
     if let Some(cpu) = quantity(limits, "cpu") {
         resources.cpu_period = 100_000;

@@ -668,23 +668,43 @@ impl Syncer {
                 grace_of(c),
             ));
         }
+        // Every stop runs to its end; the first failure is reported after all of them.
+        let mut first_error: Option<Error> = None;
         while let Some(joined) = stops.join_next().await {
-            if let Ok(result) = joined {
-                result?;
+            match joined {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e.into());
+                }
+                Err(e) => {
+                    first_error.get_or_insert(Error::Io {
+                        path: PathBuf::from(full_name(pod)),
+                        source: std::io::Error::other(e.to_string()),
+                    });
+                }
             }
         }
         for name in sidecars.iter().rev() {
             for c in live.iter().filter(|c| c.name == *name) {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                hooks::stop_container(
+                // Sidecars get what is left of the grace period, but at least 2 s, as upstream.
+                let left = deadline
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .max(Duration::from_secs(2));
+                let stopped = hooks::stop_container(
                     self.runtime.clone(),
                     c.id.clone(),
                     want(name),
                     host.clone(),
                     left,
                 )
-                .await?;
+                .await;
+                if let Err(e) = stopped {
+                    first_error.get_or_insert(e.into());
+                }
             }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
         for sb in &rt.sandboxes {
             ignore_not_found(self.runtime.stop_pod_sandbox(&sb.id).await)?;

@@ -158,7 +158,12 @@ async fn http_get(
                     format!("{scheme}://{host}:{port}"),
                     format!("{scheme}://{host}"),
                 ];
-                if let Some(rest) = same_host.iter().find_map(|p| loc.strip_prefix(p.as_str())) {
+                // The rest must start a path: `http://10.0.0.5` is no prefix of `http://10.0.0.55/`.
+                let rest = same_host.iter().find_map(|p| {
+                    loc.strip_prefix(p.as_str())
+                        .filter(|r| r.is_empty() || r.starts_with('/'))
+                });
+                if let Some(rest) = rest {
                     path = if rest.is_empty() {
                         "/".into()
                     } else {

@@ -27,10 +27,17 @@ pub fn static_pods(
     let mut problems = Vec::new();
     for (i, pod) in pods.iter_mut().enumerate() {
         apply_defaults(pod);
-        let found = validate(pod);
+        let mut found = validate(pod);
         if found.is_empty() {
             make_static(pod, node, origin, seen);
-        } else {
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            if name.len() > 253 {
+                found.push(format!(
+                    "metadata.name: with the node name appended, {name:?} is longer than 253 characters"
+                ));
+            }
+        }
+        if !found.is_empty() {
             let name = pod.metadata.name.clone().unwrap_or_default();
             problems.extend(
                 found
