@@ -88,12 +88,7 @@ impl Node {
     pub async fn start(test: &str, extra: &[&str]) -> Node {
         init_tracing();
         let runtime = runtime().await;
-        let base = testbed_dir().join("tests");
-        std::fs::create_dir_all(&base).expect("create the tests dir");
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{test}-"))
-            .tempdir_in(&base)
-            .expect("tempdir");
+        let dir = test_dir(test);
         let name = format!("t-{test}");
         let mut node = Node {
             name,
@@ -103,7 +98,6 @@ impl Node {
             agent: None,
             status: None,
         };
-        std::fs::create_dir_all(node.manifests()).expect("manifest dir");
         node.launch(extra).await;
         node
     }
@@ -321,6 +315,14 @@ impl Node {
         unmount_all_under(self.dir.path());
         remove_cgroups(&self.name);
     }
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 /// A directory of its own for one test under the test bed, with an empty `manifests/`.

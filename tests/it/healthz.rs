@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::bed::{FOREVER, Node, eventually, pod_yaml};
+use crate::bed::{FOREVER, Node, eventually, free_port, pod_yaml};
 
 /// (status code, body) of a GET on loopback.
 async fn get(port: u16, path: &str) -> Option<(u16, String)> {
@@ -45,14 +45,6 @@ fn dechunk(mut body: &str) -> String {
         body = rest[n..].trim_start_matches("\r\n");
     }
     out
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]

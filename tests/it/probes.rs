@@ -3,21 +3,13 @@
 
 use k8s_openapi::api::core::v1::PodStatus;
 
-use crate::bed::{FOREVER, Node, eventually, pod_yaml};
+use crate::bed::{FOREVER, Node, eventually, free_port, pod_yaml};
 
 fn ready(s: &PodStatus) -> bool {
     s.conditions
         .iter()
         .flatten()
         .any(|c| c.type_ == "Ready" && c.status == "True")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn with_hostpath(yaml: String, dir: &std::path::Path, mount: &str) -> String {
