@@ -61,7 +61,7 @@ run: deps runtime-up images build
 		--root-dir $(NODELET_TESTBED)/kubelet \
 		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \
 		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
-		--hostname-override nodelet-dev
+		--hostname-override nodelet-dev --cgroup-root /nodelet-dev
 
 # BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--reps 5 --footprint-secs 60".
 bench: deps runtime-up images

@@ -532,14 +532,16 @@ clean_network() {
     fi
 }
 
-# Remove the cgroup roots the tests gave their nodes (/nodelet-test/<node>), deepest first,
-# in every hierarchy; a tree still holding processes stays (and is named).
+# Remove the cgroup roots the tests and `make run` gave their nodes (/nodelet-test/<node>,
+# /nodelet-dev), deepest first, in every hierarchy; a tree still holding processes stays.
 clean_test_cgroups() {
-    local mount
+    local mount root
     while read -r mount; do
-        [[ -d $mount/nodelet-test ]] || continue
-        find "$mount/nodelet-test" -depth -type d -exec rmdir {} + 2>/dev/null || true
-        [[ -d $mount/nodelet-test ]] && log "warning: cgroup $mount/nodelet-test is still in use"
+        for root in nodelet-test nodelet-dev nodelet-bench; do
+            [[ -d $mount/$root ]] || continue
+            find "$mount/$root" -depth -type d -exec rmdir {} + 2>/dev/null || true
+            [[ -d $mount/$root ]] && log "warning: cgroup $mount/$root is still in use"
+        done
     done < <(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5; break } }' /proc/self/mountinfo)
     return 0
 }
