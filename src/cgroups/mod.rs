@@ -9,7 +9,7 @@ use cgroups_rs::cgroup_builder::CgroupBuilder;
 use cgroups_rs::{Cgroup, hierarchies};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::pod::{parse_quantity, qos_class, requests, spec};
+use crate::pod::{container_quantity, parse_quantity, qos_class, requests, spec};
 
 /// Why a cgroup could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -87,13 +87,8 @@ pub const MAX_SHARES: u64 = 262_144;
 
 /// The limits of the pod's cgroup.
 pub fn pod_limits(pod: &Pod) -> PodLimits {
-    let limit = |c: &k8s_openapi::api::core::v1::Container, key: &str| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|m| m.get(key))
-            .and_then(|q| parse_quantity(&q.0))
-    };
+    let limit =
+        |c: &k8s_openapi::api::core::v1::Container, key: &str| container_quantity(c, true, key);
     let s = spec(pod);
     let all = |key: &str| -> Option<f64> {
         s.containers

@@ -13,7 +13,7 @@ pub use decode::decode_pods;
 pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::container_hash;
 pub use qos::{qos_class, requests};
-pub use quantity::parse_quantity;
+pub use quantity::{container_quantity, parse_quantity};
 pub use static_pod::{
     ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,
     ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,

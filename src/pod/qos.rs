@@ -4,26 +4,14 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{all_containers, parse_quantity, spec};
+use super::{all_containers, container_quantity, spec};
 
 /// Guaranteed, Burstable or BestEffort.
 pub fn qos_class(pod: &Pod) -> &'static str {
     let mut any = false;
     let mut guaranteed = true;
     for c in all_containers(spec(pod)) {
-        let res = c.resources.as_ref();
-        let get = |limits: bool, key: &str| {
-            res.and_then(|r| {
-                if limits {
-                    r.limits.as_ref()
-                } else {
-                    r.requests.as_ref()
-                }
-            })
-            .and_then(|m| m.get(key))
-            .and_then(|q| parse_quantity(&q.0))
-            .filter(|v| *v > 0.0)
-        };
+        let get = |limits: bool, key: &str| container_quantity(c, limits, key).filter(|v| *v > 0.0);
         for key in ["cpu", "memory"] {
             let (request, limit) = (get(false, key), get(true, key));
             any |= request.is_some() || limit.is_some();
@@ -44,12 +32,7 @@ pub fn qos_class(pod: &Pod) -> &'static str {
 /// largest init container, as upstream's admission counts them.
 pub fn requests(pod: &Pod) -> (f64, f64) {
     let request = |c: &k8s_openapi::api::core::v1::Container, key: &str| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|m| m.get(key))
-            .and_then(|q| parse_quantity(&q.0))
-            .unwrap_or(0.0)
+        container_quantity(c, false, key).unwrap_or(0.0)
     };
     let s = spec(pod);
     let sum = |key: &str| s.containers.iter().map(|c| request(c, key)).sum::<f64>();

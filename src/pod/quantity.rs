@@ -30,6 +30,21 @@ pub fn parse_quantity(text: &str) -> Option<f64> {
     Some(number * factor)
 }
 
+/// A container's request (`limits` false) or limit (`limits` true) of `resource`, as a number.
+pub fn container_quantity(
+    c: &k8s_openapi::api::core::v1::Container,
+    limits: bool,
+    resource: &str,
+) -> Option<f64> {
+    let res = c.resources.as_ref()?;
+    let map = if limits {
+        res.limits.as_ref()
+    } else {
+        res.requests.as_ref()
+    }?;
+    parse_quantity(&map.get(resource)?.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::pod::{container_hash, grace_period_seconds, parse_quantity, spec};
+use crate::pod::{container_hash, container_quantity, grace_period_seconds, spec};
 use crate::runtime::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ANNOTATION_RESTART_COUNT,
     ANNOTATION_TERMINATION_GRACE, ANNOTATION_TERMINATION_MESSAGE_PATH,
@@ -474,19 +474,8 @@ fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri:
 }
 
 fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContainerConfig {
-    let quantity = |map: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
-    >,
-                    key: &str| {
-        map.and_then(|m| m.get(key))
-            .and_then(|q| parse_quantity(&q.0))
-    };
-    let res = c.resources.as_ref();
-    let requests = res.and_then(|r| r.requests.as_ref());
-    let limits = res.and_then(|r| r.limits.as_ref());
+    let (requests, limits) = (false, true);
+    let quantity = |limits: bool, key: &str| container_quantity(c, limits, key);
     let mut resources = cri::LinuxContainerResources {
         cpu_shares: 2,
         ..Default::default()

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::pod::{ANNOTATION_CONFIG_SOURCE, parse_quantity, qos_class, spec};
+use crate::pod::{
+    ANNOTATION_CONFIG_SOURCE, container_quantity as quantity, parse_quantity, qos_class, spec,
+};
 
 /// The node's capacity: cores, memory bytes and root-dir filesystem bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -44,16 +46,6 @@ fn statvfs_bytes(path: &Path) -> Option<f64> {
     // SAFETY: `c` is a valid C string and `stat` a properly sized out-parameter.
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut stat) };
     (rc == 0).then_some(stat.f_blocks as f64 * stat.f_frsize as f64)
-}
-
-fn quantity(c: &Container, limits: bool, resource: &str) -> Option<f64> {
-    let res = c.resources.as_ref()?;
-    let map = if limits {
-        res.limits.as_ref()
-    } else {
-        res.requests.as_ref()
-    }?;
-    parse_quantity(&map.get(resource)?.0)
 }
 
 /// Node-critical pods (static or mirror pods of priority class system-node-critical, as
