@@ -156,19 +156,27 @@ impl Core {
             tracker.clone(),
             cancel.clone(),
         ));
+        let (objects_writer, objects) = crate::objects::store();
         let syncer = Arc::new(Syncer::new(
             runtime.clone(),
             ctx,
             status_writer,
             probe_manager,
             cgroups,
+            objects,
         ));
         let loop_config = sync_loop::Config {
             resync: config.sync_frequency,
             allocatable: Some(allocatable),
             ..Default::default()
         };
-        let sync_loop = SyncLoop::new(loop_config, syncer.clone(), tracker.clone(), cancel.clone());
+        let sync_loop = SyncLoop::new(
+            loop_config,
+            syncer.clone(),
+            objects_writer,
+            tracker.clone(),
+            cancel.clone(),
+        );
         let (events_tx, events) = mpsc::channel(1024);
         let pleg = pleg::Pleg::new(runtime);
         let pleg_health = pleg.health();

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::objects;
 use crate::pleg::{Event, EventKind};
 use crate::pod::{ANNOTATION_CONFIG_SOURCE, requests};
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
@@ -46,6 +47,8 @@ impl Default for Config {
 pub struct SyncLoop<S> {
     config: Config,
     mux: Mux,
+    /// The ConfigMaps and Secrets the sources offer; pods read them through readers.
+    objects: objects::Writer,
     workers: PodWorkers<S>,
     syncer: Arc<S>,
     next_resync: HashMap<PodUid, Instant>,
@@ -66,6 +69,7 @@ impl<S: PodSyncer> SyncLoop<S> {
     pub fn new(
         config: Config,
         syncer: Arc<S>,
+        objects: objects::Writer,
         tracker: TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
@@ -73,6 +77,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         SyncLoop {
             config,
             mux: Mux::default(),
+            objects,
             workers: PodWorkers::new(syncer.clone(), done_tx, tracker.clone(), cancel),
             admitted: HashMap::new(),
             rejected: Default::default(),
@@ -187,12 +192,37 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 
-    fn handle_snapshot(&mut self, snapshot: SourceSnapshot) {
+    /// Objects first, so pods arriving with their ConfigMaps in one file find them. A changed
+    /// object never restarts a pod: the pods that use it are synced, which refreshes their
+    /// volumes and starts containers that were waiting for it.
+    fn handle_snapshot(&mut self, mut snapshot: SourceSnapshot) {
+        let objects = std::mem::take(&mut snapshot.objects);
+        let changed = self.objects.replace(snapshot.source, objects);
         for update in self.mux.merge(snapshot) {
             tracing::info!(op = ?update.op, source = %update.source,
                 pods = ?update.pods.iter().map(|p| full_name(p)).collect::<Vec<_>>(), "pod update");
             let terminate = matches!(update.op, PodOperation::Remove | PodOperation::Delete);
             self.dispatch(&update.pods, terminate);
+        }
+        if changed.is_empty() {
+            return;
+        }
+        tracing::info!(objects = ?changed.iter().map(|(k, ns, n)| format!("{k} {ns}/{n}")).collect::<Vec<_>>(), "objects changed");
+        let users: Vec<PodUid> = self
+            .mux
+            .desired()
+            .filter(|p| {
+                let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+                objects::references(p).into_iter().any(|(kind, name)| {
+                    changed
+                        .iter()
+                        .any(|c| c.0 == kind && c.1 == ns && c.2 == name)
+                })
+            })
+            .map(|p| PodUid::of(p))
+            .collect();
+        for uid in users {
+            self.handle_event(&uid, EventKind::Changed);
         }
     }
 

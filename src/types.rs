@@ -78,11 +78,13 @@ pub struct PodUpdate {
     pub pods: Vec<Arc<Pod>>,
 }
 
-/// A source's complete current state: every pod it wants on this node.
+/// A source's complete current state: every pod it wants on this node, and the ConfigMaps and
+/// Secrets it offers them.
 #[derive(Clone, Debug)]
 pub struct SourceSnapshot {
     pub source: Source,
     pub pods: Vec<Pod>,
+    pub objects: Vec<crate::objects::Object>,
 }
 
 /// `namespace/name` of a pod, for messages and duplicate detection.

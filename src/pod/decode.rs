@@ -1,14 +1,27 @@
-//! Decoding manifest text (YAML or JSON, one or more documents) into Pods.
+//! Decoding manifest text (YAML or JSON, one or more documents) into Pods, and the ConfigMaps
+//! and Secrets that may stand beside them.
 
-use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use serde::Deserialize;
 use serde_json::Value;
 
-/// Decodes every document of `text` as a v1 Pod or a PodList (or List) of Pods. Empty documents
-/// are skipped. Any document that does not decode fails the whole text: each problem is one
-/// message.
-pub fn decode_pods(text: &str) -> Result<Vec<Pod>, Vec<String>> {
-    let mut pods = Vec::new();
+/// What one manifest holds.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub pods: Vec<Pod>,
+    pub config_maps: Vec<ConfigMap>,
+    pub secrets: Vec<Secret>,
+}
+
+/// Decodes every document of `text`: a v1 Pod, ConfigMap or Secret, a PodList of Pods, or a List
+/// of any of them. Empty documents are skipped. Any document that does not decode fails the
+/// whole text: each problem is one message. A Secret's values never appear in a message.
+pub fn decode_manifest(text: &str) -> Result<Decoded, Vec<String>> {
+    let mut out = Decoded::default();
     let mut problems = Vec::new();
     let documents = serde_yaml_ng::Deserializer::from_str(text);
     for (index, document) in documents.enumerate() {
@@ -24,54 +37,60 @@ pub fn decode_pods(text: &str) -> Result<Vec<Pod>, Vec<String>> {
         if value.is_null() {
             continue;
         }
-        match decode_document(value) {
-            Ok(found) => pods.extend(found),
-            Err(msg) => problems.push(format!("document {doc}: {msg}")),
+        if let Err(msg) = decode_document(value, &mut out) {
+            problems.push(format!("document {doc}: {msg}"));
         }
     }
     if problems.is_empty() {
-        Ok(pods)
+        Ok(out)
     } else {
         Err(problems)
     }
 }
 
-fn decode_document(value: Value) -> Result<Vec<Pod>, String> {
+fn decode_document(value: Value, out: &mut Decoded) -> Result<(), String> {
     let Value::Object(fields) = &value else {
-        return Err("expected an object with kind: Pod or PodList".into());
+        return Err("expected an object with kind: Pod, ConfigMap, Secret or PodList".into());
     };
     let kind = fields.get("kind").and_then(Value::as_str).unwrap_or("");
     if kind != "PodList" && kind != "List" {
-        return decode_one(value, false).map(|pod| vec![pod]);
+        return decode_one(value, None, out);
     }
     let items = match fields.get("items") {
         Some(Value::Array(items)) => items.clone(),
         None | Some(Value::Null) => Vec::new(),
         Some(_) => return Err(format!("{kind}: items must be a list")),
     };
-    items
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| {
-            decode_one(item, kind == "PodList").map_err(|e| format!("items[{i}]: {e}"))
-        })
-        .collect()
+    let implied = (kind == "PodList").then_some("Pod");
+    for (i, item) in items.into_iter().enumerate() {
+        decode_one(item, implied, out).map_err(|e| format!("items[{i}]: {e}"))?;
+    }
+    Ok(())
 }
 
-/// One Pod; a PodList's items may leave out kind and apiVersion.
-fn decode_one(mut value: Value, in_pod_list: bool) -> Result<Pod, String> {
+/// One object; a PodList's items may leave out kind and apiVersion (`implied`).
+fn decode_one(mut value: Value, implied: Option<&str>, out: &mut Decoded) -> Result<(), String> {
     let Value::Object(fields) = &mut value else {
         return Err("expected an object with kind: Pod".into());
     };
-    if in_pod_list {
-        fields.entry("kind").or_insert_with(|| Value::from("Pod"));
+    if let Some(kind) = implied {
+        fields.entry("kind").or_insert_with(|| Value::from(kind));
         fields
             .entry("apiVersion")
             .or_insert_with(|| Value::from("v1"));
     }
     let text_of = |key: &str| fields.get(key).and_then(Value::as_str).unwrap_or("");
-    if text_of("kind") != "Pod" {
-        return Err(format!("kind must be Pod, found {:?}", text_of("kind")));
+    let kind = text_of("kind").to_string();
+    let allowed: &[&str] = if implied.is_some() {
+        &["Pod"]
+    } else {
+        &["Pod", "ConfigMap", "Secret"]
+    };
+    if !allowed.contains(&kind.as_str()) {
+        return Err(format!(
+            "kind must be {}, found {kind:?}",
+            allowed.join(", ")
+        ));
     }
     if text_of("apiVersion") != "v1" {
         return Err(format!(
@@ -79,12 +98,91 @@ fn decode_one(mut value: Value, in_pod_list: bool) -> Result<Pod, String> {
             text_of("apiVersion")
         ));
     }
-    serde_json::from_value(value).map_err(|e| format!("not a valid Pod: {e}"))
+    match kind.as_str() {
+        "Pod" => out.pods.push({
+            octal_modes(&mut value);
+
+            serde_json::from_value(value).map_err(|e| format!("not a valid Pod: {e}"))?
+        }),
+        "ConfigMap" => out.config_maps.push(
+            serde_json::from_value(value).map_err(|e| format!("not a valid ConfigMap: {e}"))?,
+        ),
+        _ => out.secrets.push(decode_secret(value)?),
+    }
+    Ok(())
+}
+
+/// File modes written the way Kubernetes manifests write them, `defaultMode: 0400`, are octal
+/// in the YAML 1.1 the API machinery reads; this YAML 1.2 parser keeps them as strings, so they
+/// are turned into numbers here.
+fn octal_modes(value: &mut Value) {
+    match value {
+        Value::Object(fields) => {
+            for (key, v) in fields.iter_mut() {
+                if let Value::String(text) = v
+                    && (key == "mode" || key == "defaultMode")
+                    && text.len() > 1
+                    && text.starts_with('0')
+                    && let Ok(n) = i64::from_str_radix(text, 8)
+                {
+                    *v = Value::from(n);
+                } else {
+                    octal_modes(v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(octal_modes),
+        _ => {}
+    }
+}
+
+/// A Secret, decoded so that no error message can echo a value: data and stringData are read by
+/// hand, the rest (metadata, type) by serde.
+fn decode_secret(mut value: Value) -> Result<Secret, String> {
+    let mut take = |key: &str| {
+        value
+            .as_object_mut()
+            .and_then(|m| m.remove(key))
+            .unwrap_or(Value::Null)
+    };
+    let data = take("data");
+    let string_data = take("stringData");
+    let mut secret: Secret =
+        serde_json::from_value(value).map_err(|e| format!("not a valid Secret: {e}"))?;
+    let entries = |field: &str, v: Value| -> Result<Vec<(String, String)>, String> {
+        match v {
+            Value::Null => Ok(Vec::new()),
+            Value::Object(m) => m
+                .into_iter()
+                .map(|(k, v)| match v {
+                    Value::String(s) => Ok((k, s)),
+                    _ => Err(format!("Secret {field}[{k:?}]: the value must be a string")),
+                })
+                .collect(),
+            _ => Err(format!("Secret {field}: must be a map of keys to strings")),
+        }
+    };
+    let mut bytes = BTreeMap::new();
+    for (k, v) in entries("data", data)? {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(v.trim())
+            .map_err(|_| format!("Secret data[{k:?}]: the value is not valid base64"))?;
+        bytes.insert(k, ByteString(decoded));
+    }
+    let strings: BTreeMap<String, String> =
+        entries("stringData", string_data)?.into_iter().collect();
+    secret.data = (!bytes.is_empty()).then_some(bytes);
+    secret.string_data = (!strings.is_empty()).then_some(strings);
+    Ok(secret)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn decode_pods(text: &str) -> Result<Vec<Pod>, Vec<String>> {
+        decode_manifest(text).map(|d| d.pods)
+    }
 
     #[test]
     fn yaml_json_and_multi_document_files_decode() {
@@ -107,11 +205,11 @@ mod tests {
 
     #[test]
     fn other_kinds_and_garbage_are_refused_with_reasons() {
-        let err = decode_pods("apiVersion: v1\nkind: Service\n").unwrap_err();
+        let err = decode_manifest("apiVersion: v1\nkind: Service\n").unwrap_err();
         assert!(err[0].contains("kind must be Pod"), "{err:?}");
-        assert!(decode_pods("{{{").is_err());
-        assert!(decode_pods("- a\n- b\n").is_err());
-        let err = decode_pods("apiVersion: v1\nkind: Pod\nspec: 5\n").unwrap_err();
+        assert!(decode_manifest("{{{").is_err());
+        assert!(decode_manifest("- a\n- b\n").is_err());
+        let err = decode_manifest("apiVersion: v1\nkind: Pod\nspec: 5\n").unwrap_err();
         assert!(err[0].contains("not a valid Pod"), "{err:?}");
     }
 
@@ -124,12 +222,50 @@ mod tests {
         let yaml = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: c}}\n";
         assert_eq!(decode_pods(yaml).unwrap().len(), 1);
         let bad = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service}\n";
-        assert!(decode_pods(bad).unwrap_err()[0].contains("items[0]"));
+        assert!(decode_manifest(bad).unwrap_err()[0].contains("items[0]"));
     }
 
     #[test]
     fn an_empty_file_holds_no_pods() {
         assert!(decode_pods("").unwrap().is_empty());
         assert!(decode_pods("---\n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn config_maps_and_secrets_decode_beside_pods() {
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {k: v}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: aGk=}\nstringData: {t: x}\n---\napiVersion: v1\nkind: List\nitems: [{apiVersion: v1, kind: ConfigMap, metadata: {name: d}}]\n";
+        let d = decode_manifest(text).unwrap();
+        assert_eq!(d.config_maps.len(), 2);
+        let secret = &d.secrets[0];
+        assert_eq!(secret.data.as_ref().unwrap()["k"].0, b"hi");
+        assert_eq!(secret.string_data.as_ref().unwrap()["t"], "x");
+        let in_pod_list =
+            "apiVersion: v1\nkind: PodList\nitems: [{kind: ConfigMap, metadata: {name: d}}]\n";
+        assert!(decode_manifest(in_pod_list).is_err());
+    }
+
+    #[test]
+    fn yaml_1_1_octal_modes_are_read_as_octal() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes:\n  - {name: a, secret: {secretName: s, defaultMode: 0400, items: [{key: k, path: k, mode: 0644}]}}\n  - {name: b, configMap: {name: c, defaultMode: 420}}\n  containers: []\n";
+        let pod = decode_pods(text).unwrap().remove(0);
+        let volumes = pod.spec.unwrap().volumes.unwrap();
+        let secret = volumes[0].secret.as_ref().unwrap();
+        assert_eq!(secret.default_mode, Some(0o400));
+        assert_eq!(secret.items.as_ref().unwrap()[0].mode, Some(0o644));
+        assert_eq!(
+            volumes[1].config_map.as_ref().unwrap().default_mode,
+            Some(420)
+        );
+    }
+
+    #[test]
+    fn a_bad_secret_value_is_never_echoed() {
+        for text in [
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: 'hunter2!!'}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {k: [hunter2]}\n",
+        ] {
+            let err = decode_manifest(text).unwrap_err().join(" ");
+            assert!(err.contains("k") && !err.contains("hunter2"), "{err}");
+        }
     }
 }

@@ -108,10 +108,10 @@ fn default_probe(p: &mut Probe) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::decode_pods;
+    use crate::pod::decode_manifest;
 
     fn defaulted(yaml: &str) -> Pod {
-        let mut pod = decode_pods(yaml).unwrap().remove(0);
+        let mut pod = decode_manifest(yaml).unwrap().pods.remove(0);
         apply_defaults(&mut pod);
         pod
     }

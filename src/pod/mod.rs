@@ -1,4 +1,4 @@
-//! Pure pod logic: decoding manifests, API defaulting, validation, static-pod naming and UIDs,
+//! Pure pod logic: decoding manifests (pods and the ConfigMaps and Secrets beside them), API defaulting, validation, static-pod naming and UIDs,
 //! and the container spec hash. Nothing here does I/O.
 
 mod decode;
@@ -9,7 +9,7 @@ mod quantity;
 mod static_pod;
 mod validate;
 
-pub use decode::decode_pods;
+pub use decode::{Decoded, decode_manifest};
 pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::container_hash;
 pub use qos::{qos_class, requests};
@@ -18,7 +18,7 @@ pub use static_pod::{
     ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,
     ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,
 };
-pub use validate::{is_dns1123_subdomain, validate};
+pub use validate::{is_config_key, is_dns1123_subdomain, is_valid_file_path, validate};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 

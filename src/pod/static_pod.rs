@@ -77,10 +77,10 @@ pub fn make_static(pod: &mut Pod, node: &str, origin: StaticOrigin<'_>, seen: &s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::{apply_defaults, decode_pods};
+    use crate::pod::{apply_defaults, decode_manifest};
 
     fn static_pod(yaml: &str, node: &str, origin: StaticOrigin<'_>) -> Pod {
-        let mut pod = decode_pods(yaml).unwrap().remove(0);
+        let mut pod = decode_manifest(yaml).unwrap().pods.remove(0);
         apply_defaults(&mut pod);
         make_static(&mut pod, node, origin, "2026-11-29T00:00:00Z");
         pod

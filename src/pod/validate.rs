@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
 use serde_json::Value;
 
 /// Is `s` a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253 characters)?
@@ -17,6 +17,27 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
                 && !part.starts_with('-')
                 && !part.ends_with('-')
         })
+}
+
+/// Is `key` a valid ConfigMap or Secret key (`[-._a-zA-Z0-9]+`, not `.`, `..` or `..`-prefixed)?
+pub fn is_config_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && key != "."
+        && !key.starts_with("..")
+}
+
+/// Is `path` a relative path that stays inside the volume and does not collide with the
+/// writer's own `..` entries?
+pub fn is_valid_file_path(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with("..")
+        && std::path::Path::new(path)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
 fn is_dns1123_label(s: &str) -> bool {
@@ -45,7 +66,14 @@ fn spec_grace_too_long(pod: &Pod) -> bool {
 }
 
 /// The volume source kinds nodelet can materialise today.
-const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath"];
+const SUPPORTED_VOLUMES: &[&str] = &[
+    "emptyDir",
+    "hostPath",
+    "configMap",
+    "secret",
+    "downwardAPI",
+    "projected",
+];
 
 /// Every problem of a decoded, defaulted pod, each as `field.path: what is wrong`. Empty means valid.
 pub fn validate(pod: &Pod) -> Vec<String> {
@@ -209,6 +237,58 @@ fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
             ],
         );
     }
+    if let Some(cm) = &v.config_map {
+        let f = format!("{field}.configMap");
+        check_object(p, &f, &cm.name, cm.items.as_deref(), cm.default_mode);
+    }
+    if let Some(s) = &v.secret {
+        let f = format!("{field}.secret");
+        let name = s.secret_name.as_deref().unwrap_or_default();
+        check_object(p, &f, name, s.items.as_deref(), s.default_mode);
+    }
+    if let Some(d) = &v.downward_api {
+        let f = format!("{field}.downwardAPI");
+        check_mode(p, &format!("{f}.defaultMode"), d.default_mode);
+        check_downward(p, &f, d.items.as_deref().unwrap_or_default());
+    }
+    if let Some(pr) = &v.projected {
+        let f = format!("{field}.projected");
+        check_mode(p, &format!("{f}.defaultMode"), pr.default_mode);
+        for (i, source) in pr.sources.iter().flatten().enumerate() {
+            let sf = format!("{f}.sources[{i}]");
+            if let Some(cm) = &source.config_map {
+                check_object(
+                    p,
+                    &format!("{sf}.configMap"),
+                    &cm.name,
+                    cm.items.as_deref(),
+                    None,
+                );
+            } else if let Some(s) = &source.secret {
+                check_object(
+                    p,
+                    &format!("{sf}.secret"),
+                    &s.name,
+                    s.items.as_deref(),
+                    None,
+                );
+            } else if let Some(d) = &source.downward_api {
+                check_downward(
+                    p,
+                    &format!("{sf}.downwardAPI"),
+                    d.items.as_deref().unwrap_or_default(),
+                );
+            } else if source.service_account_token.is_some() {
+                p.push(format!(
+                    "{sf}.serviceAccountToken: service account tokens come from an API server; they need cluster mode (--kubeconfig)"
+                ));
+            } else {
+                p.push(format!(
+                    "{sf}: only configMap, secret and downwardAPI sources are supported"
+                ));
+            }
+        }
+    }
     if let Some(ed) = &v.empty_dir {
         check_one_of(
             p,
@@ -216,6 +296,94 @@ fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
             ed.medium.as_deref(),
             &["", "Memory"],
         );
+    }
+}
+
+fn check_key_ref(p: &mut Vec<String>, field: &str, name: &str, key: &str) {
+    if !is_dns1123_subdomain(name) {
+        p.push(format!("{field}.name: {name:?} is not a valid object name"));
+    }
+    if !is_config_key(key) {
+        p.push(format!("{field}.key: {key:?} is not a valid key"));
+    }
+}
+
+fn check_mode(p: &mut Vec<String>, field: &str, mode: Option<i32>) {
+    if let Some(m) = mode
+        && !(0..=0o777).contains(&m)
+    {
+        p.push(format!(
+            "{field}: {m} is not a file mode between 0 and 0777 (511)"
+        ));
+    }
+}
+
+fn check_path(p: &mut Vec<String>, field: &str, path: &str) {
+    if !is_valid_file_path(path) {
+        p.push(format!(
+            "{field}: {path:?} must be a relative path without '..' that does not start with '..'"
+        ));
+    }
+}
+
+/// A configMap or secret volume (or projection): its name, items and modes.
+fn check_object(
+    p: &mut Vec<String>,
+    field: &str,
+    name: &str,
+    items: Option<&[KeyToPath]>,
+    default_mode: Option<i32>,
+) {
+    if !is_dns1123_subdomain(name) {
+        p.push(format!("{field}: {name:?} is not a valid object name"));
+    }
+    check_mode(p, &format!("{field}.defaultMode"), default_mode);
+    for (i, item) in items.unwrap_or_default().iter().enumerate() {
+        let f = format!("{field}.items[{i}]");
+        if !is_config_key(&item.key) {
+            p.push(format!("{f}.key: {:?} is not a valid key", item.key));
+        }
+        check_path(p, &format!("{f}.path"), &item.path);
+        check_mode(p, &format!("{f}.mode"), item.mode);
+    }
+}
+
+fn check_downward(p: &mut Vec<String>, field: &str, items: &[DownwardAPIVolumeFile]) {
+    for (i, item) in items.iter().enumerate() {
+        let f = format!("{field}.items[{i}]");
+        check_path(p, &format!("{f}.path"), &item.path);
+        check_mode(p, &format!("{f}.mode"), item.mode);
+        match (&item.field_ref, &item.resource_field_ref) {
+            (Some(r), None) => {
+                let path = r.field_path.as_str();
+                let keyed = ["metadata.labels['", "metadata.annotations['"]
+                    .iter()
+                    .any(|pre| path.starts_with(pre) && path.ends_with("']"));
+                let whole = [
+                    "metadata.name",
+                    "metadata.namespace",
+                    "metadata.uid",
+                    "metadata.labels",
+                    "metadata.annotations",
+                ];
+                if !keyed && !whole.contains(&path) {
+                    p.push(format!(
+                        "{f}.fieldRef.fieldPath: {path:?} is not supported in a volume (supported: {}, metadata.labels['key'], metadata.annotations['key'])",
+                        whole.join(", ")
+                    ));
+                }
+            }
+            (None, Some(r)) => {
+                if r.container_name.as_deref().is_none_or(str::is_empty) {
+                    p.push(format!(
+                        "{f}.resourceFieldRef.containerName: required in a volume"
+                    ));
+                }
+            }
+            _ => p.push(format!(
+                "{f}: exactly one of fieldRef or resourceFieldRef is required"
+            )),
+        }
     }
 }
 
@@ -265,18 +433,38 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
                 env.name
             ));
         }
-        if let Some(from) = &env.value_from
-            && (from.config_map_key_ref.is_some() || from.secret_key_ref.is_some())
-        {
-            p.push(format!(
-                "{field}.env[{i}].valueFrom: static pods cannot reference ConfigMaps or Secrets"
-            ));
+        if let Some(from) = &env.value_from {
+            let ef = format!("{field}.env[{i}].valueFrom");
+            if let Some(r) = &from.config_map_key_ref {
+                check_key_ref(p, &format!("{ef}.configMapKeyRef"), &r.name, &r.key);
+            }
+            if let Some(r) = &from.secret_key_ref {
+                check_key_ref(p, &format!("{ef}.secretKeyRef"), &r.name, &r.key);
+            }
         }
     }
-    if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        p.push(format!(
-            "{field}.envFrom: static pods cannot reference ConfigMaps or Secrets"
-        ));
+    for (i, from) in c.env_from.iter().flatten().enumerate() {
+        let ef = format!("{field}.envFrom[{i}]");
+        let name = match (&from.config_map_ref, &from.secret_ref) {
+            (Some(r), None) => &r.name,
+            (None, Some(r)) => &r.name,
+            _ => {
+                p.push(format!(
+                    "{ef}: exactly one of configMapRef or secretRef is required"
+                ));
+                continue;
+            }
+        };
+        if !is_dns1123_subdomain(name) {
+            p.push(format!("{ef}: {name:?} is not a valid object name"));
+        }
+        if let Some(prefix) = from.prefix.as_deref()
+            && prefix.bytes().any(|b| !b.is_ascii_graphic() || b == b'=')
+        {
+            p.push(format!(
+                "{ef}.prefix: {prefix:?} may hold only printable characters other than '='"
+            ));
+        }
     }
     let mut mount_paths = HashSet::new();
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
@@ -311,10 +499,10 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::{apply_defaults, decode_pods};
+    use crate::pod::{apply_defaults, decode_manifest};
 
     fn problems(yaml: &str) -> Vec<String> {
-        let mut pod = decode_pods(yaml).unwrap().remove(0);
+        let mut pod = decode_manifest(yaml).unwrap().pods.remove(0);
         apply_defaults(&mut pod);
         validate(&pod)
     }
@@ -341,6 +529,32 @@ mod tests {
             "spec.containers[1].name: duplicate",
             "spec.containers[1].volumeMounts[0].name",
             "spec.containers[1].volumeMounts[0].subPath",
+        ];
+        for e in expect {
+            assert!(p.iter().any(|x| x.starts_with(e)), "missing {e} in {p:?}");
+        }
+        assert_eq!(p.len(), expect.len(), "{p:?}");
+    }
+
+    #[test]
+    fn config_data_references_are_checked() {
+        assert!(problems(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec:\n  volumes:\n  - {name: a, configMap: {name: cfg, items: [{key: k, path: d/k, mode: 0400}]}}\n  - {name: b, secret: {secretName: s, defaultMode: 0440}}\n  - {name: c, downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}}\n  - {name: d, projected: {sources: [{configMap: {name: cfg}}, {secret: {name: s}}]}}\n  containers:\n  - name: c\n    image: i\n    env: [{name: A, valueFrom: {configMapKeyRef: {name: cfg, key: k}}}]\n    envFrom: [{secretRef: {name: s}, prefix: S_}]\n"
+        )
+        .is_empty());
+        let p = problems(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec:\n  volumes:\n  - {name: a, configMap: {name: Cfg, items: [{key: '..k', path: ../k, mode: 01000}]}}\n  - {name: c, downwardAPI: {items: [{path: x, fieldRef: {fieldPath: spec.nodeName}}, {path: y, resourceFieldRef: {resource: limits.cpu}}]}}\n  - {name: d, projected: {sources: [{serviceAccountToken: {path: t}}]}}\n  containers:\n  - name: c\n    image: i\n    env: [{name: A, valueFrom: {secretKeyRef: {name: s, key: 'a b'}}}]\n    envFrom: [{}]\n",
+        );
+        let expect = [
+            "spec.volumes[0].configMap: \"Cfg\"",
+            "spec.volumes[0].configMap.items[0].key",
+            "spec.volumes[0].configMap.items[0].path",
+            "spec.volumes[0].configMap.items[0].mode",
+            "spec.volumes[1].downwardAPI.items[0].fieldRef",
+            "spec.volumes[1].downwardAPI.items[1].resourceFieldRef.containerName",
+            "spec.volumes[2].projected.sources[0].serviceAccountToken: service account tokens come from an API server",
+            "spec.containers[0].env[0].valueFrom.secretKeyRef.key",
+            "spec.containers[0].envFrom[0]: exactly one",
         ];
         for e in expect {
             assert!(p.iter().any(|x| x.starts_with(e)), "missing {e} in {p:?}");

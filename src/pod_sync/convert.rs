@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::objects::Kind;
 use crate::pod::{container_hash, container_quantity, grace_period_seconds, spec};
 use crate::runtime::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ANNOTATION_RESTART_COUNT,
@@ -248,7 +249,7 @@ pub fn expand(text: &str, vars: &HashMap<String, String>) -> String {
     out
 }
 
-/// A container's config for the runtime. `volumes` maps volume names to host paths;
+/// A container's config for the runtime. `volumes` maps volume names to what is on the host;
 /// `image_ref` is what the image service resolved the image to.
 pub struct ContainerInput<'a> {
     pub pod: &'a Pod,
@@ -256,7 +257,9 @@ pub struct ContainerInput<'a> {
     pub init: bool,
     pub restart_count: u32,
     pub image_ref: &'a str,
-    pub volumes: &'a HashMap<String, PathBuf>,
+    pub volumes: &'a HashMap<String, crate::volumes::Mounted>,
+    /// The ConfigMaps and Secrets the pod may use.
+    pub objects: &'a crate::objects::View,
     pub pod_ip: &'a str,
     pub host_ip: &'a str,
     pub node: &'a super::resources::NodeResources,
@@ -285,61 +288,130 @@ fn beneath(base: &std::path::Path, sub: &str) -> Result<PathBuf, String> {
     Ok(real)
 }
 
+/// May `name` be an environment variable's name (printable ASCII without '=', as upstream
+/// accepts since relaxed validation)?
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b'=')
+}
+
+/// An env valueFrom's ConfigMap or Secret key; `None` when optional and missing.
+fn object_key(
+    objects: &crate::objects::View,
+    kind: Kind,
+    name: &str,
+    key: &str,
+    optional: Option<bool>,
+) -> Result<Option<String>, String> {
+    let optional = optional.unwrap_or(false);
+    let Some(object) = objects.get(kind, name) else {
+        return if optional {
+            Ok(None)
+        } else {
+            Err(crate::objects::View::not_found(kind, name))
+        };
+    };
+    match object.env_value(key) {
+        Some(v) => Ok(Some(v)),
+        None if optional => Ok(None),
+        None => Err(objects.no_key(kind, name, key)),
+    }
+}
+
+/// The container's environment in upstream order: envFrom sources first, then env (a later
+/// name replaces an earlier one in place). Only `value`s are expanded, against the variables
+/// defined before them.
+fn environment(input: &ContainerInput<'_>) -> Result<Vec<(String, String)>, String> {
+    let ContainerInput {
+        pod, container: c, ..
+    } = *input;
+    let mut envs: Vec<(String, String)> = Vec::new();
+    let mut vars: HashMap<String, String> = HashMap::new();
+    let set = |envs: &mut Vec<(String, String)>,
+               vars: &mut HashMap<String, String>,
+               name: String,
+               value: String| {
+        vars.insert(name.clone(), value.clone());
+        match envs.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => envs.push((name, value)),
+        }
+    };
+    for from in c.env_from.iter().flatten() {
+        let (kind, name, optional) = match (&from.config_map_ref, &from.secret_ref) {
+            (Some(r), _) => (Kind::ConfigMap, &r.name, r.optional),
+            (None, Some(r)) => (Kind::Secret, &r.name, r.optional),
+            (None, None) => continue,
+        };
+        let Some(object) = input.objects.get(kind, name) else {
+            if optional.unwrap_or(false) {
+                continue;
+            }
+            return Err(crate::objects::View::not_found(kind, name));
+        };
+        let prefix = from.prefix.as_deref().unwrap_or_default();
+        let mut invalid = Vec::new();
+        for (key, value) in object.env_pairs() {
+            let var = format!("{prefix}{key}");
+            if is_env_name(&var) {
+                set(&mut envs, &mut vars, var, value);
+            } else {
+                invalid.push(var);
+            }
+        }
+        if !invalid.is_empty() {
+            tracing::warn!(pod = %crate::types::full_name(pod), container = %c.name,
+                "InvalidEnvironmentVariableNames: keys {invalid:?} from the envFrom {} {} were skipped since they are not valid environment variable names",
+                kind.lower(), object.full_name());
+        }
+    }
+    for e in c.env.iter().flatten() {
+        let from = e.value_from.as_ref();
+        let value = if let Some(v) = &e.value {
+            expand(v, &vars)
+        } else if let Some(field) = from.and_then(|f| f.field_ref.as_ref()) {
+            field_value(pod, &field.field_path, input.pod_ip, input.host_ip).ok_or_else(|| {
+                format!(
+                    "env {}: fieldRef {:?} is not supported",
+                    e.name, field.field_path
+                )
+            })?
+        } else if let Some(r) = from.and_then(|f| f.resource_field_ref.as_ref()) {
+            super::resources::selector_value(pod, Some(c), r, input.node)
+                .map_err(|why| format!("env {}: {why}", e.name))?
+        } else if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
+            match object_key(input.objects, Kind::ConfigMap, &r.name, &r.key, r.optional)? {
+                Some(v) => v,
+                None => continue,
+            }
+        } else if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
+            match object_key(input.objects, Kind::Secret, &r.name, &r.key, r.optional)? {
+                Some(v) => v,
+                None => continue,
+            }
+        } else if from.is_some() {
+            return Err(format!(
+                "env {}: this valueFrom source is not supported",
+                e.name
+            ));
+        } else {
+            String::new()
+        };
+        set(&mut envs, &mut vars, e.name.clone(), value);
+    }
+    Ok(envs)
+}
+
 /// Builds the CRI container config, or says which field cannot be honoured.
 pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConfig, String> {
     let ContainerInput {
         pod, container: c, ..
     } = *input;
-    let mut vars: HashMap<String, String> = HashMap::new();
-    let mut envs = Vec::new();
-    for e in c.env.iter().flatten() {
-        let from = e.value_from.as_ref();
-        let value = match (
-            &e.value,
-            from.and_then(|f| f.field_ref.as_ref()),
-            from.and_then(|f| f.resource_field_ref.as_ref()),
-        ) {
-            (Some(v), _, _) => expand(v, &vars),
-            (None, Some(field), _) => {
-                field_value(pod, &field.field_path, input.pod_ip, input.host_ip).ok_or_else(
-                    || {
-                        format!(
-                            "env {}: fieldRef {:?} is not supported",
-                            e.name, field.field_path
-                        )
-                    },
-                )?
-            }
-            (None, None, Some(r)) => {
-                let target = match r.container_name.as_deref().filter(|n| !n.is_empty()) {
-                    Some(name) => crate::pod::all_containers(spec(pod))
-                        .find(|w| w.name == name)
-                        .ok_or_else(|| {
-                            format!(
-                                "env {}: resourceFieldRef names no container {name:?}",
-                                e.name
-                            )
-                        })?,
-                    None => c,
-                };
-                let divisor = r.divisor.as_ref().map(|q| q.0.as_str());
-                super::resources::resource_field_value(target, &r.resource, divisor, input.node)
-                    .map_err(|why| format!("env {}: resourceFieldRef: {why}", e.name))?
-            }
-            (None, None, None) if from.is_some() => {
-                return Err(format!(
-                    "env {}: this valueFrom source is not supported",
-                    e.name
-                ));
-            }
-            (None, None, None) => String::new(),
-        };
-        vars.insert(e.name.clone(), value.clone());
-        envs.push(cri::KeyValue {
-            key: e.name.clone(),
-            value,
-        });
-    }
+    let envs = environment(input)?;
+    let vars: HashMap<String, String> = envs.iter().cloned().collect();
+    let envs = envs
+        .into_iter()
+        .map(|(key, value)| cri::KeyValue { key, value })
+        .collect();
     let mut mounts = Vec::new();
     let message_path = c.termination_message_path.as_deref().unwrap_or_default();
     let user_mounted = c
@@ -370,18 +442,18 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         });
     }
     for m in c.volume_mounts.iter().flatten() {
-        let Some(base) = input.volumes.get(&m.name) else {
+        let Some(volume) = input.volumes.get(&m.name) else {
             return Err(format!("volumeMount {}: volume is not set up", m.name));
         };
         let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => beneath(base, sub)
+            Some(sub) => beneath(&volume.path, sub)
                 .map_err(|e| format!("volumeMount {}: subPath {sub:?}: {e}", m.name))?,
-            None => base.clone(),
+            None => volume.path.clone(),
         };
         mounts.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
-            readonly: m.read_only.unwrap_or(false),
+            readonly: volume.read_only || m.read_only.unwrap_or(false),
             ..Default::default()
         });
     }
@@ -579,7 +651,7 @@ fn readonly_paths(sc: Option<&k8s_openapi::api::core::v1::SecurityContext>) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::{StaticOrigin, apply_defaults, decode_pods, make_static};
+    use crate::pod::{StaticOrigin, apply_defaults, decode_manifest, make_static};
 
     fn ctx() -> Context {
         Context {
@@ -602,7 +674,7 @@ mod tests {
     }
 
     fn pod(yaml: &str) -> Pod {
-        let mut p = decode_pods(yaml).unwrap().remove(0);
+        let mut p = decode_manifest(yaml).unwrap().pods.remove(0);
         apply_defaults(&mut p);
         make_static(&mut p, "n1", StaticOrigin::File("/m/p.yaml"), "t");
         p
@@ -660,6 +732,7 @@ mod tests {
             restart_count: 3,
             image_ref: "sha256:abc",
             volumes: &HashMap::new(),
+            objects: &crate::objects::View::empty("default"),
             pod_ip: "10.0.0.2",
             host_ip: "192.0.2.1",
             node: &ctx().node,
@@ -707,5 +780,58 @@ mod tests {
     fn variable_expansion_follows_kubernetes_rules() {
         let vars: HashMap<String, String> = [("A".to_string(), "x".to_string())].into();
         assert_eq!(expand("$(A)-$(B)-$$(A)-$", &vars), "x-$(B)-$(A)-$");
+    }
+
+    #[test]
+    fn env_from_objects_follows_upstream_order_and_errors() {
+        let (writer, reader) = crate::objects::store();
+        let cm = crate::objects::config_map(
+            serde_yaml_ng::from_str("metadata: {name: cfg}\ndata: {MODE: fast, A: from-cm}\n")
+                .unwrap(),
+        )
+        .unwrap();
+        let secret = crate::objects::secret(
+            serde_yaml_ng::from_str("metadata: {name: creds}\nstringData: {password: hunter2}\n")
+                .unwrap(),
+        )
+        .unwrap();
+        writer.replace(crate::types::Source::File, vec![cm, secret]);
+        let p = pod(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: c\n    image: i\n    envFrom: [{configMapRef: {name: cfg}, prefix: CFG_}, {configMapRef: {name: cfg}}]\n    env:\n    - {name: A, value: 'own-$(CFG_MODE)'}\n    - {name: PW, valueFrom: {secretKeyRef: {name: creds, key: password}}}\n    - {name: OPT, valueFrom: {configMapKeyRef: {name: missing, key: k, optional: true}}}\n",
+        );
+        let view = reader.view(&p);
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let input = ContainerInput {
+            pod: &p,
+            container: c,
+            init: false,
+            restart_count: 0,
+            image_ref: "i",
+            volumes: &HashMap::new(),
+            objects: &view,
+            pod_ip: "",
+            host_ip: "",
+            node: &ctx().node,
+            termination_log: None,
+            etc_hosts: None,
+        };
+        let env = environment(&input).unwrap();
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["CFG_A", "CFG_MODE", "A", "MODE", "PW"]);
+        let map: HashMap<_, _> = env.into_iter().collect();
+        assert_eq!(map["A"], "own-fast", "env replaces envFrom and expands");
+        assert_eq!(map["PW"], "hunter2");
+        let missing = pod(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: c\n    image: i\n    env: [{name: X, valueFrom: {configMapKeyRef: {name: cfg, key: nope}}}]\n",
+        );
+        let input = ContainerInput {
+            pod: &missing,
+            container: &missing.spec.as_ref().unwrap().containers[0],
+            ..input
+        };
+        assert_eq!(
+            environment(&input).unwrap_err(),
+            "couldn't find key nope in ConfigMap default/cfg"
+        );
     }
 }

@@ -74,6 +74,15 @@ const POST_START_TIMEOUT: Duration = Duration::from_secs(120);
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
+/// What a sync has made ready before it starts containers.
+struct Prepared<'a> {
+    sandbox_id: &'a str,
+    sandbox_config: &'a cri::PodSandboxConfig,
+    volumes: &'a HashMap<String, volumes::Mounted>,
+    objects: &'a crate::objects::View,
+    pod_ip: &'a str,
+}
+
 /// Syncs pods against one runtime and records their status.
 pub struct Syncer {
     runtime: RuntimeClient,
@@ -85,6 +94,7 @@ pub struct Syncer {
     backoff: std::sync::Mutex<backoff::Backoff>,
     probes: Arc<probe::Manager>,
     cgroups: crate::cgroups::Manager,
+    objects: crate::objects::Reader,
     /// Pods whose containers have all run once (the pod-start metric counts each once).
     started: std::sync::Mutex<std::collections::HashSet<PodUid>>,
 }
@@ -110,9 +120,11 @@ impl Syncer {
         status: crate::status::Writer,
         probes: Arc<probe::Manager>,
         cgroups: crate::cgroups::Manager,
+        objects: crate::objects::Reader,
     ) -> Self {
         let backoff = backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
         Syncer {
+            objects,
             started: Default::default(),
             cgroups,
             probes,
@@ -334,7 +346,16 @@ impl Syncer {
             tracing::info!(pod = %full_name(pod), "pod finished; stopping its sandbox");
             ignore_not_found(self.runtime.stop_pod_sandbox(id).await)?;
         }
-        let volume_paths = volumes::setup(pod, &self.ctx.root_dir)?;
+        let objects = self.objects.view(pod);
+        let node = &self.ctx.node;
+        let resource_field = |r: &k8s_openapi::api::core::v1::ResourceFieldSelector| {
+            resources::selector_value(pod, None, r, node)
+        };
+        let inputs = volumes::Inputs {
+            objects: &objects,
+            resource_field: &resource_field,
+        };
+        let volumes = volumes::setup(pod, &self.ctx.root_dir, &inputs)?;
         self.cgroups.ensure_pod(pod)?;
         let host_dns = network::host_dns(self.ctx.resolv_conf.as_deref());
         let (dns, dns_warnings) = network::dns_config(pod, &host_dns, &self.ctx.cluster_dns);
@@ -424,10 +445,13 @@ impl Syncer {
                 .start_container(
                     pod,
                     start,
-                    &sandbox_id,
-                    &sandbox_config,
-                    &volume_paths,
-                    &pod_ip,
+                    &Prepared {
+                        sandbox_id: &sandbox_id,
+                        sandbox_config: &sandbox_config,
+                        volumes: &volumes,
+                        objects: &objects,
+                        pod_ip: &pod_ip,
+                    },
                 )
                 .await;
             match result {
@@ -464,11 +488,15 @@ impl Syncer {
         &self,
         pod: &Pod,
         start: &actions::Start,
-        sandbox_id: &str,
-        sandbox_config: &cri::PodSandboxConfig,
-        volume_paths: &HashMap<String, PathBuf>,
-        pod_ip: &str,
+        prepared: &Prepared<'_>,
     ) -> Result<(), Error> {
+        let Prepared {
+            sandbox_id,
+            sandbox_config,
+            volumes,
+            objects,
+            pod_ip,
+        } = *prepared;
         let s = spec(pod);
         let Some(container) = crate::pod::all_containers(s).find(|c| c.name == start.name) else {
             return Ok(());
@@ -504,7 +532,8 @@ impl Syncer {
             init: start.init,
             restart_count: start.restart_count,
             image_ref: &image_info.id,
-            volumes: volume_paths,
+            volumes,
+            objects,
             pod_ip,
             host_ip: &self.ctx.host_ip,
             node: &self.ctx.node,

@@ -126,6 +126,26 @@ pub fn resource_field_value(
     Ok((((value / divisor) - 1e-9).ceil().max(0.0) as i64).to_string())
 }
 
+/// A resourceFieldRef's value: of the container it names, else of `own` (an env var's own
+/// container; a downwardAPI volume must name one).
+pub fn selector_value(
+    pod: &Pod,
+    own: Option<&Container>,
+    r: &k8s_openapi::api::core::v1::ResourceFieldSelector,
+    node: &NodeResources,
+) -> Result<String, String> {
+    let named = r.container_name.as_deref().filter(|n| !n.is_empty());
+    let target = match named {
+        Some(name) => crate::pod::all_containers(crate::pod::spec(pod))
+            .find(|c| c.name == name)
+            .ok_or_else(|| format!("resourceFieldRef names no container {name:?}"))?,
+        None => own.ok_or("resourceFieldRef needs a containerName here")?,
+    };
+    let divisor = r.divisor.as_ref().map(|q| q.0.as_str());
+    resource_field_value(target, &r.resource, divisor, node)
+        .map_err(|why| format!("resourceFieldRef: {why}"))
+}
+
 /// Does any container ask for hugepages (which nodelet does not provide)?
 pub fn wants_hugepages(pod: &Pod) -> bool {
     crate::pod::all_containers(spec(pod)).any(|c| {

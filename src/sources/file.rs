@@ -6,12 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_MANIFEST_BYTES, static_pods};
+use super::{MAX_MANIFEST_BYTES, Manifest, manifest};
 use crate::pod::StaticOrigin;
 use crate::types::{Source, SourceSnapshot, full_name};
 
@@ -40,12 +39,12 @@ pub fn is_ignored_name(name: &str) -> bool {
         || name.contains(".dpkg-")
 }
 
-/// Scans the manifest path and remembers what it needs across scans: the last good pods of each
-/// file (kept while a file is being rewritten or is broken) and the last error per file (so a
+/// Scans the manifest path and remembers what it needs across scans: the last good contents of
+/// each file (kept while a file is being rewritten or is broken) and the last error per file (so a
 /// broken file is reported once, not on every relist).
 pub struct Scanner {
     config: Config,
-    last_good: HashMap<PathBuf, Vec<Pod>>,
+    last_good: HashMap<PathBuf, Manifest>,
     last_error: HashMap<PathBuf, String>,
 }
 
@@ -110,8 +109,8 @@ impl Scanner {
         Some(files)
     }
 
-    /// The pods one file describes, or every problem found in it.
-    fn read_file(&self, file: &Path, seen: &str) -> Result<Vec<Pod>, Vec<String>> {
+    /// What one file describes, or every problem found in it.
+    fn read_file(&self, file: &Path, seen: &str) -> Result<Manifest, Vec<String>> {
         let size = std::fs::metadata(file)
             .map_err(|e| vec![format!("cannot stat: {e}")])?
             .len();
@@ -122,7 +121,7 @@ impl Scanner {
         }
         let bytes = std::fs::read(file).map_err(|e| vec![format!("cannot read: {e}")])?;
         let origin = file.to_string_lossy();
-        static_pods(
+        manifest(
             &bytes,
             &self.config.node_name,
             StaticOrigin::File(&origin),
@@ -139,15 +138,16 @@ impl Scanner {
         self.last_good.retain(|f, _| present.contains(f));
         self.last_error.retain(|f, _| present.contains(f));
         let mut pods = Vec::new();
+        let mut objects = Vec::new();
         let mut names: HashMap<String, PathBuf> = HashMap::new();
         for file in &files {
-            let file_pods = match self.read_file(file, &seen) {
-                Ok(file_pods) => {
+            let found = match self.read_file(file, &seen) {
+                Ok(found) => {
                     if self.last_error.remove(file).is_some() {
                         tracing::info!(file = %file.display(), "manifest is valid again");
                     }
-                    self.last_good.insert(file.clone(), file_pods.clone());
-                    file_pods
+                    self.last_good.insert(file.clone(), found.clone());
+                    found
                 }
                 Err(problems) => {
                     let message = problems.join("; ");
@@ -155,15 +155,16 @@ impl Scanner {
                     if self.last_error.get(file) != Some(&message) {
                         tracing::error!(
                             file = %file.display(),
-                            kept_pods = kept.len(),
-                            "invalid static pod manifest, ignored (pods it described before keep running): {message}"
+                            kept_pods = kept.pods.len(),
+                            kept_objects = kept.objects.len(),
+                            "invalid static pod manifest, ignored (what it described before is kept): {message}"
                         );
                         self.last_error.insert(file.clone(), message);
                     }
                     kept
                 }
             };
-            for pod in file_pods {
+            for pod in found.pods {
                 let name = full_name(&pod);
                 if let Some(first) = names.get(&name) {
                     tracing::warn!(pod = %name, file = %file.display(), first = %first.display(),
@@ -173,10 +174,21 @@ impl Scanner {
                 names.insert(name, file.clone());
                 pods.push(pod);
             }
+            for object in found.objects {
+                let name = format!("{} {}", object.kind, object.full_name());
+                if let Some(first) = names.get(&name) {
+                    tracing::warn!(object = %name, file = %file.display(), first = %first.display(),
+                        "duplicate object; the one from the first file is kept");
+                    continue;
+                }
+                names.insert(name, file.clone());
+                objects.push(object);
+            }
         }
         Some(SourceSnapshot {
             source: Source::File,
             pods,
+            objects,
         })
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_MANIFEST_BYTES, static_pods};
+use super::{MAX_MANIFEST_BYTES, Manifest, manifest};
 use crate::pod::StaticOrigin;
 use crate::types::{Source, SourceSnapshot};
 
@@ -173,16 +173,16 @@ async fn poll(
         return None;
     }
     let seen = crate::types::now().to_string();
-    let pods = if body.iter().all(|b| b.is_ascii_whitespace()) {
-        Vec::new()
+    let found = if body.iter().all(|b| b.is_ascii_whitespace()) {
+        Manifest::default()
     } else {
-        match static_pods(
+        match manifest(
             &body,
             &config.node_name,
             StaticOrigin::Url(&config.url),
             &seen,
         ) {
-            Ok(pods) => pods,
+            Ok(found) => found,
             Err(problems) => {
                 failures.failed(
                     &config.url,
@@ -196,7 +196,8 @@ async fn poll(
     *last_body = Some(body);
     Some(SourceSnapshot {
         source: Source::Http,
-        pods,
+        pods: found.pods,
+        objects: found.objects,
     })
 }
 

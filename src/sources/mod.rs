@@ -1,5 +1,5 @@
-//! What produces desired pods: the manifest file and URL sources, and the mux that merges
-//! sources' snapshots into ordered pod updates.
+//! What produces desired pods (and the ConfigMaps and Secrets beside them): the manifest file
+//! and URL sources, and the mux that merges sources' snapshots into ordered pod updates.
 
 pub mod file;
 pub mod http;
@@ -9,21 +9,31 @@ pub use mux::Mux;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::pod::{StaticOrigin, apply_defaults, decode_pods, make_static, validate};
+use crate::objects::{self, Object};
+use crate::pod::{StaticOrigin, apply_defaults, decode_manifest, make_static, validate};
 
 /// Largest manifest (file or URL body) accepted, as upstream.
 pub const MAX_MANIFEST_BYTES: u64 = 10 * 1024 * 1024;
 
-/// Decodes manifest bytes into static pods: API defaulting, validation, then the static-pod
-/// rules. Any problem fails the whole manifest, with every problem listed.
-pub fn static_pods(
+/// What one manifest describes: static pods and the ConfigMaps and Secrets beside them.
+#[derive(Clone, Debug, Default)]
+pub struct Manifest {
+    pub pods: Vec<Pod>,
+    pub objects: Vec<Object>,
+}
+
+/// Decodes manifest bytes: pods get API defaulting, validation, then the static-pod rules;
+/// ConfigMaps and Secrets are validated. Any problem fails the whole manifest, with every problem
+/// listed.
+pub fn manifest(
     bytes: &[u8],
     node: &str,
     origin: StaticOrigin<'_>,
     seen: &str,
-) -> Result<Vec<Pod>, Vec<String>> {
+) -> Result<Manifest, Vec<String>> {
     let text = std::str::from_utf8(bytes).map_err(|_| vec!["not UTF-8 text".to_string()])?;
-    let mut pods = decode_pods(text)?;
+    let decoded = decode_manifest(text)?;
+    let mut pods = decoded.pods;
     let mut problems = Vec::new();
     for (i, pod) in pods.iter_mut().enumerate() {
         apply_defaults(pod);
@@ -46,8 +56,35 @@ pub fn static_pods(
             );
         }
     }
+    let mut objects = Vec::new();
+    let checked = decoded
+        .config_maps
+        .into_iter()
+        .map(|cm| {
+            (
+                "ConfigMap",
+                cm.metadata.name.clone(),
+                objects::config_map(cm),
+            )
+        })
+        .chain(
+            decoded
+                .secrets
+                .into_iter()
+                .map(|s| ("Secret", s.metadata.name.clone(), objects::secret(s))),
+        );
+    for (kind, name, result) in checked {
+        match result {
+            Ok(o) => objects.push(o),
+            Err(found) => problems.extend(
+                found
+                    .into_iter()
+                    .map(|p| format!("{kind} {:?}: {p}", name.as_deref().unwrap_or_default())),
+            ),
+        }
+    }
     if problems.is_empty() {
-        Ok(pods)
+        Ok(Manifest { pods, objects })
     } else {
         Err(problems)
     }
@@ -111,7 +148,7 @@ mod tests {
                     break;
                 }
             }
-            let _ = static_pods(&bytes, "n", StaticOrigin::File("/m/x.yaml"), "t");
+            let _ = manifest(&bytes, "n", StaticOrigin::File("/m/x.yaml"), "t");
         }
     }
 
@@ -124,8 +161,8 @@ mod tests {
             let prev = format!("*x{}", i - 1);
             bomb += &format!("x{i}: &x{i} [{}]\n", vec![prev; 10].join(", "));
         }
-        assert!(static_pods(bomb.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
+        assert!(manifest(bomb.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-        assert!(static_pods(deep.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
+        assert!(manifest(deep.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
     }
 }

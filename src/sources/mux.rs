@@ -146,6 +146,7 @@ mod tests {
 
     fn set(mux: &mut Mux, pods: Vec<Pod>) -> Vec<(PodOperation, Vec<String>)> {
         mux.merge(SourceSnapshot {
+            objects: Vec::new(),
             source: Source::File,
             pods,
         })
@@ -258,6 +259,7 @@ mod tests {
         let mut mux = Mux::default();
         set(&mut mux, vec![pod("a", "1", "i")]);
         let ops = mux.merge(SourceSnapshot {
+            objects: Vec::new(),
             source: Source::Http,
             pods: vec![],
         });

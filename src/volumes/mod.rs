@@ -1,11 +1,15 @@
 //! Pod volumes on the host: emptyDir (disk, or tmpfs for medium Memory) under the pod's
-//! directory, and hostPath with the checks and creation rules of its `type`.
+//! directory, hostPath with the checks and creation rules of its `type`, and the API-data
+//! volumes (configMap, secret, downwardAPI, projected) written atomically, secrets on tmpfs.
+
+mod atomic;
+mod projected;
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::api::core::v1::{Pod, ResourceFieldSelector, Volume};
 
 use crate::pod::{parse_quantity, spec};
 
@@ -39,35 +43,91 @@ pub fn pod_dir(root_dir: &Path, uid: &str) -> PathBuf {
     root_dir.join("pods").join(uid)
 }
 
-/// Makes every volume of the pod available on the host and returns each volume's host path.
-/// Idempotent: a pod's volumes are set up on every sync.
-pub fn setup(pod: &Pod, root_dir: &Path) -> Result<HashMap<String, PathBuf>> {
+/// What API-data volumes read besides the pod: its objects and its containers' resources.
+pub struct Inputs<'a> {
+    pub objects: &'a crate::objects::View,
+    /// The value of a downwardAPI resourceFieldRef.
+    pub resource_field: &'a (dyn Fn(&ResourceFieldSelector) -> Result<String, String> + Sync),
+}
+
+/// A volume ready on the host.
+#[derive(Clone, Debug)]
+pub struct Mounted {
+    pub path: PathBuf,
+    /// API-data volumes are always mounted read-only, as upstream.
+    pub read_only: bool,
+}
+
+/// Makes every volume of the pod available on the host and returns each by name. Idempotent: a
+/// pod's volumes are set up on every sync, which is also how API-data volumes follow changes.
+pub fn setup(pod: &Pod, root_dir: &Path, inputs: &Inputs<'_>) -> Result<HashMap<String, Mounted>> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let dir = pod_dir(root_dir, uid);
     for sub in ["volumes", "plugins", "containers"] {
         std::fs::create_dir_all(dir.join(sub)).map_err(io("cannot create", &dir.join(sub)))?;
     }
-    let mut paths = HashMap::new();
+    let mut mounted = HashMap::new();
     let fs_group = spec(pod).security_context.as_ref().and_then(|s| s.fs_group);
     for v in spec(pod).volumes.iter().flatten() {
-        let path = if v.empty_dir.is_some() {
-            empty_dir(v, &dir, fs_group)?
+        let (path, read_only) = if v.empty_dir.is_some() {
+            (empty_dir(v, &dir, fs_group)?, false)
         } else if let Some(hp) = &v.host_path {
             host_path(
                 &v.name,
                 Path::new(&hp.path),
                 hp.type_.as_deref().unwrap_or(""),
             )?;
-            PathBuf::from(&hp.path)
+            (PathBuf::from(&hp.path), false)
+        } else if let Some(files) = projected::payload(pod, v, inputs) {
+            let files = files.map_err(|message| Error::Volume {
+                volume: v.name.clone(),
+                message,
+            })?;
+            (api_data(v, &dir, &files, fs_group)?, true)
         } else {
             return Err(Error::Volume {
                 volume: v.name.clone(),
                 message: "volume type is not supported".into(),
             });
         };
-        paths.insert(v.name.clone(), path);
+        mounted.insert(v.name.clone(), Mounted { path, read_only });
     }
-    Ok(paths)
+    Ok(mounted)
+}
+
+/// Writes an API-data volume under `<pod>/volumes/kubernetes.io~<kind>/<name>`. All but
+/// configMap volumes live on tmpfs, so secrets never touch the disk.
+fn api_data(
+    v: &Volume,
+    pod_dir: &Path,
+    files: &atomic::Payload,
+    fs_group: Option<i64>,
+) -> Result<PathBuf> {
+    let (kind, memory) = if v.config_map.is_some() {
+        ("configmap", false)
+    } else if v.secret.is_some() {
+        ("secret", true)
+    } else if v.downward_api.is_some() {
+        ("downward-api", true)
+    } else {
+        ("projected", true)
+    };
+    let path = pod_dir
+        .join("volumes")
+        .join(format!("kubernetes.io~{kind}"))
+        .join(&v.name);
+    std::fs::create_dir_all(&path).map_err(io("cannot create", &path))?;
+    if memory && !is_mount_point(&path) {
+        mount_tmpfs(&path, "mode=0755").map_err(|e| Error::Volume {
+            volume: v.name.clone(),
+            message: format!("cannot mount tmpfs on {}: {e}", path.display()),
+        })?;
+    }
+    let gid = fs_group.map(|g| g as u32);
+    if atomic::write(&path, files, gid).map_err(io("cannot write the files of", &path))? {
+        tracing::debug!(volume = %v.name, dir = %path.display(), files = files.len(), "volume files updated");
+    }
+    Ok(path)
 }
 
 fn empty_dir(v: &Volume, pod_dir: &Path, fs_group: Option<i64>) -> Result<PathBuf> {

@@ -90,6 +90,8 @@ impl Node {
         let runtime = runtime().await;
         let dir = test_dir(test);
         let name = format!("t-{test}");
+        // What an earlier, failed run of this test left behind must not be mistaken for its pods.
+        remove_node_pods(&runtime, &name).await;
         let mut node = Node {
             name,
             dir,

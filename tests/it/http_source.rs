@@ -131,8 +131,18 @@ async fn a_pod_list_from_the_url_runs_and_the_headers_are_sent() {
         Some("test")
     );
 
-    server.answer(200, pod_yaml("three", &[("c", FOREVER)], ""));
+    // A ConfigMap may come in the same body as the pod that uses it.
+    let script = format!("echo v=$V; {FOREVER}");
+    let three = pod_yaml("three", &[("c", &script)], "").replace(
+        "    command:",
+        "    env: [{name: V, valueFrom: {configMapKeyRef: {name: url-cfg, key: v}}}]\n    command:",
+    );
+    server.answer(
+        200,
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: url-cfg}}\ndata: {{v: from-url}}\n---\n{three}"),
+    );
     node.wait_running("three", 1).await;
+    node.wait_log("three", "c", "v=from-url").await;
     node.wait_gone(&one.uid, Duration::from_secs(30)).await;
     eventually(
         "only the new pod to be left",

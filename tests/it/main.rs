@@ -4,6 +4,7 @@
 mod bed;
 mod cgroups;
 mod config;
+mod config_data;
 mod cri;
 mod healthz;
 mod http_source;
