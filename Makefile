@@ -16,13 +16,14 @@ export NODELET_TESTBED
 
 TESTBED := bash hack/testbed.sh
 
-.PHONY: help deps runtime-up images runtime-down build test run bench clean
+.PHONY: help deps runtime-up images registries runtime-down build test run bench clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
 	@echo "make runtime-up    start the private containerd test bed in $(NODELET_TESTBED)"
 	@echo "make images        build and import localhost/pause:local and localhost/busybox:local"
-	@echo "make runtime-down  stop the test bed and clean up after it"
+	@echo "make registries    start the two loopback image registries (open, basic auth) and push to them"
+	@echo "make runtime-down  stop the test bed and its registries, and clean up after them"
 	@echo "make build         cargo build --locked (target dir $(TARGET_DIR))"
 	@echo "make test          run the tests against the test bed, then tear it down"
 	@echo "make run           run nodelet in the foreground against the test bed"
@@ -38,6 +39,9 @@ runtime-up: deps
 images: runtime-up
 	@$(TESTBED) images
 
+registries: images
+	@bash hack/registry.sh up
+
 runtime-down:
 	@$(TESTBED) down
 
@@ -47,7 +51,7 @@ build:
 # Always tears the test bed down (also after a failure or Ctrl-C: the trap only
 # keeps the shell alive), and exits with the tests' status (or, when the tests
 # passed, with the tear-down's).
-test: deps runtime-up images
+test: deps runtime-up images registries
 	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1; \
 	trap : INT TERM; \
 	if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --locked; else cargo test --locked; fi; \

@@ -10,7 +10,7 @@ index.json carries `io.containerd.image.name` with the full reference
 `org.opencontainers.image.ref.name` with the tag.
 
     mkimage.py pause   --binary PATH     --ref localhost/pause:local   --out FILE
-    mkimage.py busybox --busybox PATH    --ref localhost/busybox:local --out FILE
+    mkimage.py busybox --busybox PATH    --ref localhost/busybox:local --out FILE [--stamp TEXT]
 
 The manifest digest is printed on stdout (and written to --digest-file).
 """
@@ -186,6 +186,8 @@ def busybox_image(args):
     tree.file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
     tree.dir("root", mode=0o700)
     tree.dir("tmp", mode=0o1777)
+    if args.stamp:
+        tree.file("etc/nodelet-stamp", args.stamp.encode() + b"\n")
     config = {"Cmd": ["sh"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
     return tree, config
 
@@ -202,6 +204,8 @@ def main():
         p.add_argument("--digest-file", help="also write the manifest digest here")
         p.add_argument("--arch", default="amd64", help="image architecture (default amd64)")
         p.add_argument("--no-gzip", dest="gzip", action="store_false", help="store the layer uncompressed")
+        if kind == "busybox":
+            p.add_argument("--stamp", help="write this text to /etc/nodelet-stamp (a distinct image)")
     args = parser.parse_args()
 
     tree, config = pause_image(args) if args.kind == "pause" else busybox_image(args)

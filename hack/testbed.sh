@@ -770,6 +770,7 @@ cmd_up() {
 
 cmd_down() {
     lock
+    bash "$HERE/registry.sh" down || log "warning: the test registries did not stop cleanly"
     teardown
     log "down"
 }
@@ -782,6 +783,7 @@ cmd_images() {
 cmd_env() {
     echo "NODELET_TEST_ENDPOINT=unix://$SOCK"
     echo "NODELET_TESTBED=$TB"
+    bash "$HERE/registry.sh" env
 }
 
 usage() { echo "usage: $0 up|down|images|env" >&2; exit 2; }

@@ -140,8 +140,7 @@ impl Core {
             host_ip,
             runtime_name: version.runtime_name.clone(),
             node,
-            restart_backoff_initial: test_restart_backoff()
-                .unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
+            restart_backoff_initial: test_backoff().unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
             cluster_dns: pod_sync::network::ClusterDns {
                 servers: config.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
                 domain: config.cluster_domain.clone(),
@@ -157,6 +156,17 @@ impl Core {
             cancel.clone(),
         ));
         let (objects_writer, objects) = crate::objects::store();
+        let puller = crate::images::Puller::new(
+            runtime.clone(),
+            crate::images::Config {
+                root_dir: config.root_dir.clone(),
+                serialize: config.serialize_image_pulls,
+                max_parallel: config.max_parallel_image_pulls,
+                qps: config.registry_pull_qps,
+                burst: config.registry_burst,
+                backoff_initial: test_backoff().unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
+            },
+        );
         let syncer = Arc::new(Syncer::new(
             runtime.clone(),
             ctx,
@@ -164,6 +174,7 @@ impl Core {
             probe_manager,
             cgroups,
             objects,
+            puller,
         ));
         let loop_config = sync_loop::Config {
             resync: config.sync_frequency,
@@ -206,17 +217,17 @@ impl Core {
     }
 }
 
-/// Test-only: `NODELET_TEST_RESTART_BACKOFF` (a Go duration) shortens the first container
-/// restart delay so tests can watch the backoff double without waiting minutes.
-fn test_restart_backoff() -> Option<Duration> {
-    let text = std::env::var("NODELET_TEST_RESTART_BACKOFF").ok()?;
+/// Test-only: `NODELET_TEST_BACKOFF` (a Go duration) shortens the first delay of the container
+/// restart and image pull backoffs so tests can watch them double without waiting minutes.
+fn test_backoff() -> Option<Duration> {
+    let text = std::env::var("NODELET_TEST_BACKOFF").ok()?;
     match crate::config::parse_duration(&text) {
         Ok(d) => {
-            tracing::warn!(initial = ?d, "test-only restart backoff in use (NODELET_TEST_RESTART_BACKOFF)");
+            tracing::warn!(initial = ?d, "test-only backoff in use (NODELET_TEST_BACKOFF)");
             Some(d)
         }
         Err(e) => {
-            tracing::warn!(error = %e, "ignoring NODELET_TEST_RESTART_BACKOFF");
+            tracing::warn!(error = %e, "ignoring NODELET_TEST_BACKOFF");
             None
         }
     }

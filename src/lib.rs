@@ -5,8 +5,8 @@
 //! desired state and hands each pod to its worker in `pod_workers`; a worker runs `pod_sync`,
 //! which plans the pod's actions and carries them out through `runtime` (CRI).
 //!
-//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `pod` and `objects` (the
-//! ConfigMaps and Secrets beside static pods) are leaves; `config`,
+//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `backoff`, `pod` and `objects`
+//! (the ConfigMaps and Secrets beside static pods) are leaves; `config`,
 //! `runtime`, `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe` and
 //! `images` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of the
 //! runtime; `pod_sync` uses runtime, images, cgroups, volumes, probe and status and implements
@@ -14,6 +14,7 @@
 //! `run_once` are the only places that wire everything together.
 
 pub mod agent;
+pub mod backoff;
 pub mod cgroups;
 pub mod config;
 pub mod images;

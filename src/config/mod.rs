@@ -73,6 +73,11 @@ pub struct Config {
     pub fail_swap_on: bool,
     pub cgroup_driver: CgroupDriver,
     pub max_pods: u32,
+    pub serialize_image_pulls: bool,
+    /// `None`: no bound on parallel pulls.
+    pub max_parallel_image_pulls: Option<u32>,
+    pub registry_pull_qps: f64,
+    pub registry_burst: u32,
     pub kube_reserved: BTreeMap<String, String>,
     pub system_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
@@ -418,6 +423,21 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         fail_swap_on: r.bool("failSwapOn", true),
         cgroup_driver,
         max_pods: r.parsed("maxPods", 110, |s| match s.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        }),
+        serialize_image_pulls: r.bool("serializeImagePulls", true),
+        max_parallel_image_pulls: r.parsed("maxParallelImagePulls", None, |s| {
+            match s.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok(Some(n)),
+                _ => Err(format!("{s:?} is not a positive number")),
+            }
+        }),
+        registry_pull_qps: r.parsed("registryPullQPS", 5.0, |s| match s.trim().parse::<f64>() {
+            Ok(n) if n >= 0.0 && n.is_finite() => Ok(n),
+            _ => Err(format!("{s:?} is not a number of at least 0")),
+        }),
+        registry_burst: r.parsed("registryBurst", 10, |s| match s.trim().parse::<u32>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("{s:?} is not a positive number")),
         }),

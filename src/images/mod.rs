@@ -1,18 +1,43 @@
-//! Images for containers: the pull policy decides whether the runtime's ImageService pulls.
+//! Images for containers, pulled through the runtime's ImageService the kubelet's way: the pull
+//! policy decides whether to pull, references are checked and given their default tag,
+//! node-level credentials come from the docker keyring, failed pulls back off per pod and image
+//! (ErrImagePull, then ImagePullBackOff), and pulls are paced (serialized or bounded in parallel,
+//! QPS with a burst) with one pull per image at a time.
 
+mod keyring;
+mod reference;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::backoff::Backoff;
 use crate::runtime::{self, RuntimeClient, cri};
+use crate::types::PodUid;
+
+pub use keyring::{Credential, Keyring};
+pub use reference::{Reference, parse as parse_reference};
+
+/// First delay after a failed pull; it doubles up to [`PULL_BACKOFF_MAX`] (upstream values).
+pub const PULL_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+pub const PULL_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// Why a container's image is not available, with the kubelet's waiting reason.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("image {image:?} is not present and the pull policy is Never")]
+    #[error("Failed to apply default image tag {image:?}: couldn't parse image name: {why}")]
+    InvalidName { image: String, why: String },
+    #[error("Container image {image:?} is not present with pull policy of Never")]
     NeverPull { image: String },
-    #[error("pulling image {image:?} failed")]
+    #[error("Failed to pull image {image:?}")]
     Pull {
         image: String,
         #[source]
         source: runtime::Error,
     },
+    #[error("Back-off pulling image {image:?}")]
+    BackOff { image: String, remaining: Duration },
     #[error("cannot inspect image {image:?}")]
     Inspect {
         image: String,
@@ -25,7 +50,9 @@ impl Error {
     /// The container waiting reason users see, as upstream.
     pub fn reason(&self) -> &'static str {
         match self {
+            Error::InvalidName { .. } => "InvalidImageName",
             Error::NeverPull { .. } => "ErrImageNeverPull",
+            Error::BackOff { .. } => "ImagePullBackOff",
             Error::Pull { .. } | Error::Inspect { .. } => "ErrImagePull",
         }
     }
@@ -39,6 +66,8 @@ pub struct Image {
     pub uid: Option<i64>,
     /// The image's user name, when it names one that is not numeric.
     pub username: String,
+    /// Bytes, as the runtime counts them.
+    pub size: u64,
 }
 
 impl From<cri::Image> for Image {
@@ -47,48 +76,285 @@ impl From<cri::Image> for Image {
             id: i.id,
             uid: i.uid.map(|u| u.value),
             username: i.username,
+            size: i.size,
         }
     }
 }
 
-/// Makes sure the runtime has `image` according to `policy` (Always, IfNotPresent, Never).
-pub async fn ensure(
-    runtime: &RuntimeClient,
-    image: &str,
-    policy: &str,
-    sandbox: &cri::PodSandboxConfig,
-) -> Result<Image, Error> {
-    let inspect = |source| Error::Inspect {
-        image: image.into(),
-        source,
-    };
-    if policy != "Always" {
-        match runtime.image_status(image).await.map_err(inspect)? {
-            Some(found) => return Ok(found.into()),
-            None if policy == "Never" => {
-                return Err(Error::NeverPull {
-                    image: image.into(),
-                });
-            }
-            None => {}
+/// How pulls are made.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where `config.json` / `.dockercfg` are looked for first (--root-dir).
+    pub root_dir: PathBuf,
+    /// One pull at a time (serializeImagePulls, default true).
+    pub serialize: bool,
+    /// With parallel pulls, at most this many at once (maxParallelImagePulls; none = no bound).
+    pub max_parallel: Option<u32>,
+    /// Pulls per second (registryPullQPS, default 5; 0 = no limit) with a burst (registryBurst).
+    pub qps: f64,
+    pub burst: u32,
+    /// First delay after a failed pull.
+    pub backoff_initial: Duration,
+}
+
+/// A token bucket: `burst` pulls at once, refilled at `qps`.
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Bucket {
+    /// Takes a token at `now`, or says how long until one is there.
+    fn take(&mut self, now: Instant, qps: f64, burst: u32) -> Option<Duration> {
+        let burst = f64::from(burst.max(1));
+        let refill = now.duration_since(self.refilled).as_secs_f64() * qps;
+        self.tokens = (self.tokens + refill).min(burst);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            None
+        } else {
+            Some(Duration::from_secs_f64((1.0 - self.tokens) / qps))
         }
     }
-    tracing::info!(image, policy, "pulling image");
-    let pulled = runtime
-        .pull_image(image, Some(sandbox.clone()))
-        .await
-        .map_err(|source| Error::Pull {
+}
+
+/// Pulls images for pods.
+pub struct Puller {
+    runtime: RuntimeClient,
+    config: Config,
+    slots: tokio::sync::Semaphore,
+    bucket: Mutex<Bucket>,
+    backoff: Mutex<Backoff>,
+    /// One lock per image: a second pod waits for the first pull instead of pulling again.
+    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// What one container needs.
+pub struct Request<'a> {
+    pub pod: &'a PodUid,
+    /// `namespace/name`, for messages.
+    pub pod_name: &'a str,
+    pub image: &'a str,
+    /// Always, IfNotPresent or Never.
+    pub policy: &'a str,
+    pub sandbox: &'a cri::PodSandboxConfig,
+}
+
+impl Puller {
+    pub fn new(runtime: RuntimeClient, config: Config) -> Puller {
+        let parallel = if config.serialize {
+            1
+        } else {
+            config
+                .max_parallel
+                .filter(|n| *n > 0)
+                .map_or(tokio::sync::Semaphore::MAX_PERMITS, |n| n as usize)
+        };
+        Puller {
+            runtime,
+            slots: tokio::sync::Semaphore::new(parallel),
+            bucket: Mutex::new(Bucket {
+                tokens: f64::from(config.burst.max(1)),
+                refilled: Instant::now(),
+            }),
+            backoff: Mutex::new(Backoff::new(config.backoff_initial, PULL_BACKOFF_MAX)),
+            in_flight: Mutex::new(HashMap::new()),
+            config,
+        }
+    }
+
+    /// Makes sure the runtime has the request's image according to its pull policy.
+    pub async fn ensure(&self, req: &Request<'_>) -> Result<Image, Error> {
+        let image = req.image;
+        let parsed = parse_reference(image).map_err(|why| Error::InvalidName {
             image: image.into(),
-            source,
+            why,
         })?;
-    Ok(
-        match runtime.image_status(&pulled).await.map_err(inspect)? {
-            Some(found) => found.into(),
-            None => Image {
-                id: pulled,
-                uid: None,
-                username: String::new(),
-            },
-        },
-    )
+        let wanted = reference::with_default_tag(image, &parsed);
+        if req.policy != "Always"
+            && let Some(found) = self.present(&wanted).await?
+        {
+            tracing::debug!(pod = %req.pod_name, event = "Pulled", "Container image {image:?} already present on machine");
+            return Ok(found);
+        }
+        if req.policy == "Never" {
+            return Err(Error::NeverPull {
+                image: image.into(),
+            });
+        }
+        let key = format!("{}_{wanted}", req.pod);
+        let remaining = self
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remaining_since_last(&key, SystemTime::now());
+        if let Some(remaining) = remaining {
+            tracing::debug!(pod = %req.pod_name, event = "BackOff", "Back-off pulling image {image:?}");
+            return Err(Error::BackOff {
+                image: image.into(),
+                remaining,
+            });
+        }
+        let lock = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(wanted.clone())
+            .or_default()
+            .clone();
+        let _one_pull_per_image = lock.lock().await;
+        // Another pod may have pulled it while this one waited.
+        if req.policy != "Always"
+            && let Some(found) = self.present(&wanted).await?
+        {
+            return Ok(found);
+        }
+        let result = self.pull(req, &wanted, &parsed).await;
+        let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(found) => {
+                backoff.forget_key(&key);
+                Ok(found)
+            }
+            Err(e) => {
+                backoff.next(&key, SystemTime::now());
+                Err(e)
+            }
+        }
+    }
+
+    async fn present(&self, image: &str) -> Result<Option<Image>, Error> {
+        let found = self
+            .runtime
+            .image_status(image)
+            .await
+            .map_err(|source| Error::Inspect {
+                image: image.into(),
+                source,
+            })?;
+        Ok(found.map(Image::from))
+    }
+
+    /// Waits for a pull slot and a QPS token.
+    async fn paced(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let permit = self.slots.acquire().await.ok();
+        if self.config.qps > 0.0 {
+            loop {
+                let wait = self.bucket.lock().unwrap_or_else(|e| e.into_inner()).take(
+                    Instant::now(),
+                    self.config.qps,
+                    self.config.burst,
+                );
+                match wait {
+                    None => break,
+                    Some(d) => tokio::time::sleep(d).await,
+                }
+            }
+        }
+        permit
+    }
+
+    /// Pulls with each matching credential in turn (or none when none match) until one works.
+    async fn pull(&self, req: &Request<'_>, wanted: &str, r: &Reference) -> Result<Image, Error> {
+        let image = req.image;
+        let _slot = self.paced().await;
+        let keyring = Keyring::load(&self.config.root_dir);
+        let credentials = keyring.lookup(&r.domain, &r.path);
+        let mut attempts: Vec<Option<cri::AuthConfig>> =
+            credentials.iter().map(|c| Some(c.auth_config())).collect();
+        if attempts.is_empty() {
+            attempts.push(None);
+        }
+        tracing::info!(pod = %req.pod_name, event = "Pulling", credentials = credentials.len(), "Pulling image {image:?}");
+        let started = Instant::now();
+        let mut attempts = attempts.into_iter();
+        let mut outcome = self
+            .runtime
+            .pull_image(wanted, attempts.next().flatten(), Some(req.sandbox.clone()))
+            .await;
+        for auth in attempts {
+            if outcome.is_ok() {
+                break;
+            }
+            outcome = self
+                .runtime
+                .pull_image(wanted, auth, Some(req.sandbox.clone()))
+                .await;
+        }
+        match outcome {
+            Ok(id) => {
+                let found = self.present(&id).await?.unwrap_or(Image {
+                    id,
+                    uid: None,
+                    username: String::new(),
+                    size: 0,
+                });
+                tracing::info!(pod = %req.pod_name, event = "Pulled",
+                    "Successfully pulled image {image:?} in {:.3}s. Image size: {} bytes.",
+                    started.elapsed().as_secs_f64(), found.size);
+                Ok(found)
+            }
+            Err(source) => {
+                tracing::warn!(pod = %req.pod_name, event = "Failed", error = %source, "Failed to pull image {image:?}");
+                Err(Error::Pull {
+                    image: image.into(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Forgets the pull backoff of a pod that is gone.
+    pub fn forget_pod(&self, uid: &PodUid) {
+        self.backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget_pod(&uid.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_paces_at_qps() {
+        let start = Instant::now();
+        let mut b = Bucket {
+            tokens: 2.0,
+            refilled: start,
+        };
+        assert_eq!(b.take(start, 1.0, 2), None);
+        assert_eq!(b.take(start, 1.0, 2), None);
+        let wait = b.take(start, 1.0, 2).expect("the burst is used up");
+        assert!((wait.as_secs_f64() - 1.0).abs() < 1e-6, "{wait:?}");
+        assert_eq!(b.take(start + Duration::from_secs(1), 1.0, 2), None);
+        let later = start + Duration::from_secs(100);
+        assert_eq!(b.take(later, 1.0, 2), None);
+        assert_eq!(b.take(later, 1.0, 2), None, "refills up to the burst only");
+        assert!(b.take(later, 1.0, 2).is_some());
+    }
+
+    #[test]
+    fn reasons_are_the_kubelets() {
+        let image = "x".to_string();
+        assert_eq!(
+            Error::BackOff {
+                image: image.clone(),
+                remaining: Duration::ZERO
+            }
+            .reason(),
+            "ImagePullBackOff"
+        );
+        assert_eq!(
+            Error::InvalidName {
+                image: image.clone(),
+                why: String::new()
+            }
+            .reason(),
+            "InvalidImageName"
+        );
+        assert_eq!(Error::NeverPull { image }.reason(), "ErrImageNeverPull");
+    }
 }

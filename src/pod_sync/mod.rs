@@ -2,7 +2,6 @@
 //! plan out through the CRI, preparing volumes, images and log paths on the way.
 
 pub mod actions;
-mod backoff;
 pub mod convert;
 mod hooks;
 pub mod network;
@@ -67,6 +66,9 @@ impl Error {
     }
 }
 
+/// How soon a pod whose pull just failed is synced again, to show ImagePullBackOff.
+const IMAGE_RETRY_CHECK: Duration = Duration::from_secs(1);
+
 /// How long a postStart hook may run (upstream has no bound; a hung hook must not hang the pod).
 const POST_START_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -91,10 +93,11 @@ pub struct Syncer {
     statuses: crate::status::Reader,
     /// Per pod, per container: why the last start failed (cleared by a successful start).
     waiting: std::sync::Mutex<HashMap<PodUid, HashMap<String, status::Waiting>>>,
-    backoff: std::sync::Mutex<backoff::Backoff>,
+    backoff: std::sync::Mutex<crate::backoff::Backoff>,
     probes: Arc<probe::Manager>,
     cgroups: crate::cgroups::Manager,
     objects: crate::objects::Reader,
+    images: images::Puller,
     /// Pods whose containers have all run once (the pod-start metric counts each once).
     started: std::sync::Mutex<std::collections::HashSet<PodUid>>,
 }
@@ -121,10 +124,13 @@ impl Syncer {
         probes: Arc<probe::Manager>,
         cgroups: crate::cgroups::Manager,
         objects: crate::objects::Reader,
+        images: images::Puller,
     ) -> Self {
-        let backoff = backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
+        let backoff =
+            crate::backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
         Syncer {
             objects,
+            images,
             started: Default::default(),
             cgroups,
             probes,
@@ -458,14 +464,34 @@ impl Syncer {
                 Ok(()) => self.record_waiting(&uid, &start.name, None),
                 Err(e) => {
                     let message = display_chain(&e);
-                    tracing::warn!(pod = %full_name(pod), container = %start.name, error = %message, "cannot start container");
                     let reason = e.waiting_reason();
+                    // A failed pull is retried when its backoff ends; the sync after the
+                    // failure (a second later) shows ImagePullBackOff until then.
+                    let retry = match &e {
+                        Error::Image {
+                            source: images::Error::BackOff { remaining, .. },
+                            ..
+                        } => Some(*remaining),
+                        Error::Image {
+                            source: images::Error::Pull { .. },
+                            ..
+                        } => Some(IMAGE_RETRY_CHECK),
+                        _ => None,
+                    };
+                    if reason != "ImagePullBackOff" {
+                        tracing::warn!(pod = %full_name(pod), container = %start.name, error = %message, "cannot start container");
+                    }
                     self.record_waiting(
                         &uid,
                         &start.name,
                         Some(status::Waiting { reason, message }),
                     );
-                    first_error.get_or_insert(e);
+                    match retry {
+                        Some(wait) => again = Some(again.map_or(wait, |a| a.min(wait))),
+                        None => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
                 }
             }
         }
@@ -506,7 +532,16 @@ impl Syncer {
             .image_pull_policy
             .as_deref()
             .unwrap_or("IfNotPresent");
-        let image_info = images::ensure(&self.runtime, image, policy, sandbox_config)
+        let request = images::Request {
+            pod: &PodUid::of(pod),
+            pod_name: &full_name(pod),
+            image,
+            policy,
+            sandbox: sandbox_config,
+        };
+        let image_info = self
+            .images
+            .ensure(&request)
             .await
             .map_err(|source| Error::Image {
                 container: start.name.clone(),
@@ -778,6 +813,7 @@ impl Syncer {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .forget_pod(&uid.0);
+        self.images.forget_pod(&uid);
         self.waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())

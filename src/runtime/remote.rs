@@ -356,6 +356,7 @@ impl RuntimeClient {
     pub async fn pull_image(
         &self,
         image: &str,
+        auth: Option<cri::AuthConfig>,
         sandbox: Option<cri::PodSandboxConfig>,
     ) -> Result<String> {
         let mut c = self.images.clone();
@@ -364,7 +365,7 @@ impl RuntimeClient {
                 image: image.into(),
                 ..Default::default()
             }),
-            auth: None,
+            auth,
             sandbox_config: sandbox,
         };
         // Pulls of large images take long; upstream sets no deadline, an hour bounds a hung one.

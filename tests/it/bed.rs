@@ -66,11 +66,102 @@ where
     }
 }
 
+/// Everything nodelet logged in this test process (tests run one per process), so a test can
+/// check what reaches the logs.
+static LOGS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// Writes log lines to stderr and to [`LOGS`].
+struct Tee;
+
+impl std::io::Write for Tee {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOGS.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        std::io::stderr().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("nodelet=debug"))
-        .with_test_writer()
+        .with_ansi(false)
+        .with_writer(|| Tee)
         .try_init();
+}
+
+/// What nodelet has logged so far in this test.
+pub fn logs() -> String {
+    String::from_utf8_lossy(&LOGS.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+}
+
+/// The address of a test registry (`make registries`): the open one, or the one with basic auth.
+pub fn registry(with_auth: bool) -> String {
+    let var = if with_auth {
+        "NODELET_TEST_AUTH_REGISTRY"
+    } else {
+        "NODELET_TEST_REGISTRY"
+    };
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run the tests with `make test` (the test registries are part of the test bed)")
+    })
+}
+
+/// `user:password` of the registry with basic auth.
+pub fn registry_login() -> (String, String) {
+    let user = std::env::var("NODELET_TEST_REGISTRY_USER").expect("NODELET_TEST_REGISTRY_USER");
+    let file = std::env::var("NODELET_TEST_REGISTRY_PASSWORD_FILE")
+        .expect("NODELET_TEST_REGISTRY_PASSWORD_FILE");
+    let password = std::fs::read_to_string(&file).expect("the registry password file");
+    (user, password.trim().to_string())
+}
+
+/// Copies an image between repositories of a test registry with skopeo (`login` is
+/// `user:password` for the registry with auth).
+pub fn copy_image(from: &str, to: &str, login: Option<&str>) {
+    let mut cmd = std::process::Command::new("skopeo");
+    cmd.args([
+        "--insecure-policy",
+        "copy",
+        "-q",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+    ]);
+    if let Some(login) = login {
+        cmd.arg("--src-creds")
+            .arg(login)
+            .arg("--dest-creds")
+            .arg(login);
+    }
+    let status = cmd
+        .arg(format!("docker://{from}"))
+        .arg(format!("docker://{to}"))
+        .status()
+        .expect("skopeo runs");
+    assert!(status.success(), "skopeo copy {from} {to} failed");
+}
+
+/// A repository name no earlier run used (the runtime keeps images across runs of the tests).
+pub fn unique_repo(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// How many PullImage calls this test's nodelet made (from its metrics).
+pub fn pulls() -> u64 {
+    nodelet::metrics::get()
+        .render()
+        .lines()
+        .find(|l| l.starts_with("kubelet_runtime_operations_total{operation_type=\"PullImage\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .map_or(0, |n| n as u64)
 }
 
 /// One nodelet running in this process against the test bed, with its own node name and dirs.

@@ -40,7 +40,7 @@ fn read(path: &std::path::Path) -> String {
 #[tokio::test]
 async fn restarts_back_off_with_growing_gaps() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
-    unsafe { std::env::set_var("NODELET_TEST_RESTART_BACKOFF", "1s") };
+    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
     let node = Node::start("backoff", &[]).await;
     node.write_manifest(
         "crash.yaml",

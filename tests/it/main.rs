@@ -8,6 +8,7 @@ mod config_data;
 mod cri;
 mod healthz;
 mod http_source;
+mod images;
 mod lifecycle;
 mod network;
 mod probes;

@@ -196,11 +196,20 @@ async fn the_timeout_fails_the_run_naming_the_pending_pods() {
     b.finish().await;
 }
 
+/// Does some process hold a flock on the file? Read from /proc/locks, without opening the file:
+/// taking the lock to find out could win the race against nodelet, and an open is what
+/// --exit-on-lock-contention watches for.
 fn lock_is_held(path: &Path) -> bool {
-    matches!(
-        nodelet::lock::acquire(path),
-        Err(nodelet::lock::Error::Held(_))
-    )
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
+    let inode = format!(":{} ", meta.ino());
+    std::fs::read_to_string("/proc/locks").is_ok_and(|locks| {
+        locks
+            .lines()
+            .any(|l| l.contains("FLOCK") && format!("{l} ").contains(&inode))
+    })
 }
 
 #[tokio::test]

@@ -1,10 +1,11 @@
-//! Container restart backoff (CrashLoopBackOff): 10 s doubling to 300 s per container, forgotten
-//! after the container has not needed a restart for twice the cap (10 min), as upstream.
+//! Per-key exponential backoff as upstream's: 10 s doubling to 300 s, an entry forgotten once it
+//! has not been bumped for twice the cap (10 min). Container restarts (CrashLoopBackOff, keyed by
+//! pod, container and spec hash) and image pulls (ImagePullBackOff, keyed by pod and image) use it.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-/// Per-container restart delays, keyed by pod UID + container name + spec hash.
+/// Delays per key; a key starts with the pod UID it belongs to.
 #[derive(Debug)]
 pub struct Backoff {
     initial: Duration,
@@ -42,6 +43,12 @@ impl Backoff {
         entry.delay.checked_sub(waited).filter(|d| !d.is_zero())
     }
 
+    /// How much longer `key` must wait, counted from its last bump, or `None` when it may go.
+    pub fn remaining_since_last(&self, key: &str, now: SystemTime) -> Option<Duration> {
+        let last = self.entries.get(key)?.last_update;
+        self.remaining(key, last, now)
+    }
+
     /// Records a restart of a container that finished at `finished`: the next delay doubles.
     pub fn next(&mut self, key: &str, finished: SystemTime) {
         let delay = match self.entries.get(key) {
@@ -55,6 +62,11 @@ impl Backoff {
                 last_update: finished,
             },
         );
+    }
+
+    /// Forgets one key (its last try succeeded).
+    pub fn forget_key(&mut self, key: &str) {
+        self.entries.remove(key);
     }
 
     /// Forgets every entry of a pod (its keys start with its UID).

@@ -1,0 +1,182 @@
+//! Image pulls through containerd from the test bed's loopback registries: pull policies, one
+//! pull for two pods, ErrImagePull and ImagePullBackOff with growing gaps, a pull that succeeds
+//! once the image is pushed, and node-level credentials for the registry with basic auth.
+
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::PodStatus;
+
+use crate::bed::{
+    BUSYBOX, Node, copy_image, eventually, logs, pulls, registry, registry_login, unique_repo,
+};
+
+/// Removes the names (tags and digests) of the repository a test pulled from, so the runtime
+/// holds only the test bed's own images again. Only the names: the CRI's RemoveImage would
+/// remove the image with every name it has, the test bed's own `localhost/busybox:local` among
+/// them (the registries hold the same content).
+fn forget_images(image: &str) {
+    let repo = image.rsplit_once(':').map_or(image, |(r, _)| r);
+    let ctr = |args: &[&str]| {
+        std::process::Command::new("ctr")
+            .arg("-a")
+            .arg(crate::bed::endpoint())
+            .args(["-n", "k8s.io", "images"])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    for name in ctr(&["ls", "-q"]).lines() {
+        if name.starts_with(&format!("{repo}:")) || name.starts_with(&format!("{repo}@")) {
+            ctr(&["rm", name]);
+        }
+    }
+}
+
+/// A pod running `image` with `policy` that prints which busybox build it runs, then waits.
+fn pod(name: &str, image: &str, policy: &str) -> String {
+    let script = serde_json::to_string(
+        "trap 'exit 0' TERM; echo \"stamp=$(cat /etc/nodelet-stamp 2>/dev/null || echo one)\"; while true; do sleep 1; done",
+    )
+    .expect("json");
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {image}\n    imagePullPolicy: {policy}\n    command: [sh, -c, {script}]\n"
+    )
+}
+
+fn waiting(st: &PodStatus) -> Option<(String, String)> {
+    let w = st
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .waiting
+        .clone()?;
+    Some((w.reason?, w.message.unwrap_or_default()))
+}
+
+#[tokio::test]
+async fn pull_policies_against_a_registry() {
+    let reg = registry(false);
+    let repo = unique_repo("t-policy");
+    let image = format!("{reg}/{repo}/app:v");
+    copy_image(&format!("{reg}/library/busybox:1"), &image, None);
+    let node = Node::start("imgpolicy", &[]).await;
+    let before = pulls();
+    // Two pods wanting one absent image cause one pull.
+    node.write_manifest("a.yaml", &pod("first", &image, "IfNotPresent"));
+    node.write_manifest("b.yaml", &pod("second", &image, "IfNotPresent"));
+    node.wait_log("first", "c", "stamp=one").await;
+    node.wait_log("second", "c", "stamp=one").await;
+    assert_eq!(pulls() - before, 1, "one pull for two pods");
+
+    // The tag moves to other content: IfNotPresent keeps what it has, Always pulls the new one.
+    copy_image(&format!("{reg}/library/busybox:2"), &image, None);
+    node.write_manifest("c.yaml", &pod("cached", &image, "IfNotPresent"));
+    node.wait_log("cached", "c", "stamp=one").await;
+    assert_eq!(pulls() - before, 1, "IfNotPresent did not pull");
+    node.write_manifest("d.yaml", &pod("fresh", &image, "Always"));
+    node.wait_log("fresh", "c", "stamp=two").await;
+    assert_eq!(pulls() - before, 2, "Always pulled");
+
+    // Never: an absent image is an error that names the policy; a bad name is InvalidImageName.
+    node.write_manifest(
+        "e.yaml",
+        &pod("never", &format!("{reg}/{repo}/absent:1"), "Never"),
+    );
+    node.wait_status("never", "ErrImageNeverPull", |s| {
+        waiting(s).is_some_and(|(r, m)| r == "ErrImageNeverPull" && m.contains("Never"))
+    })
+    .await;
+    node.write_manifest("f.yaml", &pod("invalid", "Bad/Name:1", "IfNotPresent"));
+    node.wait_status("invalid", "InvalidImageName", |s| {
+        waiting(s).is_some_and(|(r, _)| r == "InvalidImageName")
+    })
+    .await;
+    // The test bed's pre-imported image still runs without any registry.
+    node.write_manifest("g.yaml", &pod("local", BUSYBOX, "IfNotPresent"));
+    node.wait_log("local", "c", "stamp=one").await;
+    node.finish().await;
+    forget_images(&image);
+}
+
+#[tokio::test]
+async fn a_missing_image_backs_off_and_starts_once_pushed() {
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
+    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
+    let reg = registry(false);
+    let image = format!("{reg}/{}/app:1", unique_repo("t-missing"));
+    let node = Node::start("imgmissing", &[]).await;
+    node.write_manifest("m.yaml", &pod("missing", &image, "IfNotPresent"));
+    node.wait_status("missing", "ErrImagePull", |s| {
+        waiting(s).is_some_and(|(r, m)| r == "ErrImagePull" && m.contains(&image))
+    })
+    .await;
+    node.wait_status("missing", "ImagePullBackOff", |s| {
+        waiting(s).is_some_and(|(r, m)| r == "ImagePullBackOff" && m.contains("Back-off pulling"))
+    })
+    .await;
+    // The retries come by themselves, further and further apart.
+    let mut attempts = vec![(pulls(), tokio::time::Instant::now())];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while attempts.len() < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "retries stopped: {attempts:?}"
+        );
+        let n = pulls();
+        if n > attempts[attempts.len() - 1].0 {
+            attempts.push((n, tokio::time::Instant::now()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1].1 - w[0].1).collect();
+    assert!(
+        gaps[2] > gaps[1],
+        "gaps between pull attempts must grow: {gaps:?}"
+    );
+    // Once the image exists, the next retry pulls it and the pod starts without outside help.
+    copy_image(&format!("{reg}/library/busybox:1"), &image, None);
+    node.wait_log("missing", "c", "stamp=one").await;
+    node.finish().await;
+    forget_images(&image);
+}
+
+#[tokio::test]
+async fn the_registry_with_auth_takes_node_credentials_which_are_never_logged() {
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
+    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
+    let reg = registry(true);
+    let (user, password) = registry_login();
+    let login = format!("{user}:{password}");
+    let image = format!("{reg}/private/{}:1", unique_repo("busybox"));
+    copy_image(&format!("{reg}/private/busybox:1"), &image, Some(&login));
+    let node = Node::start("imgauth", &[]).await;
+    node.write_manifest("p.yaml", &pod("private", &image, "IfNotPresent"));
+    node.wait_status("private", "refused without credentials", |s| {
+        waiting(s).is_some_and(|(r, _)| r == "ErrImagePull" || r == "ImagePullBackOff")
+    })
+    .await;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    // A wrong login for the whole host comes second: the more specific entry is tried first.
+    let wrong = base64::engine::general_purpose::STANDARD.encode("nobody:wrong");
+    std::fs::write(
+        node.path("root/config.json"),
+        format!(r#"{{"auths": {{"{reg}": {{"auth": "{wrong}"}}, "{reg}/private": {{"auth": "{auth}"}}}}}}"#),
+    )
+    .expect("config.json");
+    node.wait_log("private", "c", "stamp=one").await;
+    eventually("the pull to be logged", Duration::from_secs(10), || async {
+        logs().contains("Successfully pulled image").then_some(())
+    })
+    .await;
+    let logged = logs();
+    assert!(
+        !logged.contains(&password) && !logged.contains(&auth),
+        "credentials reached the logs"
+    );
+    node.finish().await;
+    forget_images(&image);
+}
