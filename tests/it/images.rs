@@ -180,3 +180,166 @@ async fn the_registry_with_auth_takes_node_credentials_which_are_never_logged() 
     node.finish().await;
     forget_images(&image);
 }
+
+/// A slow proxy in front of the open registry that records, for each repository, when its
+/// requests are in flight, so a test can see whether two pulls overlapped.
+struct SlowProxy {
+    addr: String,
+    hosts_dir: std::path::PathBuf,
+    /// Per repository, how many requests are in flight; and the most repositories seen at once.
+    state: std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl SlowProxy {
+    async fn start(upstream: String) -> SlowProxy {
+        use axum::body::Body;
+        use axum::extract::{Request, State};
+        use http_body_util::BodyExt;
+        type Shared = (
+            String,
+            std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>>,
+        );
+        async fn forward(
+            State((upstream, state)): State<Shared>,
+            req: Request,
+        ) -> axum::response::Response {
+            let path = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            // /v2/<repository>/(manifests|blobs)/<ref>
+            let repo = path
+                .strip_prefix("/v2/")
+                .and_then(|p| {
+                    p.split_once("/manifests/")
+                        .or_else(|| p.split_once("/blobs/"))
+                })
+                .map(|(r, _)| r.to_string());
+            if let Some(r) = &repo {
+                let mut s = state.lock().unwrap();
+                *s.0.entry(r.clone()).or_default() += 1;
+                let busy = s.0.values().filter(|n| **n > 0).count();
+                s.1 = s.1.max(busy);
+            }
+            if repo.is_some() {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<Body>();
+            let (mut parts, body) = req.into_parts();
+            parts.uri = format!("http://{upstream}{path}").parse().unwrap();
+            parts.headers.remove(axum::http::header::HOST);
+            let answer = client.request(Request::from_parts(parts, body)).await;
+            if let Some(r) = &repo {
+                *state.lock().unwrap().0.entry(r.clone()).or_default() -= 1;
+            }
+            match answer {
+                Ok(resp) => {
+                    let (parts, body) = resp.into_parts();
+                    let bytes = body
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
+                    axum::response::Response::from_parts(parts, Body::from(bytes))
+                }
+                Err(_) => axum::response::Response::builder()
+                    .status(502)
+                    .body(Body::empty())
+                    .unwrap(),
+            }
+        }
+        let state = std::sync::Arc::new(std::sync::Mutex::new(Default::default()));
+        let app = axum::Router::new()
+            .fallback(forward)
+            .with_state((upstream, state.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let shutdown = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+                .unwrap();
+        });
+        // containerd reads its hosts files at each pull: this one sends it to the proxy by HTTP.
+        let certs =
+            std::env::var("NODELET_TEST_REGISTRY_CERTS").expect("NODELET_TEST_REGISTRY_CERTS");
+        let hosts_dir = std::path::Path::new(&certs).join(&addr);
+        std::fs::create_dir_all(&hosts_dir).unwrap();
+        std::fs::write(
+            hosts_dir.join("hosts.toml"),
+            format!("server = \"http://{addr}\"\n\n[host.\"http://{addr}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+        )
+        .unwrap();
+        SlowProxy {
+            addr,
+            hosts_dir,
+            state,
+            stop,
+        }
+    }
+
+    fn most_at_once(&self) -> usize {
+        self.state.lock().unwrap().1
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let _ = std::fs::remove_dir_all(&self.hosts_dir);
+    }
+}
+
+/// Two pods with two absent images, through the slow proxy: how many pulls overlapped.
+async fn pulls_at_once(test: &str, extra: &[&str]) -> usize {
+    let reg = registry(false);
+    let proxy = SlowProxy::start(reg.clone()).await;
+    let images: Vec<String> = ["one", "two"]
+        .iter()
+        .map(|n| {
+            format!(
+                "{}/{}/app:1",
+                proxy.addr,
+                unique_repo(&format!("t-{test}-{n}"))
+            )
+        })
+        .collect();
+    for image in &images {
+        let repo_tag = image.split_once('/').map(|(_, r)| r).unwrap_or_default();
+        copy_image(
+            &format!("{reg}/library/busybox:1"),
+            &format!("{reg}/{repo_tag}"),
+            None,
+        );
+    }
+    let node = Node::start(test, extra).await;
+    node.write_manifest("one.yaml", &pod("one", &images[0], "IfNotPresent"));
+    node.write_manifest("two.yaml", &pod("two", &images[1], "IfNotPresent"));
+    node.wait_log("one", "c", "stamp=one").await;
+    node.wait_log("two", "c", "stamp=one").await;
+    node.finish().await;
+    for image in &images {
+        forget_images(image);
+    }
+    proxy.most_at_once()
+}
+
+#[tokio::test]
+async fn pulls_are_serialized_by_default_and_overlap_when_allowed() {
+    assert_eq!(
+        pulls_at_once("imgserial", &[]).await,
+        1,
+        "one pull at a time"
+    );
+    assert_eq!(
+        pulls_at_once("imgparallel", &["--serialize-image-pulls=false"]).await,
+        2,
+        "both pulls at once"
+    );
+}
