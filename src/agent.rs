@@ -115,6 +115,7 @@ impl Core {
                 crate::config::CgroupDriver::Cgroupfs => crate::cgroups::Driver::Cgroupfs,
                 crate::config::CgroupDriver::Systemd => crate::cgroups::Driver::Systemd,
             },
+            pod_pids_limit: config.pod_pids_limit,
         });
         cgroups
             .setup_node(&allocatable)

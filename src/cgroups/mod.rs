@@ -132,6 +132,8 @@ pub struct Config {
     /// --cgroups-per-qos.
     pub per_qos: bool,
     pub driver: Driver,
+    /// --pod-max-pids: the most processes one pod may have.
+    pub pod_pids_limit: Option<i64>,
 }
 
 /// Creates and removes the node's pod cgroups.
@@ -236,6 +238,12 @@ impl Manager {
             .done();
         if let Some(memory) = limits.memory {
             builder = builder.memory().memory_hard_limit(memory).done();
+        }
+        if let Some(pids) = self.config.pod_pids_limit {
+            builder = builder
+                .pid()
+                .maximum_number_of_processes(cgroups_rs::MaxValue::Value(pids))
+                .done();
         }
         builder
             .build(hierarchies::auto())
@@ -400,6 +408,7 @@ mod tests {
                 root: root.into(),
                 per_qos: true,
                 driver,
+                pod_pids_limit: None,
             })
         };
         let b = pod("ab-cd", &[json!({"requests": {"cpu": "1"}})]);
@@ -425,6 +434,7 @@ mod tests {
             root: "/r".into(),
             per_qos: false,
             driver: Driver::Cgroupfs,
+            pod_pids_limit: None,
         });
         assert_eq!(flat.pod_parent(&b), "/r");
     }

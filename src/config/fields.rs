@@ -297,6 +297,13 @@ pub const FIELDS: &[Field] = &[
         "Number of pods the node runs at most [default 110]",
     ),
     field(
+        "podPidsLimit",
+        "pod-max-pids",
+        true,
+        Scalar,
+        "Most processes in one pod, -1 for no limit [default -1]",
+    ),
+    field(
         "serializeImagePulls",
         "serialize-image-pulls",
         true,
@@ -383,7 +390,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "nodeLeaseDurationSeconds",
     "nodeStatusReportFrequency",
     "nodeStatusUpdateFrequency",
-    "podPidsLimit",
     "registerNode",
     "rotateCertificates",
     "shutdownGracePeriod",

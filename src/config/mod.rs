@@ -73,6 +73,8 @@ pub struct Config {
     pub fail_swap_on: bool,
     pub cgroup_driver: CgroupDriver,
     pub max_pods: u32,
+    /// `None`: no limit on a pod's processes.
+    pub pod_pids_limit: Option<i64>,
     pub serialize_image_pulls: bool,
     /// `None`: no bound on parallel pulls.
     pub max_parallel_image_pulls: Option<u32>,
@@ -425,6 +427,11 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         max_pods: r.parsed("maxPods", 110, |s| match s.trim().parse::<u32>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("{s:?} is not a positive number")),
+        }),
+        pod_pids_limit: r.parsed("podPidsLimit", None, |s| match s.trim().parse::<i64>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            Ok(-1) => Ok(None),
+            _ => Err(format!("{s:?} is not a positive number or -1")),
         }),
         serialize_image_pulls: r.bool("serializeImagePulls", true),
         max_parallel_image_pulls: r.parsed("maxParallelImagePulls", None, |s| {

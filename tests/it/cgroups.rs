@@ -110,3 +110,38 @@ async fn admission_refuses_pods_that_do_not_fit() {
     assert!(st.message.unwrap_or_default().contains("memory"));
     node.finish().await;
 }
+
+#[tokio::test]
+async fn pod_max_pids_caps_the_processes_of_a_pod() {
+    let node = Node::start("cgpids", &["--pod-max-pids", "20"]).await;
+    // Forty sleeps in a pod capped at twenty: the forks past the cap fail (which ends the
+    // subshell making them), so the pod settles just under its cap instead of at forty-odd.
+    let script = serde_json::to_string(
+        "(for i in $(seq 40); do sleep 1000 & done) 2>/dev/null; exec sleep 1000",
+    )
+    .expect("json");
+    node.write_manifest(
+        "p.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n"
+        ),
+    );
+    let (sandbox, _) = node.wait_running("p", 1).await;
+    let dir = format!(
+        "{}/kubepods/besteffort/pod{}",
+        cgroup_root(&node.name),
+        sandbox.uid
+    );
+    assert_eq!(read(cgroup_dir("pids", &dir).join("pids.max")), "20");
+    let pids = cgroup_dir("pids", &dir);
+    eventually(
+        "the pod to fill up to its cap",
+        Duration::from_secs(30),
+        || async {
+            let current: u32 = read(pids.join("pids.current")).parse().ok()?;
+            (18..=20).contains(&current).then_some(())
+        },
+    )
+    .await;
+    node.finish().await;
+}
