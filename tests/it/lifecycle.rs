@@ -313,3 +313,28 @@ async fn resources_and_security_context_are_seen_inside_the_container() {
     assert!(msg.contains("runAsNonRoot"), "{msg}");
     node.finish().await;
 }
+
+#[tokio::test]
+async fn proc_mount_default_masks_proc_and_unmasked_does_not() {
+    let node = Node::start("procmount", &[]).await;
+    let report = "echo \"keys=$(stat -c %F /proc/keys) sys=$(grep ' /proc/sys ' /proc/mounts | cut -d ' ' -f 4 | cut -d , -f 1)\"";
+    let script =
+        serde_json::to_string(&format!("{report}; trap 'exit 0' TERM; {FOREVER}")).expect("json");
+    node.write_manifest(
+        "p.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: def\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n  - name: unm\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    securityContext: {{procMount: Unmasked}}\n"
+        ),
+    );
+    let masked = node.wait_log("p", "def", "keys=").await;
+    assert!(
+        masked.contains("keys=character special file sys=ro"),
+        "procMount Default masks /proc/keys and makes /proc/sys read-only: {masked}"
+    );
+    let unmasked = node.wait_log("p", "unm", "keys=").await;
+    assert!(
+        unmasked.contains("keys=regular empty file") && !unmasked.contains("sys=ro"),
+        "procMount Unmasked leaves /proc alone: {unmasked}"
+    );
+    node.finish().await;
+}
