@@ -6,6 +6,7 @@ mod defaults;
 mod hash;
 mod qos;
 mod quantity;
+mod signal;
 mod static_pod;
 mod validate;
 
@@ -14,6 +15,7 @@ pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::container_hash;
 pub use qos::{qos_class, requests};
 pub use quantity::{container_quantity, parse_quantity};
+pub use signal::signal_number;
 pub use static_pod::{
     ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,
     ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,

@@ -175,6 +175,16 @@ pub fn validate(pod: &Pod) -> Vec<String> {
             ));
         }
         check_container(&mut p, &field, c, &volume_names);
+        let os = spec.os.as_ref().map(|o| o.name.as_str());
+        if c.lifecycle
+            .as_ref()
+            .is_some_and(|l| l.stop_signal.is_some())
+            && os != Some("linux")
+        {
+            p.push(format!(
+                "{field}.lifecycle.stopSignal: may be set only with spec.os.name: linux"
+            ));
+        }
     }
     p
 }
@@ -426,6 +436,13 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
             }
         }
     }
+    if let Some(signal) = c.lifecycle.as_ref().and_then(|l| l.stop_signal.as_deref())
+        && super::signal_number(signal).is_none()
+    {
+        p.push(format!(
+            "{field}.lifecycle.stopSignal: {signal:?} is not a Linux signal name (e.g. SIGTERM, SIGUSR1, SIGRTMIN+1)"
+        ));
+    }
     for (i, env) in c.env.iter().flatten().enumerate() {
         if env.name.is_empty() || env.name.contains('=') {
             p.push(format!(
@@ -560,6 +577,20 @@ mod tests {
             assert!(p.iter().any(|x| x.starts_with(e)), "missing {e} in {p:?}");
         }
         assert_eq!(p.len(), expect.len(), "{p:?}");
+    }
+
+    #[test]
+    fn stop_signals_must_be_signals_on_a_linux_pod() {
+        let pod = |os: &str, signal: &str| {
+            problems(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: s}}\nspec:\n{os}  containers:\n  - {{name: c, image: i, lifecycle: {{stopSignal: {signal}}}}}\n"
+            ))
+        };
+        assert!(pod("  os: {name: linux}\n", "SIGUSR1").is_empty());
+        let p = pod("  os: {name: linux}\n", "SIGNOPE");
+        assert!(p[0].contains("not a Linux signal name"), "{p:?}");
+        let p = pod("", "SIGUSR1");
+        assert!(p[0].contains("spec.os.name: linux"), "{p:?}");
     }
 
     #[test]

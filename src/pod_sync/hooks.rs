@@ -1,5 +1,7 @@
 //! Lifecycle hooks and graceful stops: postStart runs right after a container starts; preStop
-//! runs before the stop signal and counts against the grace period.
+//! runs before the stop signal and counts against the grace period. A container's own
+//! `lifecycle.stopSignal` is sent by nodelet itself (the CRI runtimes here take no stop signal),
+//! then the runtime stops what is left at the deadline.
 
 use std::time::Duration;
 
@@ -11,6 +13,43 @@ use crate::runtime::{self, RuntimeClient};
 
 /// The least time a container gets between SIGTERM and SIGKILL after its preStop hook (upstream).
 const MIN_GRACE_AFTER_HOOK: Duration = Duration::from_secs(2);
+
+/// Sends the container's own stop signal to its first process and waits, up to `left`, for it
+/// to exit. Returns the grace left for the runtime's stop (zero once it is spent: SIGKILL).
+async fn send_stop_signal(
+    runtime: &RuntimeClient,
+    id: &str,
+    name: &str,
+    left: Duration,
+) -> Duration {
+    let started = Instant::now();
+    let Some(signal) = crate::pod::signal_number(name) else {
+        return left;
+    };
+    let pid = match runtime.container_pid(id).await {
+        Ok(Some(pid)) => pid,
+        Ok(None) => return left,
+        Err(e) => {
+            tracing::warn!(container = %id, error = %e, "cannot find the container's process for its stop signal; the runtime's applies");
+            return left;
+        }
+    };
+    // SAFETY: kill(2) with a pid and a signal number; no memory is shared.
+    if unsafe { libc::kill(pid, signal) } != 0 {
+        return left;
+    }
+    tracing::debug!(container = %id, signal = name, pid, "sent the container's stop signal");
+    while started.elapsed() < left {
+        match runtime.container_status(id).await {
+            Ok(st) if st.state() == crate::runtime::cri::ContainerState::ContainerExited => {
+                return Duration::ZERO;
+            }
+            Err(e) if e.is_not_found() => return Duration::ZERO,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    Duration::ZERO
+}
 
 /// Runs one handler (exec, httpGet, tcpSocket or sleep) against the container, within `timeout`.
 pub async fn run(
@@ -68,13 +107,20 @@ pub async fn stop_container(
             }
         }
     }
-    let left = if pre_stop.is_some() {
+    let mut left = if pre_stop.is_some() {
         grace
             .saturating_sub(started.elapsed())
             .max(MIN_GRACE_AFTER_HOOK)
     } else {
         grace
     };
+    let stop_signal = spec
+        .as_ref()
+        .and_then(|c| c.lifecycle.as_ref())
+        .and_then(|l| l.stop_signal.as_deref());
+    if let Some(name) = stop_signal {
+        left = send_stop_signal(&runtime, &id, name, left).await;
+    }
     match runtime.stop_container(&id, left.as_secs() as i64).await {
         Err(e) if e.is_not_found() => Ok(()),
         other => other,

@@ -379,20 +379,6 @@ impl Syncer {
                 if resources::wants_hugepages(pod) {
                     tracing::warn!(pod = %full_name(pod), "hugepages are not provided by nodelet; the request is ignored");
                 }
-                let stop_signals: Vec<&str> = spec(pod)
-                    .containers
-                    .iter()
-                    .filter(|c| {
-                        c.lifecycle
-                            .as_ref()
-                            .and_then(|l| l.stop_signal.as_ref())
-                            .is_some()
-                    })
-                    .map(|c| c.name.as_str())
-                    .collect();
-                if !stop_signals.is_empty() {
-                    tracing::warn!(pod = %full_name(pod), containers = ?stop_signals, "lifecycle.stopSignal needs a CRI runtime that takes a stop signal; the image's stop signal applies");
-                }
                 if spec(pod).host_users == Some(false) {
                     tracing::warn!(pod = %full_name(pod), "hostUsers: false needs user namespaces, which the runtime does not offer here; ignored");
                 }

@@ -150,6 +150,7 @@ fn container_status(
         restart_count: latest.map_or(0, |c| c.attempt as i32),
         state: Some(state),
         last_state: Some(last.unwrap_or_default()),
+        stop_signal: want.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
         ..Default::default()
     }
 }

@@ -314,6 +314,26 @@ impl RuntimeClient {
             })
     }
 
+    /// The host PID of the container's first process, from the runtime's verbose status
+    /// (`None` when the runtime does not tell or the container does not run).
+    pub async fn container_pid(&self, id: &str) -> Result<Option<i32>> {
+        let mut c = self.runtime.clone();
+        let req = cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: true,
+        };
+        let info = self
+            .call("ContainerStatus", self.timeout, c.container_status(req))
+            .await?
+            .info;
+        Ok(info
+            .get("info")
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            .and_then(|v| v.get("pid").and_then(serde_json::Value::as_i64))
+            .and_then(|pid| i32::try_from(pid).ok())
+            .filter(|pid| *pid > 0))
+    }
+
     /// Runs `cmd` in the container and returns its exit code and output, within `timeout`.
     pub async fn exec_sync(
         &self,

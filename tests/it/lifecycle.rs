@@ -338,3 +338,29 @@ async fn proc_mount_default_masks_proc_and_unmasked_does_not() {
     );
     node.finish().await;
 }
+
+#[tokio::test]
+async fn a_container_is_stopped_with_its_own_stop_signal() {
+    let node = Node::start("stopsignal", &[]).await;
+    let script = serde_json::to_string(
+        "trap 'echo got USR1; exit 0' USR1; trap 'echo got TERM; exit 0' TERM; echo ready; while true; do sleep 1; done",
+    )
+    .expect("json");
+    // A failing liveness probe has the container killed (and restarted); the first run's log
+    // says which signal stopped it.
+    node.write_manifest(
+        "s.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: s}}\nspec:\n  os: {{name: linux}}\n  terminationGracePeriodSeconds: 10\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    lifecycle: {{stopSignal: SIGUSR1}}\n    livenessProbe: {{exec: {{command: ['false']}}, initialDelaySeconds: 1, periodSeconds: 1, failureThreshold: 1}}\n"
+        ),
+    );
+    let log = node.wait_log("s", "c", "got ").await;
+    assert!(
+        log.contains("got USR1") && !log.contains("got TERM"),
+        "{log}"
+    );
+    let st = node.status("s").expect("a status");
+    let c = &st.container_statuses.expect("container statuses")[0];
+    assert_eq!(c.stop_signal.as_deref(), Some("SIGUSR1"));
+    node.finish().await;
+}
