@@ -298,15 +298,20 @@ fn kill(c: &Container, reason: &str) -> Kill {
     }
 }
 
-/// Keeps the two newest containers per name (the current one and the one before it, which
-/// gives the container's last state and logs); removes older dead ones, and not-ready sandboxes
+/// Keeps the newest dead container per name (MaxPerPodContainer 1, as upstream: it gives the
+/// container's last state and previous logs); removes older dead ones, and not-ready sandboxes
 /// other than the current one once they hold no container.
 fn collect_garbage(rt: &PodRuntime, current: &str, plan: &mut Plan) {
-    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for c in &rt.containers {
-        let count = seen.entry(c.name.as_str()).or_default();
+    let mut dead: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    // Newest first.
+    for c in rt
+        .containers
+        .iter()
+        .filter(|c| c.state == ContainerState::Exited)
+    {
+        let count = dead.entry(c.name.as_str()).or_default();
         *count += 1;
-        if *count > 2 && c.state == ContainerState::Exited {
+        if *count > 1 {
             plan.remove_containers.push(c.id.clone());
         }
     }
@@ -719,7 +724,8 @@ mod tests {
         let rt = PodRuntime {
             sandboxes: vec![sandbox("s2", 1, true), sandbox("s1", 0, false)],
             containers: vec![
-                container(&p, "c3", "s2", "a", 2, ContainerState::Running, None),
+                container(&p, "c4", "s2", "a", 3, ContainerState::Running, None),
+                container(&p, "c3", "s2", "a", 2, ContainerState::Exited, Some(1)),
                 container(&p, "c2", "s1", "a", 1, ContainerState::Exited, Some(1)),
                 container(&p, "c1", "s1", "a", 0, ContainerState::Exited, Some(1)),
             ],
@@ -727,9 +733,9 @@ mod tests {
         let plan = plan(&p, &rt, &ProbeView::default());
         assert_eq!(
             plan.remove_containers,
-            ["c1"],
-            "the one before the current one is kept"
+            ["c2", "c1"],
+            "the newest dead one is kept"
         );
-        assert!(plan.remove_sandboxes.is_empty(), "s1 still holds c2");
+        assert_eq!(plan.remove_sandboxes, ["s1"], "s1 holds nothing kept");
     }
 }

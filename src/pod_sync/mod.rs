@@ -633,9 +633,13 @@ impl Syncer {
 
     async fn remove_container(&self, pod: &Pod, rt: &PodRuntime, id: &str) -> Result<(), Error> {
         ignore_not_found(self.runtime.remove_container(id).await)?;
+        // Its logs go with it, as upstream: the log file and its /var/log/containers link.
         if let Some(c) = rt.containers.iter().find(|c| c.id == id) {
             let link = convert::container_log_link(&self.ctx, pod, &c.name, id);
             let _ = std::fs::remove_file(link);
+            let log = convert::pod_log_dir(&self.ctx, pod)
+                .join(convert::container_log_path(&c.name, c.attempt));
+            let _ = std::fs::remove_file(log);
         }
         Ok(())
     }

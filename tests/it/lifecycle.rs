@@ -364,3 +364,52 @@ async fn a_container_is_stopped_with_its_own_stop_signal() {
     assert_eq!(c.stop_signal.as_deref(), Some("SIGUSR1"));
     node.finish().await;
 }
+
+#[tokio::test]
+async fn garbage_collection_keeps_one_dead_container_per_container_with_its_log() {
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
+    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
+    let node = Node::start("gcdead", &[]).await;
+    node.write_manifest(
+        "g.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: g}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo run; sleep 1; exit 1']}}\n"),
+    );
+    node.wait_status("g", "restarted four times", |s| {
+        s.container_statuses
+            .as_ref()
+            .is_some_and(|c| c[0].restart_count >= 4)
+    })
+    .await;
+    let (sandbox, _) = eventually("the sandbox", Duration::from_secs(30), || async {
+        node.sandboxes("g")
+            .await
+            .into_iter()
+            .next()
+            .map(|s| (s, ()))
+    })
+    .await;
+    let log_dir = node
+        .pod_logs()
+        .join(format!("default_{}_{}", node.pod_name("g"), sandbox.uid))
+        .join("c");
+    eventually(
+        "one dead container and two logs at most",
+        Duration::from_secs(30),
+        || async {
+            let containers = node
+                .runtime
+                .list_containers(Some((LABEL_POD_UID, &sandbox.uid.0)))
+                .await
+                .ok()?;
+            let dead = containers
+                .iter()
+                .filter(|c| c.state == nodelet::runtime::ContainerState::Exited)
+                .count();
+            let running = containers.len() - dead;
+            let logs = std::fs::read_dir(&log_dir).ok()?.count();
+            (running == 1 && dead == 1 && logs == 2).then_some(())
+        },
+    )
+    .await;
+    node.finish().await;
+}
