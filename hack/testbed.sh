@@ -5,6 +5,7 @@
 #   testbed.sh images   build and import localhost/pause:local and localhost/busybox:local
 #   testbed.sh down     remove every pod/container, stop it, leave the machine as it was
 #   testbed.sh env      print the variables the tests need
+#   testbed.sh restart  kill containerd and start it again on the same state (a fault test)
 #
 # Everything lives under $NODELET_TESTBED (default /var/lib/nodelet-testbed).
 # It never touches a system containerd: only our socket, our dir, our bridge
@@ -775,6 +776,24 @@ cmd_down() {
     log "down"
 }
 
+# A runtime fault for the resilience tests: containerd is killed (as in a crash) and started
+# again on the same state; containers keep running under their shims meanwhile.
+cmd_restart() {
+    lock
+    local pids pid
+    pids=$( { [[ -r $PIDFILE ]] && cat "$PIDFILE"; containerd_pids; } 2>/dev/null | sort -un || true)
+    for pid in $pids; do
+        alive "$pid" || continue
+        runs_our_config "$pid" || continue
+        log "killing containerd (pid $pid)"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_gone "$pid" 5 || die "containerd $pid does not go away"
+    done
+    rm -f "$SOCK" "$TTRPC_SOCK"
+    start_containerd "$CONFIG"
+    log "containerd restarted"
+}
+
 cmd_images() {
     lock
     images
@@ -786,7 +805,7 @@ cmd_env() {
     bash "$HERE/registry.sh" env
 }
 
-usage() { echo "usage: $0 up|down|images|env" >&2; exit 2; }
+usage() { echo "usage: $0 up|down|images|env|restart" >&2; exit 2; }
 
 [[ $# -eq 1 ]] || usage
 check_paths
@@ -795,5 +814,6 @@ case $1 in
     down) cmd_down ;;
     images) cmd_images ;;
     env) cmd_env ;;
+    restart) cmd_restart ;;
     *) usage ;;
 esac

@@ -330,3 +330,45 @@ async fn hostile_manifests_break_nothing() {
     assert_eq!(names.len(), 43, "only valid manifests made pods: {names:?}");
     node.finish().await;
 }
+
+#[tokio::test]
+async fn pods_come_back_whole_when_containerd_is_killed_and_restarted() {
+    let node = Node::start("crirestart", &[]).await;
+    node.write_manifest("a.yaml", &pod_yaml("a", &[("c", FOREVER)], ""));
+    node.write_manifest("b.yaml", &pod_yaml("b", &[("c", FOREVER)], ""));
+    node.write_manifest(
+        "h.yaml",
+        &pod_yaml("h", &[("c", FOREVER)], "  hostNetwork: true\n"),
+    );
+    let mut before = Vec::new();
+    for name in ["a", "b", "h"] {
+        before.push(node.wait_running(name, 1).await);
+    }
+    let pid_file = crate::bed::testbed_dir().join("containerd.pid");
+    let old_pid = std::fs::read_to_string(&pid_file).expect("containerd's pid");
+    let restarted = tokio::task::spawn_blocking(|| {
+        std::process::Command::new("bash")
+            .args(["hack/testbed.sh", "restart"])
+            .status()
+    })
+    .await
+    .expect("the task runs")
+    .expect("the test bed script runs");
+    assert!(restarted.success(), "containerd restarted");
+    let new_pid = std::fs::read_to_string(&pid_file).expect("containerd's pid");
+    assert_ne!(old_pid, new_pid, "a new containerd runs");
+    // nodelet rode out the outage and reconciles: the same sandboxes and containers, one each.
+    for (name, (sandbox, containers)) in ["a", "b", "h"].iter().zip(&before) {
+        let (now, running) = node.wait_running(name, 1).await;
+        assert_eq!(now.id, sandbox.id, "{name} kept its sandbox");
+        assert_eq!(running[0].id, containers[0].id, "{name} kept its container");
+        assert_eq!(running[0].attempt, 0, "{name} was not restarted");
+        assert_eq!(
+            node.sandboxes(name).await.len(),
+            1,
+            "{name} has one sandbox"
+        );
+    }
+    assert!(node.agent_alive(), "nodelet kept running");
+    node.finish().await;
+}
