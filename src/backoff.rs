@@ -64,6 +64,28 @@ impl Backoff {
         );
     }
 
+    /// Takes up a backoff this process has not seen being built: a container already restarted
+    /// `restarts` times (its restart count, from the runtime, e.g. after nodelet restarted) that
+    /// ran from `started` to `finished` waits as long as it would have, counted from `finished`.
+    /// One that ran cleanly long enough to be forgiven starts over; known keys are left alone.
+    pub fn resume(&mut self, key: &str, restarts: u32, started: SystemTime, finished: SystemTime) {
+        let ran = finished.duration_since(started).unwrap_or_default();
+        if restarts == 0 || self.entries.contains_key(key) || ran > self.max * 2 {
+            return;
+        }
+        let delay = self
+            .initial
+            .saturating_mul(1u32 << (restarts - 1).min(20))
+            .min(self.max);
+        self.entries.insert(
+            key.to_string(),
+            Entry {
+                delay,
+                last_update: finished,
+            },
+        );
+    }
+
     /// Forgets one key (its last try succeeded).
     pub fn forget_key(&mut self, key: &str) {
         self.entries.remove(key);
@@ -125,6 +147,35 @@ mod tests {
         assert_eq!(
             b.remaining("k", at(finished + 702), at(finished + 702)),
             None
+        );
+    }
+
+    #[test]
+    fn a_resumed_backoff_continues_the_doubling() {
+        let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
+        b.resume("k", 4, at(99), at(100));
+        assert_eq!(
+            b.remaining("k", at(100), at(100)),
+            Some(Duration::from_secs(80))
+        );
+        b.resume("k", 1, at(99), at(100));
+        assert_eq!(
+            b.remaining("k", at(100), at(100)),
+            Some(Duration::from_secs(80)),
+            "a known key is kept"
+        );
+        b.resume("first", 0, at(99), at(100));
+        b.resume("calm", 3, at(0), at(700));
+        assert_eq!(
+            b.remaining("calm", at(700), at(700)),
+            None,
+            "ran 11 minutes: forgiven"
+        );
+        assert_eq!(b.remaining("first", at(100), at(100)), None);
+        b.resume("many", 40, at(99), at(100));
+        assert_eq!(
+            b.remaining("many", at(100), at(100)),
+            Some(Duration::from_secs(300))
         );
     }
 }

@@ -157,6 +157,9 @@ impl Syncer {
         let key = format!("{}_{}_{}", PodUid::of(pod), start.name, previous.hash);
         let finished = UNIX_EPOCH + Duration::from_nanos(previous.finished_at.max(0) as u64);
         let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+        // After a nodelet restart the delay goes on from the restart count, not from zero.
+        let started = UNIX_EPOCH + Duration::from_nanos(previous.started_at.max(0) as u64);
+        backoff.resume(&key, previous.attempt, started, finished);
         let remaining = backoff.remaining(&key, finished, SystemTime::now());
         if remaining.is_none() {
             backoff.next(&key, finished);

@@ -413,3 +413,76 @@ async fn garbage_collection_keeps_one_dead_container_per_container_with_its_log(
     .await;
     node.finish().await;
 }
+
+#[tokio::test]
+async fn the_restart_backoff_goes_on_after_nodelet_restarts() {
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
+    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
+    let mut node = Node::start("backoffkeep", &[]).await;
+    node.write_manifest(
+        "k.yaml",
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: k}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n"),
+    );
+    // Restarts 1 to 4 come after 0, 1, 2 and 4 s; the fifth is due 8 s after the fourth ends.
+    node.wait_status("k", "restarted four times", |s| {
+        s.container_statuses
+            .as_ref()
+            .is_some_and(|c| c[0].restart_count >= 4)
+    })
+    .await;
+    node.stop_agent().await;
+    let (sandbox, _) = eventually("the sandbox", Duration::from_secs(30), || async {
+        node.sandboxes("k")
+            .await
+            .into_iter()
+            .next()
+            .map(|s| (s, ()))
+    })
+    .await;
+    let runtime = node.runtime.clone();
+    let uid = sandbox.uid.0.clone();
+    let latest = || async {
+        runtime
+            .list_containers(Some((LABEL_POD_UID, &uid)))
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .max_by_key(|c| c.attempt)
+    };
+    let before = eventually(
+        "the latest container to exit",
+        Duration::from_secs(30),
+        || async {
+            latest()
+                .await
+                .filter(|c| c.state == nodelet::runtime::ContainerState::Exited)
+        },
+    )
+    .await;
+    let finished_at = node
+        .runtime
+        .container_status(&before.id)
+        .await
+        .expect("the exited container's status")
+        .finished_at;
+    node.restart(&[]).await;
+    let restarted = std::time::SystemTime::now();
+    let next = eventually("the next restart", Duration::from_secs(60), || async {
+        latest().await.filter(|c| c.attempt > before.attempt)
+    })
+    .await;
+    let at = |nanos: i64| std::time::UNIX_EPOCH + Duration::from_nanos(nanos.max(0) as u64);
+    let due = at(finished_at) + Duration::from_secs(1 << (before.attempt - 1).min(8));
+    assert!(
+        restarted < due,
+        "nodelet took too long to come back for this test to tell anything: attempt {} ended at {:?}, restarted at {restarted:?}",
+        before.attempt,
+        at(finished_at)
+    );
+    assert!(
+        at(next.created_at) + Duration::from_millis(500) >= due,
+        "restart {} came before its backoff ended: the backoff started over",
+        next.attempt
+    );
+    node.finish().await;
+}
