@@ -230,7 +230,8 @@ async fn orphans_with_pod_labels_are_collected_and_strangers_left_alone() {
 
 #[tokio::test]
 async fn hostile_manifests_break_nothing() {
-    let node = Node::start("hostile", &[]).await;
+    // 500 manifests arrive at once below: the node takes 50 pods, admission refuses the rest.
+    let node = Node::start("hostile", &["--max-pods", "50"]).await;
     node.write_manifest("good-a.yaml", &pod_yaml("good-a", &[("c", FOREVER)], ""));
     node.write_manifest("good-b.yaml", &pod_yaml("good-b", &[("c", FOREVER)], ""));
     let (a, _) = node.wait_running("good-a", 1).await;
@@ -298,7 +299,7 @@ async fn hostile_manifests_break_nothing() {
         std::fs::write(dir.join("churn.yaml"), content).unwrap();
     }
     // Many manifests at once.
-    for i in 0..40 {
+    for i in 0..500 {
         std::fs::write(
             dir.join(format!("many-{i}.yaml")),
             pod_yaml(
@@ -309,10 +310,35 @@ async fn hostile_manifests_break_nothing() {
         )
         .unwrap();
     }
-    node.wait_running("churn", 1).await;
-    for i in 0..40 {
-        node.wait_running(&format!("many-{i}"), 1).await;
-    }
+    let ready = || async {
+        node.all_sandboxes()
+            .await
+            .into_iter()
+            .filter(|s| s.state == nodelet::runtime::SandboxState::Ready)
+            .count()
+    };
+    eventually(
+        "the node to fill up to --max-pods",
+        Duration::from_secs(120),
+        || async { (ready().await == 50).then_some(()) },
+    )
+    .await;
+    let refused = eventually(
+        "the rest to be refused",
+        Duration::from_secs(60),
+        || async {
+            let refused = (0..500)
+                .filter(|i| {
+                    node.status(&format!("many-{i}"))
+                        .is_some_and(|s| s.reason.as_deref() == Some("OutOfpods"))
+                })
+                .count();
+            (refused >= 452).then_some(refused)
+        },
+    )
+    .await;
+    // good-a, good-b and 48 of churn and the 500 run; the other 453 are refused.
+    assert!(refused <= 453, "{refused} refused");
     assert!(node.agent_alive(), "nodelet survived the corpus");
     let (a2, _) = node.wait_running("good-a", 1).await;
     let (b2, _) = node.wait_running("good-b", 1).await;
@@ -321,13 +347,11 @@ async fn hostile_manifests_break_nothing() {
         (a.id, b.id),
         "the valid pods were never touched"
     );
-    let names: Vec<String> = node
-        .all_sandboxes()
-        .await
-        .into_iter()
-        .map(|s| s.name)
-        .collect();
-    assert_eq!(names.len(), 43, "only valid manifests made pods: {names:?}");
+    assert_eq!(
+        ready().await,
+        50,
+        "only valid manifests made pods, up to --max-pods"
+    );
     node.finish().await;
 }
 
