@@ -96,6 +96,8 @@ mod tests {
 
     const VALID: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {app: web}\nspec:\n  volumes: [{name: v, emptyDir: {}}]\n  containers:\n  - name: c\n    image: busybox:1\n    ports: [{containerPort: 80, name: http}]\n    env: [{name: A, value: b}]\n    volumeMounts: [{name: v, mountPath: /v}]\n";
 
+    const OBJECTS: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {k: v}\nbinaryData: {b: AAEC}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {p: aGk=}\nstringData: {q: x}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes: [{name: v, projected: {sources: [{configMap: {name: c}}, {secret: {name: s}}, {downwardAPI: {items: [{path: l, fieldRef: {fieldPath: metadata.labels}}]}}]}}]\n  containers:\n  - {name: c, image: i, envFrom: [{configMapRef: {name: c}}], volumeMounts: [{name: v, mountPath: /v}]}\n";
+
     /// A tiny deterministic generator (xorshift) so the smoke fuzz needs no dependency.
     struct Rng(u64);
 
@@ -112,19 +114,26 @@ mod tests {
     }
 
     /// Smoke fuzz over manifest decoding: mutated manifests (bytes flipped, removed, repeated,
-    /// truncated, spliced) are refused or accepted, never a panic. Bounded to stay quick.
+    /// truncated, spliced) are refused or accepted, never a panic. Bounded to stay quick;
+    /// `NODELET_FUZZ_ITERATIONS` (and `NODELET_FUZZ_SEED`) run it longer on demand.
     #[test]
     fn mutated_manifests_never_panic() {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let number = |var: &str, default: u64| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(default)
+        };
+        let iterations = number("NODELET_FUZZ_ITERATIONS", 3000);
+        let mut rng = Rng(number("NODELET_FUZZ_SEED", 0x9e37_79b9_7f4a_7c15).max(1));
         let json =
             serde_json::to_vec(&serde_yaml_ng::from_str::<serde_json::Value>(VALID).unwrap())
                 .unwrap();
-        for i in 0..3000 {
-            let mut bytes = if i % 2 == 0 {
-                VALID.as_bytes().to_vec()
-            } else {
-                json.clone()
-            };
+        let objects = manifest(OBJECTS.as_bytes(), "n", StaticOrigin::File("f"), "t").unwrap();
+        assert_eq!((objects.pods.len(), objects.objects.len()), (1, 2));
+        let seeds = [VALID.as_bytes().to_vec(), json, OBJECTS.as_bytes().to_vec()];
+        for i in 0..iterations {
+            let mut bytes = seeds[(i % 3) as usize].clone();
             for _ in 0..=rng.below(4) {
                 let at = rng.below(bytes.len());
                 match rng.below(5) {
