@@ -72,6 +72,7 @@ pub(crate) struct Core {
     pleg_health: pleg::Health,
     events: mpsc::Receiver<pleg::Event>,
     probes: mpsc::UnboundedReceiver<probe::Update>,
+    runtime: crate::runtime::RuntimeClient,
 }
 
 impl Core {
@@ -190,7 +191,7 @@ impl Core {
             cancel.clone(),
         );
         let (events_tx, events) = mpsc::channel(1024);
-        let pleg = pleg::Pleg::new(runtime);
+        let pleg = pleg::Pleg::new(runtime.clone());
         let pleg_health = pleg.health();
         tracker.spawn(pleg.run(events_tx, cancel.clone()));
         Ok(Some(Core {
@@ -201,6 +202,7 @@ impl Core {
             pleg_health,
             events,
             probes,
+            runtime,
         }))
     }
 
@@ -215,6 +217,25 @@ impl Core {
                 .run(snapshots, self.events, self.probes, cancel),
         );
         (self.status, self.tracker)
+    }
+}
+
+/// How often unused images are collected (upstream: 5 minutes); `NODELET_TEST_IMAGE_GC_PERIOD`
+/// (test-only, a Go duration) makes it shorter.
+fn image_gc_period() -> Duration {
+    let default = Duration::from_secs(300);
+    let Ok(text) = std::env::var("NODELET_TEST_IMAGE_GC_PERIOD") else {
+        return default;
+    };
+    match crate::config::parse_duration(&text) {
+        Ok(d) if !d.is_zero() => {
+            tracing::warn!(period = ?d, "test-only image GC period in use (NODELET_TEST_IMAGE_GC_PERIOD)");
+            d
+        }
+        _ => {
+            tracing::warn!("ignoring NODELET_TEST_IMAGE_GC_PERIOD");
+            default
+        }
     }
 }
 
@@ -275,6 +296,20 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             }
         });
     }
+
+    let gc = crate::images::gc::ImageGc::new(
+        core.runtime.clone(),
+        crate::images::gc::Policy {
+            high_percent: config.image_gc_high_threshold_percent,
+            low_percent: config.image_gc_low_threshold_percent,
+            min_age: config.image_minimum_gc_age,
+        },
+    );
+    core.tracker.spawn(crate::images::gc::run(
+        gc,
+        image_gc_period(),
+        cancel.clone(),
+    ));
 
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
     if let Some(path) = &config.static_pod_path {

@@ -182,10 +182,10 @@ mod tests {
     #[test]
     fn upstream_fields_not_acted_on_are_accepted() {
         let out = knobs(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageMinimumGCAge: 2m\nclusterDNS: [10.96.0.10]\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 30s\nclusterDNS: [10.96.0.10]\n",
         );
         assert!(out.errors.is_empty());
-        assert_eq!(out.ignored, vec!["imageMinimumGCAge".to_string()]);
+        assert_eq!(out.ignored, vec!["shutdownGracePeriod".to_string()]);
         assert_eq!(
             out.raw.get("clusterDNS"),
             Some(&RawValue::List(vec!["10.96.0.10".into()]))

@@ -75,6 +75,9 @@ pub struct Config {
     pub max_pods: u32,
     /// `None`: no limit on a pod's processes.
     pub pod_pids_limit: Option<i64>,
+    pub image_gc_high_threshold_percent: u8,
+    pub image_gc_low_threshold_percent: u8,
+    pub image_minimum_gc_age: Duration,
     pub serialize_image_pulls: bool,
     /// `None`: no bound on parallel pulls.
     pub max_parallel_image_pulls: Option<u32>,
@@ -326,6 +329,14 @@ pub fn detect_node_ip() -> Option<IpAddr> {
         .map(|(_, ip)| *ip)
 }
 
+/// A percentage from 0 to 100.
+fn percent(s: &str) -> Result<u8, String> {
+    match s.trim().parse::<u8>() {
+        Ok(n) if n <= 100 => Ok(n),
+        _ => Err(format!("{s:?} is not a percentage from 0 to 100")),
+    }
+}
+
 fn system_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -433,6 +444,14 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             Ok(-1) => Ok(None),
             _ => Err(format!("{s:?} is not a positive number or -1")),
         }),
+        image_gc_high_threshold_percent: r.parsed("imageGCHighThresholdPercent", 85, percent),
+        image_gc_low_threshold_percent: r.parsed("imageGCLowThresholdPercent", 80, percent),
+        image_minimum_gc_age: r.parsed("imageMinimumGCAge", Duration::from_secs(120), |s| {
+            match duration::parse(s)? {
+                d if d > MAX_DURATION => Err("must be at most a year".into()),
+                d => Ok(d),
+            }
+        }),
         serialize_image_pulls: r.bool("serializeImagePulls", true),
         max_parallel_image_pulls: r.parsed("maxParallelImagePulls", None, |s| {
             match s.trim().parse::<u32>() {
@@ -482,6 +501,14 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             "runOnce (--run-once): needs --pod-manifest-path or --manifest-url to read pods from"
                 .into(),
         );
+    }
+    if config.image_gc_low_threshold_percent >= config.image_gc_high_threshold_percent
+        && config.image_gc_high_threshold_percent < 100
+    {
+        r.problems.push(format!(
+            "imageGCLowThresholdPercent (--image-gc-low-threshold): {} must be below the high threshold {}",
+            config.image_gc_low_threshold_percent, config.image_gc_high_threshold_percent
+        ));
     }
     if config.exit_on_lock_contention && config.lock_file.is_none() {
         r.problems

@@ -4,6 +4,7 @@
 //! (ErrImagePull, then ImagePullBackOff), and pulls are paced (serialized or bounded in parallel,
 //! QPS with a burst) with one pull per image at a time.
 
+pub mod gc;
 mod keyring;
 mod reference;
 

@@ -372,6 +372,69 @@ impl RuntimeClient {
             .image)
     }
 
+    /// Every image the runtime has.
+    pub async fn list_images(&self) -> Result<Vec<cri::Image>> {
+        let mut c = self.images.clone();
+        let req = cri::ListImagesRequest { filter: None };
+        Ok(self
+            .call("ListImages", self.timeout, c.list_images(req))
+            .await?
+            .images)
+    }
+
+    /// Removes an image by ID, with every name it has.
+    pub async fn remove_image(&self, id: &str) -> Result<()> {
+        let mut c = self.images.clone();
+        let req = cri::RemoveImageRequest {
+            image: Some(cri::ImageSpec {
+                image: id.into(),
+                ..Default::default()
+            }),
+        };
+        self.call("RemoveImage", self.timeout, c.remove_image(req))
+            .await
+            .map(|_| ())
+    }
+
+    /// The mount point of the runtime's image filesystem and the bytes its images use there.
+    pub async fn image_fs(&self) -> Result<Option<(String, u64)>> {
+        let mut c = self.images.clone();
+        let resp = self
+            .call(
+                "ImageFsInfo",
+                self.timeout,
+                c.image_fs_info(cri::ImageFsInfoRequest {}),
+            )
+            .await?;
+        Ok(resp.image_filesystems.into_iter().next().map(|fs| {
+            (
+                fs.fs_id.map(|f| f.mountpoint).unwrap_or_default(),
+                fs.used_bytes.map_or(0, |u| u.value),
+            )
+        }))
+    }
+
+    /// The sandbox (pause) image the runtime is configured with, from its verbose status.
+    pub async fn sandbox_image(&self) -> Result<Option<String>> {
+        let mut c = self.runtime.clone();
+        let resp = self
+            .call(
+                "Status",
+                self.timeout,
+                c.status(cri::StatusRequest { verbose: true }),
+            )
+            .await?;
+        Ok(resp
+            .info
+            .get("config")
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            .and_then(|v| {
+                v.get("sandboxImage")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_string)
+            }))
+    }
+
     /// Pulls an image and returns its reference (image ID or digest).
     pub async fn pull_image(
         &self,

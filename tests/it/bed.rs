@@ -221,6 +221,13 @@ impl Node {
             "--healthz-port",
             "0",
         ];
+        // Image GC would remove images other tests share; only the GC test turns it on.
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--image-gc-high-threshold"))
+        {
+            args.extend_from_slice(&["--image-gc-high-threshold", "100"]);
+        }
         args.extend_from_slice(extra);
         let config = match from_args(args) {
             Invocation::Run(r) => match *r {
@@ -447,6 +454,7 @@ pub fn nodelet_command(dir: &Path, node: &str) -> std::process::Command {
         .arg("--container-logs-dir")
         .arg(dir.join("containers"))
         .args(["--hostname-override", node, "--healthz-port", "0"])
+        .args(["--image-gc-high-threshold", "100"])
         .args(["--cgroup-root", &cgroup_root(node)])
         .stdin(std::process::Stdio::null());
     cmd

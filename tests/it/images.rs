@@ -343,3 +343,57 @@ async fn pulls_are_serialized_by_default_and_overlap_when_allowed() {
         "both pulls at once"
     );
 }
+
+#[tokio::test]
+async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
+    unsafe { std::env::set_var("NODELET_TEST_IMAGE_GC_PERIOD", "1s") };
+    let reg = registry(false);
+    let image = format!("{reg}/{}/app:1", unique_repo("t-gc"));
+    // Other content than the test bed's busybox, so removing it touches no image in use.
+    copy_image(&format!("{reg}/library/busybox:2"), &image, None);
+    // Every image counts as over the threshold: only use and the sandbox image protect one.
+    let node = Node::start(
+        "imagegc",
+        &[
+            "--image-gc-high-threshold",
+            "1",
+            "--image-gc-low-threshold",
+            "0",
+            "--minimum-image-ttl-duration",
+            "0s",
+        ],
+    )
+    .await;
+    node.write_manifest("keep.yaml", &pod("keep", BUSYBOX, "IfNotPresent"));
+    node.write_manifest("gone.yaml", &pod("gone", &image, "IfNotPresent"));
+    node.wait_log("keep", "c", "stamp=one").await;
+    let (gone, _) = node.wait_running("gone", 1).await;
+    node.remove_manifest("gone.yaml");
+    node.wait_gone(&gone.uid, Duration::from_secs(30)).await;
+    eventually(
+        "the unused image to be collected",
+        Duration::from_secs(30),
+        || async {
+            node.runtime
+                .image_status(&image)
+                .await
+                .ok()
+                .and_then(|found| found.is_none().then_some(()))
+        },
+    )
+    .await;
+    for kept in [BUSYBOX, "localhost/pause:local"] {
+        assert!(
+            node.runtime
+                .image_status(kept)
+                .await
+                .ok()
+                .flatten()
+                .is_some(),
+            "{kept} is in use or the sandbox image and stays"
+        );
+    }
+    node.finish().await;
+    forget_images(&image);
+}

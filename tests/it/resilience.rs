@@ -381,6 +381,13 @@ async fn pods_come_back_whole_when_containerd_is_killed_and_restarted() {
     assert!(restarted.success(), "containerd restarted");
     let new_pid = std::fs::read_to_string(&pid_file).expect("containerd's pid");
     assert_ne!(old_pid, new_pid, "a new containerd runs");
+    // Its CRI service takes a moment longer than containerd itself to answer.
+    eventually(
+        "the CRI service to answer",
+        Duration::from_secs(30),
+        || async { node.runtime.list_sandboxes(None).await.ok() },
+    )
+    .await;
     // nodelet rode out the outage and reconciles: the same sandboxes and containers, one each.
     for (name, (sandbox, containers)) in ["a", "b", "h"].iter().zip(&before) {
         let (now, running) = node.wait_running(name, 1).await;
