@@ -16,7 +16,7 @@ export NODELET_TESTBED
 
 TESTBED := bash hack/testbed.sh
 
-.PHONY: help deps runtime-up images registries runtime-down build test run bench clean
+.PHONY: help deps runtime-up images registries runtime-down build test run bench fuzz clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
@@ -28,6 +28,7 @@ help:
 	@echo "make test          run the tests against the test bed, then tear it down"
 	@echo "make run           run nodelet in the foreground against the test bed"
 	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench)"
+	@echo "make fuzz          run the cargo-fuzz target over manifest decoding (FUZZ_SECONDS, default 300)"
 	@echo "make clean         cargo clean"
 
 deps:
@@ -75,6 +76,13 @@ bench: deps runtime-up images
 		--nodelet $(TARGET_DIR)/release/nodelet --out target/bench \
 		--containerd-pid $$(cat $(NODELET_TESTBED)/containerd.pid) $(BENCH_ARGS) || status=$$?; \
 	$(TESTBED) down || true; exit $$status
+
+# The test suite runs the same decoding in smoke mode; this runs libFuzzer on it for longer.
+FUZZ_SECONDS ?= 300
+fuzz:
+	@command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+	@mkdir -p fuzz/corpus
+	cd fuzz && cargo +nightly fuzz run manifest corpus seeds -- -max_total_time=$(FUZZ_SECONDS)
 
 clean:
 	cargo clean

@@ -139,8 +139,10 @@ impl ImageGc {
             to_free,
             "image filesystem above the GC threshold; removing unused images"
         );
+        let chosen = choose(&candidates, to_free, now, self.policy.min_age);
+        tracing::debug!(?candidates, ?chosen, "image GC candidates");
         let mut freed = 0;
-        for id in choose(&candidates, to_free, now, self.policy.min_age) {
+        for id in chosen {
             let size = candidates.iter().find(|c| c.id == id).map_or(0, |c| c.size);
             match self.runtime.remove_image(&id).await {
                 Ok(()) => {

@@ -320,6 +320,20 @@ impl Node {
             .expect("list sandboxes")
     }
 
+    /// Waits for the static pod `name`'s sandbox (ready or not) and returns it.
+    pub async fn wait_sandbox(&self, name: &str) -> Sandbox {
+        let what = format!("the sandbox of {}", self.pod_name(name));
+        let (sandbox, ()) = eventually(&what, Duration::from_secs(30), || async {
+            self.sandboxes(name)
+                .await
+                .into_iter()
+                .next()
+                .map(|s| (s, ()))
+        })
+        .await;
+        sandbox
+    }
+
     /// Every sandbox this node owns.
     pub async fn all_sandboxes(&self) -> Vec<Sandbox> {
         self.runtime
@@ -415,6 +429,23 @@ impl Node {
         unmount_all_under(self.dir.path());
         remove_cgroups(&self.name);
     }
+}
+
+/// Serves `app` on a free loopback port until the returned token is cancelled.
+pub async fn serve(app: axum::Router) -> (std::net::SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().expect("its address");
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+            .expect("the test server runs");
+    });
+    (addr, stop)
 }
 
 /// A free TCP port on loopback.

@@ -34,16 +34,8 @@ impl Server {
         let app = axum::Router::new()
             .route("/pods", axum::routing::get(answer))
             .with_state(served.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/pods", listener.local_addr().unwrap());
-        let stop = CancellationToken::new();
-        let shutdown = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-                .unwrap();
-        });
+        let (addr, stop) = crate::bed::serve(app).await;
+        let url = format!("http://{addr}/pods");
         Server { url, served, stop }
     }
 

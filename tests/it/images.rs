@@ -256,16 +256,8 @@ impl SlowProxy {
         let app = axum::Router::new()
             .fallback(forward)
             .with_state((upstream, state.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let stop = tokio_util::sync::CancellationToken::new();
-        let shutdown = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-                .unwrap();
-        });
+        let (addr, stop) = crate::bed::serve(app).await;
+        let addr = addr.to_string();
         // containerd reads its hosts files at each pull: this one sends it to the proxy by HTTP.
         let certs =
             std::env::var("NODELET_TEST_REGISTRY_CERTS").expect("NODELET_TEST_REGISTRY_CERTS");
@@ -352,7 +344,8 @@ async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
     let image = format!("{reg}/{}/app:1", unique_repo("t-gc"));
     // Other content than the test bed's busybox, so removing it touches no image in use.
     copy_image(&format!("{reg}/library/busybox:2"), &image, None);
-    // Every image counts as over the threshold: only use and the sandbox image protect one.
+    // Every image counts as over the threshold: only use, the sandbox image and the minimum
+    // age protect one. The age gives the test's own pods time to start using their images.
     let node = Node::start(
         "imagegc",
         &[
@@ -361,7 +354,7 @@ async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
             "--image-gc-low-threshold",
             "0",
             "--minimum-image-ttl-duration",
-            "0s",
+            "10s",
         ],
     )
     .await;
@@ -383,17 +376,29 @@ async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
         },
     )
     .await;
+    let mut lost = Vec::new();
     for kept in [BUSYBOX, "localhost/pause:local"] {
-        assert!(
-            node.runtime
-                .image_status(kept)
-                .await
-                .ok()
-                .flatten()
-                .is_some(),
-            "{kept} is in use or the sandbox image and stays"
-        );
+        if node
+            .runtime
+            .image_status(kept)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            lost.push(kept);
+        }
     }
     node.finish().await;
     forget_images(&image);
+    if !lost.is_empty() {
+        // Put the test bed's images back before failing, so no later test fails for this one.
+        let _ = std::process::Command::new("bash")
+            .args(["hack/testbed.sh", "images"])
+            .status();
+    }
+    assert!(
+        lost.is_empty(),
+        "{lost:?} were in use or the sandbox image and must have stayed"
+    );
 }

@@ -46,14 +46,7 @@ async fn restarts_back_off_with_growing_gaps() {
         "crash.yaml",
         &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: crash}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n"),
     );
-    let (sandbox, _) = eventually("the sandbox", Duration::from_secs(30), || async {
-        node.sandboxes("crash")
-            .await
-            .into_iter()
-            .next()
-            .map(|s| (s, ()))
-    })
-    .await;
+    let sandbox = node.wait_sandbox("crash").await;
     // Containers are collected as the pod restarts, so their creation times are recorded as seen.
     let mut created: BTreeMap<u32, i64> = BTreeMap::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -380,14 +373,7 @@ async fn garbage_collection_keeps_one_dead_container_per_container_with_its_log(
             .is_some_and(|c| c[0].restart_count >= 4)
     })
     .await;
-    let (sandbox, _) = eventually("the sandbox", Duration::from_secs(30), || async {
-        node.sandboxes("g")
-            .await
-            .into_iter()
-            .next()
-            .map(|s| (s, ()))
-    })
-    .await;
+    let sandbox = node.wait_sandbox("g").await;
     let log_dir = node
         .pod_logs()
         .join(format!("default_{}_{}", node.pod_name("g"), sandbox.uid))
@@ -431,14 +417,7 @@ async fn the_restart_backoff_goes_on_after_nodelet_restarts() {
     })
     .await;
     node.stop_agent().await;
-    let (sandbox, _) = eventually("the sandbox", Duration::from_secs(30), || async {
-        node.sandboxes("k")
-            .await
-            .into_iter()
-            .next()
-            .map(|s| (s, ()))
-    })
-    .await;
+    let sandbox = node.wait_sandbox("k").await;
     let runtime = node.runtime.clone();
     let uid = sandbox.uid.0.clone();
     let latest = || async {
