@@ -186,6 +186,8 @@ pub struct Metrics {
     pod_worker_duration: Histogram,
     pod_start_duration: Histogram,
     http_requests: Family,
+    probes: Family,
+    probe_duration: Histogram,
 }
 
 /// The process-wide registry.
@@ -259,7 +261,37 @@ pub fn get() -> &'static Metrics {
             "counter",
             &["method", "path", "server_type"],
         ),
+        probes: Family::new(
+            "prober_probe_total",
+            "Cumulative number of a liveness, readiness or startup probe for a container by result",
+            "counter",
+            &[
+                "probe_type",
+                "result",
+                "container",
+                "pod",
+                "namespace",
+                "pod_uid",
+            ],
+        ),
+        probe_duration: Histogram::new(
+            "prober_probe_duration_seconds",
+            "Duration in seconds for a probe response",
+            &["probe_type", "container", "pod", "namespace"],
+        ),
     })
+}
+
+/// One probe run, for /metrics/probes.
+pub struct ProbeRun<'a> {
+    /// Liveness, Readiness or Startup.
+    pub probe_type: &'a str,
+    pub success: bool,
+    pub container: &'a str,
+    pub pod: &'a str,
+    pub namespace: &'a str,
+    pub pod_uid: &'a str,
+    pub took: Duration,
 }
 
 impl Metrics {
@@ -300,6 +332,34 @@ impl Metrics {
 
     pub fn http_request(&self, method: &str, path: &str, server: &str) {
         self.http_requests.add(&[method, path, server], 1.0);
+    }
+
+    /// A probe ran (`/metrics/probes`, upstream names and labels).
+    pub fn probe(&self, run: &ProbeRun<'_>) {
+        let result = if run.success { "successful" } else { "failed" };
+        self.probes.add(
+            &[
+                run.probe_type,
+                result,
+                run.container,
+                run.pod,
+                run.namespace,
+                run.pod_uid,
+            ],
+            1.0,
+        );
+        self.probe_duration.observe(
+            &[run.probe_type, run.container, run.pod, run.namespace],
+            run.took.as_secs_f64(),
+        );
+    }
+
+    /// The text exposition of the probe metrics (`/metrics/probes`).
+    pub fn render_probes(&self) -> String {
+        let mut out = String::new();
+        self.probes.render(&mut out);
+        self.probe_duration.render(&mut out);
+        out
     }
 
     /// Sets the gauges computed at scrape time.

@@ -42,6 +42,15 @@ impl Kind {
             Kind::Startup => "startup",
         }
     }
+
+    /// The `probe_type` label upstream's probe metrics use.
+    fn metric_name(self) -> &'static str {
+        match self {
+            Kind::Liveness => "Liveness",
+            Kind::Readiness => "Readiness",
+            Kind::Startup => "Startup",
+        }
+    }
 }
 
 /// A probe result that changed.
@@ -258,10 +267,24 @@ impl Worker {
                 pod_ip: &self.pod_ip,
                 ports: &ports,
             };
+            let began = std::time::Instant::now();
             let outcome = tokio::select! {
                 _ = cancel.cancelled() => return,
                 r = check::attempt(&self.probe, &target, &self.runtime) => r,
             };
+            let (namespace, pod) = self
+                .pod_name
+                .split_once('/')
+                .unwrap_or(("", &self.pod_name));
+            crate::metrics::get().probe(&crate::metrics::ProbeRun {
+                probe_type: self.kind.metric_name(),
+                success: outcome.is_ok(),
+                container: &self.container.name,
+                pod,
+                namespace,
+                pod_uid: &self.uid.0,
+                took: began.elapsed(),
+            });
             match &outcome {
                 Ok(()) => {
                     successes += 1;

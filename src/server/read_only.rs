@@ -1,5 +1,5 @@
 //! The read-only server (--read-only-port on --address, off by default): /pods, /runningpods,
-//! /metrics and /healthz, as the upstream kubelet serves them.
+//! /metrics, /metrics/probes and /healthz, as the upstream kubelet serves them.
 
 use axum::Router;
 use axum::extract::State;
@@ -132,6 +132,19 @@ async fn metrics(State(reader): State<status::Reader>) -> impl IntoResponse {
     )
 }
 
+async fn probe_metrics() -> impl IntoResponse {
+    let m = crate::metrics::get();
+    m.http_request("GET", "metrics/probes", "readonly");
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        m.render_probes(),
+    )
+}
+
 /// The read-only router.
 pub fn router(reader: status::Reader, checks: healthz::Checks) -> Router {
     Router::new()
@@ -139,6 +152,7 @@ pub fn router(reader: status::Reader, checks: healthz::Checks) -> Router {
         .route("/runningpods", get(running_pods))
         .route("/runningpods/", get(running_pods))
         .route("/metrics", get(metrics))
+        .route("/metrics/probes", get(probe_metrics))
         .with_state(reader)
         .merge(healthz::routes(checks))
 }

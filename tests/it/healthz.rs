@@ -125,10 +125,17 @@ async fn the_read_only_api_serves_pods_and_metrics() {
         ],
     )
     .await;
-    node.write_manifest("web.yaml", &pod_yaml("web", &[("c", FOREVER)], ""));
+    let probed = pod_yaml("web", &[("c", FOREVER)], "").replace(
+        "    command:",
+        "    readinessProbe: {exec: {command: ['true']}, periodSeconds: 1}\n    command:",
+    );
+    node.write_manifest("web.yaml", &probed);
     node.wait_running("web", 1).await;
     let st = node
-        .wait_status("web", "Running", |s| s.phase.as_deref() == Some("Running"))
+        .wait_status("web", "Running and ready", |s| {
+            s.phase.as_deref() == Some("Running")
+                && s.container_statuses.as_ref().is_some_and(|c| c[0].ready)
+        })
         .await;
 
     let (code, body) = eventually("the read-only API", Duration::from_secs(30), || {
@@ -176,6 +183,18 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     ] {
         assert!(value(family).is_some(), "{family} missing in {body}");
     }
+    let (code, body) = get(port, "/metrics/probes").await.unwrap();
+    assert_eq!(code, 200);
+    let samples = parse_prometheus(&body);
+    let series = format!(
+        "prober_probe_total{{probe_type=\"Readiness\",result=\"successful\",container=\"c\",pod=\"{}\",namespace=\"default\",pod_uid=\"{}\"}}",
+        node.pod_name("web"),
+        pod["metadata"]["uid"].as_str().unwrap_or_default()
+    );
+    assert!(
+        samples.iter().any(|(s, v)| *s == series && *v >= 1.0),
+        "{series} missing in {body}"
+    );
     assert_eq!(
         get(port, "/healthz").await.unwrap(),
         (200, "ok".to_string())
