@@ -96,7 +96,11 @@ impl ImageGc {
             .into_iter()
             .flat_map(|c| [c.image_ref, c.image])
             .collect();
-        let sandbox = match self.runtime.sandbox_image().await? {
+        let configured = self.runtime.runtime_config().await?;
+        let sandbox = match configured
+            .as_ref()
+            .and_then(runtime::configured_sandbox_image)
+        {
             Some(name) => self.runtime.image_status(&name).await?.map(|i| i.id),
             None => None,
         };

@@ -176,3 +176,57 @@ fn state_from_cri(state: i32) -> ContainerState {
         _ => ContainerState::Unknown,
     }
 }
+
+/// The sandbox (pause) image named in the runtime's configuration.
+pub fn configured_sandbox_image(config: &serde_json::Value) -> Option<String> {
+    config
+        .get("sandboxImage")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+}
+
+/// The cgroup driver the runtime's default runc runtime uses (`systemd` or `cgroupfs`), when
+/// its configuration says.
+pub fn configured_cgroup_driver(config: &serde_json::Value) -> Option<&'static str> {
+    let containerd = config.get("containerd")?;
+    let default = containerd
+        .get("defaultRuntimeName")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("runc");
+    let systemd = containerd
+        .get("runtimes")
+        .and_then(|r| r.get(default))
+        .and_then(|r| r.get("options"))
+        .and_then(|o| o.get("SystemdCgroup"))
+        .and_then(serde_json::Value::as_bool)
+        .or_else(|| {
+            config
+                .get("systemdCgroup")
+                .and_then(serde_json::Value::as_bool)
+        })?;
+    Some(if systemd { "systemd" } else { "cgroupfs" })
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    #[test]
+    fn the_runtimes_cgroup_driver_and_sandbox_image_are_read_from_its_config() {
+        let config = serde_json::json!({
+            "sandboxImage": "registry.k8s.io/pause:3.9",
+            "containerd": {
+                "defaultRuntimeName": "runc",
+                "runtimes": {"runc": {"options": {"SystemdCgroup": true}}}
+            }
+        });
+        assert_eq!(configured_cgroup_driver(&config), Some("systemd"));
+        assert_eq!(
+            configured_sandbox_image(&config).as_deref(),
+            Some("registry.k8s.io/pause:3.9")
+        );
+        let legacy = serde_json::json!({"containerd": {}, "systemdCgroup": false});
+        assert_eq!(configured_cgroup_driver(&legacy), Some("cgroupfs"));
+        assert_eq!(configured_cgroup_driver(&serde_json::json!({})), None);
+    }
+}

@@ -414,8 +414,9 @@ impl RuntimeClient {
         }))
     }
 
-    /// The sandbox (pause) image the runtime is configured with, from its verbose status.
-    pub async fn sandbox_image(&self) -> Result<Option<String>> {
+    /// The runtime's own configuration, from its verbose status (containerd's CRI plugin config),
+    /// when it tells.
+    pub async fn runtime_config(&self) -> Result<Option<serde_json::Value>> {
         let mut c = self.runtime.clone();
         let resp = self
             .call(
@@ -427,12 +428,7 @@ impl RuntimeClient {
         Ok(resp
             .info
             .get("config")
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
-            .and_then(|v| {
-                v.get("sandboxImage")
-                    .and_then(serde_json::Value::as_str)
-                    .map(str::to_string)
-            }))
+            .and_then(|text| serde_json::from_str(text).ok()))
     }
 
     /// Pulls an image and returns its reference (image ID or digest).

@@ -132,3 +132,22 @@ async fn an_unreachable_runtime_gives_an_error_naming_the_call() {
     let err = rt.version().await.expect_err("no runtime there");
     assert!(err.to_string().contains("Version"), "{err}");
 }
+
+#[tokio::test]
+async fn the_test_beds_runtime_reports_its_cgroup_driver_and_sandbox_image() {
+    let config = crate::bed::runtime()
+        .await
+        .runtime_config()
+        .await
+        .expect("Status answers")
+        .expect("containerd reports its config");
+    assert_eq!(
+        nodelet::runtime::configured_cgroup_driver(&config),
+        Some("cgroupfs"),
+        "the test bed runs runc with SystemdCgroup = false, as nodelet's default driver"
+    );
+    assert_eq!(
+        nodelet::runtime::configured_sandbox_image(&config).as_deref(),
+        Some("localhost/pause:local")
+    );
+}
