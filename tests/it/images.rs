@@ -224,7 +224,7 @@ impl SlowProxy {
                 s.1 = s.1.max(busy);
             }
             if repo.is_some() {
-                tokio::time::sleep(Duration::from_millis(400)).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
             let client =
                 hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
