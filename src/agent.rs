@@ -310,9 +310,16 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             pleg: core.pleg_health.clone(),
         };
         let reader = core.status.clone();
+        let stats = server::stats::Source {
+            runtime: core.runtime.clone(),
+            node_name: config.node_name.clone(),
+            root_dir: config.root_dir.clone(),
+            statuses: core.status.clone(),
+        };
         let cancel = cancel.clone();
         core.tracker.spawn(async move {
-            if let Err(e) = server::read_only::serve(listener, reader, checks, cancel).await {
+            if let Err(e) = server::read_only::serve(listener, reader, checks, stats, cancel).await
+            {
                 tracing::error!(error = %e, "read-only server stopped");
             }
         });

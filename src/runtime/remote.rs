@@ -372,6 +372,20 @@ impl RuntimeClient {
             .image)
     }
 
+    /// Resource usage of every container the runtime has.
+    pub async fn container_stats(&self) -> Result<Vec<cri::ContainerStats>> {
+        let mut c = self.runtime.clone();
+        let req = cri::ListContainerStatsRequest { filter: None };
+        Ok(self
+            .call(
+                "ListContainerStats",
+                self.timeout,
+                c.list_container_stats(req),
+            )
+            .await?
+            .stats)
+    }
+
     /// Every image the runtime has.
     pub async fn list_images(&self) -> Result<Vec<cri::Image>> {
         let mut c = self.images.clone();

@@ -1,5 +1,5 @@
 //! The read-only server (--read-only-port on --address, off by default): /pods, /runningpods,
-//! /metrics, /metrics/probes and /healthz, as the upstream kubelet serves them.
+//! /metrics, /metrics/probes, /stats/summary and /healthz, as the upstream kubelet serves them.
 
 use axum::Router;
 use axum::extract::State;
@@ -145,8 +145,27 @@ async fn probe_metrics() -> impl IntoResponse {
     )
 }
 
+async fn stats_summary(State(source): State<super::stats::Source>) -> impl IntoResponse {
+    crate::metrics::get().http_request("GET", "stats/summary", "readonly");
+    match super::stats::summary(&source).await {
+        Ok(summary) => json(summary).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot read container stats from the runtime: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
 /// The read-only router.
-pub fn router(reader: status::Reader, checks: healthz::Checks) -> Router {
+pub fn router(
+    reader: status::Reader,
+    checks: healthz::Checks,
+    stats: super::stats::Source,
+) -> Router {
+    let summary = Router::new()
+        .route("/stats/summary", get(stats_summary))
+        .with_state(stats);
     Router::new()
         .route("/pods", get(pods))
         .route("/runningpods", get(running_pods))
@@ -154,6 +173,7 @@ pub fn router(reader: status::Reader, checks: healthz::Checks) -> Router {
         .route("/metrics", get(metrics))
         .route("/metrics/probes", get(probe_metrics))
         .with_state(reader)
+        .merge(summary)
         .merge(healthz::routes(checks))
 }
 
@@ -162,9 +182,10 @@ pub async fn serve(
     listener: TcpListener,
     reader: status::Reader,
     checks: healthz::Checks,
+    stats: super::stats::Source,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(reader, checks))
+    axum::serve(listener, router(reader, checks, stats))
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
 }

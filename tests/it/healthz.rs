@@ -183,6 +183,35 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     ] {
         assert!(value(family).is_some(), "{family} missing in {body}");
     }
+    let (code, body) = get(port, "/stats/summary").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let n = &summary["node"];
+    assert_eq!(n["nodeName"], node.name.as_str());
+    for field in [
+        &n["cpu"]["usageCoreNanoSeconds"],
+        &n["memory"]["workingSetBytes"],
+        &n["fs"]["capacityBytes"],
+        &n["runtime"]["imageFs"]["capacityBytes"],
+    ] {
+        assert!(field.as_u64().is_some_and(|v| v > 0), "{field} in {n}");
+    }
+    let stats = summary["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == node.pod_name("web"))
+        .unwrap_or_else(|| panic!("the pod in {body}"));
+    assert_eq!(stats["podRef"]["uid"], pod["metadata"]["uid"]);
+    assert_eq!(stats["containers"][0]["name"], "c");
+    assert!(
+        stats["containers"][0]["memory"]["workingSetBytes"]
+            .as_u64()
+            .is_some_and(|v| v > 0),
+        "{stats}"
+    );
+    assert!(stats["startTime"].is_string(), "{stats}");
+
     let (code, body) = get(port, "/metrics/probes").await.unwrap();
     assert_eq!(code, 200);
     let samples = parse_prometheus(&body);

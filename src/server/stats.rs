@@ -1,0 +1,218 @@
+//! `/stats/summary` in the upstream Summary API shape: the node's CPU, memory and filesystems
+//! from /proc and statvfs, and each pod's containers from the runtime's container stats.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::runtime::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, RuntimeClient, cri};
+use crate::status;
+
+/// What the summary is made from.
+#[derive(Clone)]
+pub struct Source {
+    pub runtime: RuntimeClient,
+    pub node_name: String,
+    pub root_dir: PathBuf,
+    pub statuses: status::Reader,
+}
+
+/// The node's CPU time (ns) at the last scrape, for a usage rate.
+static LAST_CPU: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+
+/// The node's busy CPU time in nanoseconds, from /proc/stat (USER_HZ is 100 on Linux).
+fn node_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: everything but idle and iowait.
+    let busy: u64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|i| fields.get(*i))
+        .sum();
+    Some(busy * 10_000_000)
+}
+
+fn meminfo() -> BTreeMap<String, u64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            let kb: u64 = v.split_whitespace().next()?.parse().ok()?;
+            Some((k.to_string(), kb * 1024))
+        })
+        .collect()
+}
+
+/// capacity, available, inodes, free inodes of the filesystem holding `path`.
+fn fs_stats(path: &str, time: &str) -> Value {
+    let Ok(c) = std::ffi::CString::new(path) else {
+        return json!({ "time": time });
+    };
+    // SAFETY: `c` is a valid NUL-terminated path; `st` is written by statvfs only.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return json!({ "time": time });
+    }
+    let frsize = st.f_frsize as u64;
+    let capacity = st.f_blocks as u64 * frsize;
+    let available = st.f_bavail as u64 * frsize;
+    let free = st.f_bfree as u64 * frsize;
+    json!({
+        "time": time,
+        "availableBytes": available,
+        "capacityBytes": capacity,
+        "usedBytes": capacity.saturating_sub(free),
+        "inodesFree": st.f_ffree as u64,
+        "inodes": st.f_files as u64,
+        "inodesUsed": (st.f_files as u64).saturating_sub(st.f_ffree as u64),
+    })
+}
+
+fn value(v: &Option<cri::UInt64Value>) -> u64 {
+    v.as_ref().map_or(0, |v| v.value)
+}
+
+fn container_entry(s: &cri::ContainerStats, time: &str) -> Value {
+    let name = s
+        .attributes
+        .as_ref()
+        .and_then(|a| a.metadata.as_ref())
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
+    let cpu = s.cpu.unwrap_or_default();
+    let mem = s.memory.unwrap_or_default();
+    let layer = s.writable_layer.clone().unwrap_or_default();
+    json!({
+        "name": name,
+        "cpu": {
+            "time": time,
+            "usageNanoCores": value(&cpu.usage_nano_cores),
+            "usageCoreNanoSeconds": value(&cpu.usage_core_nano_seconds),
+        },
+        "memory": {
+            "time": time,
+            "availableBytes": value(&mem.available_bytes),
+            "usageBytes": value(&mem.usage_bytes),
+            "workingSetBytes": value(&mem.working_set_bytes),
+            "rssBytes": value(&mem.rss_bytes),
+            "pageFaults": value(&mem.page_faults),
+            "majorPageFaults": value(&mem.major_page_faults),
+        },
+        "rootfs": {
+            "time": time,
+            "usedBytes": value(&layer.used_bytes),
+            "inodesUsed": value(&layer.inodes_used),
+        },
+    })
+}
+
+/// Sums one field of every container's stats.
+fn sum(containers: &[Value], group: &str, field: &str) -> u64 {
+    containers
+        .iter()
+        .filter_map(|c| c[group][field].as_u64())
+        .sum()
+}
+
+/// The summary, or the runtime's error.
+pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
+    let time = crate::types::now().to_string();
+    let stats = source.runtime.container_stats().await?;
+    let mut pods: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
+    for s in &stats {
+        let Some(attrs) = &s.attributes else { continue };
+        let label = |k: &str| attrs.labels.get(k).cloned().unwrap_or_default();
+        let uid = label(LABEL_POD_UID);
+        if uid.is_empty() {
+            continue;
+        }
+        let entry = pods.entry(uid.clone()).or_insert_with(|| {
+            let pod_ref = json!({
+                "name": label(LABEL_POD_NAME),
+                "namespace": label(LABEL_POD_NAMESPACE),
+                "uid": uid,
+            });
+            (pod_ref, Vec::new())
+        });
+        entry.1.push(container_entry(s, &time));
+    }
+    let pods: Vec<Value> = pods
+        .into_iter()
+        .map(|(uid, (pod_ref, containers))| {
+            let start = source
+                .statuses
+                .get(&crate::types::PodUid(uid))
+                .and_then(|e| e.pod.status.as_ref()?.start_time.clone())
+                .map(|t| t.0.to_string());
+            json!({
+                "podRef": pod_ref,
+                "startTime": start,
+                "cpu": {
+                    "time": time,
+                    "usageNanoCores": sum(&containers, "cpu", "usageNanoCores"),
+                    "usageCoreNanoSeconds": sum(&containers, "cpu", "usageCoreNanoSeconds"),
+                },
+                "memory": {
+                    "time": time,
+                    "usageBytes": sum(&containers, "memory", "usageBytes"),
+                    "workingSetBytes": sum(&containers, "memory", "workingSetBytes"),
+                    "rssBytes": sum(&containers, "memory", "rssBytes"),
+                },
+                "containers": containers,
+            })
+        })
+        .collect();
+
+    let cpu_ns = node_cpu_ns().unwrap_or(0);
+    let now = Instant::now();
+    let nano_cores = {
+        let mut last = LAST_CPU.lock().unwrap_or_else(|e| e.into_inner());
+        let rate = last.and_then(|(at, ns)| {
+            let secs = now.duration_since(at).as_secs_f64();
+            (secs > 0.0).then(|| (cpu_ns.saturating_sub(ns) as f64 / secs) as u64)
+        });
+        *last = Some((now, cpu_ns));
+        rate.unwrap_or(0)
+    };
+    let mem = meminfo();
+    let total = mem.get("MemTotal").copied().unwrap_or(0);
+    let available = mem.get("MemAvailable").copied().unwrap_or(0);
+    let free = mem.get("MemFree").copied().unwrap_or(0);
+    let image_fs = match source.runtime.image_fs().await {
+        Ok(Some((mount, used))) => {
+            let mut fs = fs_stats(&mount, &time);
+            fs["usedBytes"] = json!(used);
+            fs
+        }
+        _ => json!({ "time": time }),
+    };
+    Ok(json!({
+        "node": {
+            "nodeName": source.node_name,
+            "cpu": {
+                "time": time,
+                "usageNanoCores": nano_cores,
+                "usageCoreNanoSeconds": cpu_ns,
+            },
+            "memory": {
+                "time": time,
+                "availableBytes": available,
+                "usageBytes": total.saturating_sub(free),
+                "workingSetBytes": total.saturating_sub(available),
+            },
+            "fs": fs_stats(&source.root_dir.to_string_lossy(), &time),
+            "runtime": { "imageFs": image_fs },
+        },
+        "pods": pods,
+    }))
+}
