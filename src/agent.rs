@@ -154,6 +154,7 @@ impl Core {
             .or_else(detect_node_ip)
             .map(|ip| ip.to_string())
             .unwrap_or_default();
+        let test_backoff = test_backoff();
         let ctx = pod_sync::Context {
             node_name: config.node_name.clone(),
             root_dir: config.root_dir.clone(),
@@ -163,7 +164,7 @@ impl Core {
             host_ip,
             runtime_name: version.runtime_name.clone(),
             node,
-            restart_backoff_initial: test_backoff().unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
+            restart_backoff_initial: test_backoff.unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
             cluster_dns: pod_sync::network::ClusterDns {
                 servers: config.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
                 domain: config.cluster_domain.clone(),
@@ -187,7 +188,7 @@ impl Core {
                 max_parallel: config.max_parallel_image_pulls,
                 qps: config.registry_pull_qps,
                 burst: config.registry_burst,
-                backoff_initial: test_backoff().unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
+                backoff_initial: test_backoff.unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
             },
         );
         let syncer = Arc::new(Syncer::new(

@@ -63,15 +63,11 @@ pub struct ImageGc {
 
 /// How full the filesystem holding `path` is, in percent, and its size in bytes.
 fn usage(path: &str) -> Option<(f64, u64)> {
-    let c = std::ffi::CString::new(path).ok()?;
-    // SAFETY: `c` is a valid NUL-terminated path; `st` is written by statvfs only.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 || st.f_blocks == 0 {
-        return None;
-    }
-    let capacity = st.f_blocks as u64 * st.f_frsize as u64;
-    let available = st.f_bavail as u64 * st.f_frsize as u64;
-    Some((100.0 - available as f64 * 100.0 / capacity as f64, capacity))
+    let fs = crate::types::fs_stats(path).filter(|fs| fs.capacity > 0)?;
+    Some((
+        100.0 - fs.available as f64 * 100.0 / fs.capacity as f64,
+        fs.capacity,
+    ))
 }
 
 impl ImageGc {

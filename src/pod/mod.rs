@@ -49,3 +49,25 @@ pub fn is_sidecar(c: &Container) -> bool {
 pub fn grace_period_seconds(pod: &Pod) -> i64 {
     spec(pod).termination_grace_period_seconds.unwrap_or(30)
 }
+
+/// The downward API's value of a `metadata.*` fieldRef (name, namespace, uid, and one label or
+/// annotation by key); `None` for other paths.
+pub fn metadata_field(pod: &Pod, path: &str) -> Option<String> {
+    let m = &pod.metadata;
+    let keyed = |prefix: &str, map: &Option<std::collections::BTreeMap<String, String>>| {
+        let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
+        Some(
+            map.as_ref()
+                .and_then(|m| m.get(key))
+                .cloned()
+                .unwrap_or_default(),
+        )
+    };
+    match path {
+        "metadata.name" => Some(m.name.clone().unwrap_or_default()),
+        "metadata.namespace" => Some(m.namespace.clone().unwrap_or_else(|| "default".into())),
+        "metadata.uid" => Some(m.uid.clone().unwrap_or_default()),
+        _ => keyed("metadata.labels['", &m.labels)
+            .or_else(|| keyed("metadata.annotations['", &m.annotations)),
+    }
+}

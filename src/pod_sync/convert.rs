@@ -184,35 +184,13 @@ pub fn sandbox_config(
 
 /// Values the downward API may hand to a container's environment.
 fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
-    let (name, namespace, uid) = meta(pod);
     let s = spec(pod);
     Some(match path {
-        "metadata.name" => name.into(),
-        "metadata.namespace" => namespace.into(),
-        "metadata.uid" => uid.into(),
         "spec.nodeName" => s.node_name.clone().unwrap_or_default(),
         "spec.serviceAccountName" => s.service_account_name.clone().unwrap_or_default(),
         "status.podIP" | "status.podIPs" => pod_ip.into(),
         "status.hostIP" | "status.hostIPs" => host_ip.into(),
-        _ => {
-            let key = path
-                .strip_prefix("metadata.labels['")
-                .map(|k| ("labels", k))
-                .or_else(|| {
-                    path.strip_prefix("metadata.annotations['")
-                        .map(|k| ("annotations", k))
-                })?;
-            let k = key.1.strip_suffix("']")?;
-            let map = if key.0 == "labels" {
-                &pod.metadata.labels
-            } else {
-                &pod.metadata.annotations
-            };
-            map.as_ref()
-                .and_then(|m| m.get(k))
-                .cloned()
-                .unwrap_or_default()
-        }
+        _ => return crate::pod::metadata_field(pod, path),
     })
 }
 

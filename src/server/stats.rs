@@ -53,28 +53,19 @@ fn meminfo() -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// capacity, available, inodes, free inodes of the filesystem holding `path`.
+/// The Summary API's view of the filesystem holding `path`.
 fn fs_stats(path: &str, time: &str) -> Value {
-    let Ok(c) = std::ffi::CString::new(path) else {
+    let Some(fs) = crate::types::fs_stats(path) else {
         return json!({ "time": time });
     };
-    // SAFETY: `c` is a valid NUL-terminated path; `st` is written by statvfs only.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return json!({ "time": time });
-    }
-    let frsize = st.f_frsize as u64;
-    let capacity = st.f_blocks as u64 * frsize;
-    let available = st.f_bavail as u64 * frsize;
-    let free = st.f_bfree as u64 * frsize;
     json!({
         "time": time,
-        "availableBytes": available,
-        "capacityBytes": capacity,
-        "usedBytes": capacity.saturating_sub(free),
-        "inodesFree": st.f_ffree as u64,
-        "inodes": st.f_files as u64,
-        "inodesUsed": (st.f_files as u64).saturating_sub(st.f_ffree as u64),
+        "availableBytes": fs.available,
+        "capacityBytes": fs.capacity,
+        "usedBytes": fs.capacity.saturating_sub(fs.free),
+        "inodesFree": fs.inodes_free,
+        "inodes": fs.inodes,
+        "inodesUsed": fs.inodes.saturating_sub(fs.inodes_free),
     })
 }
 

@@ -78,36 +78,12 @@ fn format_map(map: Option<&std::collections::BTreeMap<String, String>>) -> Strin
 /// The content of a downwardAPI file's fieldRef.
 fn field_file(pod: &Pod, path: &str) -> Result<String, String> {
     let m = &pod.metadata;
-    let pick = |map: &Option<std::collections::BTreeMap<String, String>>, key: &str| {
-        map.as_ref()
-            .and_then(|m| m.get(key))
-            .cloned()
-            .unwrap_or_default()
-    };
-    Ok(match path {
-        "metadata.name" => m.name.clone().unwrap_or_default(),
-        "metadata.namespace" => m.namespace.clone().unwrap_or_else(|| "default".into()),
-        "metadata.uid" => m.uid.clone().unwrap_or_default(),
-        "metadata.labels" => format_map(m.labels.as_ref()),
-        "metadata.annotations" => format_map(m.annotations.as_ref()),
-        _ => {
-            if let Some(key) = path
-                .strip_prefix("metadata.labels['")
-                .and_then(|k| k.strip_suffix("']"))
-            {
-                pick(&m.labels, key)
-            } else if let Some(key) = path
-                .strip_prefix("metadata.annotations['")
-                .and_then(|k| k.strip_suffix("']"))
-            {
-                pick(&m.annotations, key)
-            } else {
-                return Err(format!(
-                    "fieldRef {path:?} is not supported in a downwardAPI volume"
-                ));
-            }
-        }
-    })
+    match path {
+        "metadata.labels" => Ok(format_map(m.labels.as_ref())),
+        "metadata.annotations" => Ok(format_map(m.annotations.as_ref())),
+        _ => crate::pod::metadata_field(pod, path)
+            .ok_or_else(|| format!("fieldRef {path:?} is not supported in a downwardAPI volume")),
+    }
 }
 
 fn downward_files(
