@@ -67,6 +67,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
 pub(crate) struct Core {
     pub syncer: Arc<Syncer>,
     pub status: status::Reader,
+    pub recorder: crate::events::Recorder,
     pub tracker: TaskTracker,
     sync_loop: SyncLoop<Syncer>,
     pleg_health: pleg::Health,
@@ -173,9 +174,11 @@ impl Core {
         };
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();
+        let recorder = crate::events::Recorder::default();
         let probe_manager = Arc::new(probe::Manager::new(
             runtime.clone(),
             probe_tx,
+            recorder.clone(),
             tracker.clone(),
             cancel.clone(),
         ));
@@ -190,15 +193,19 @@ impl Core {
                 burst: config.registry_burst,
                 backoff_initial: test_backoff.unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
             },
+            recorder.clone(),
         );
         let syncer = Arc::new(Syncer::new(
             runtime.clone(),
             ctx,
-            status_writer,
-            probe_manager,
-            cgroups,
-            objects,
-            puller,
+            pod_sync::Parts {
+                status: status_writer,
+                probes: probe_manager,
+                cgroups,
+                objects,
+                images: puller,
+                events: recorder.clone(),
+            },
         ));
         let loop_config = sync_loop::Config {
             resync: config.sync_frequency,
@@ -219,6 +226,7 @@ impl Core {
         Ok(Some(Core {
             syncer,
             status,
+            recorder,
             tracker,
             sync_loop,
             pleg_health,
@@ -282,6 +290,23 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     let Some(core) = Core::connect(&config, &cancel).await? else {
         return Ok(None);
     };
+    let socket = server::admin::socket_path(&config.root_dir);
+    let listener = server::admin::bind(&socket).await?;
+    let handles = server::admin::Handles {
+        node_name: config.node_name.clone(),
+        statuses: core.status.clone(),
+        events: core.recorder.clone(),
+        runtime: core.runtime.clone(),
+    };
+    core.tracker.spawn({
+        let cancel = cancel.clone();
+        async move {
+            if let Err(e) = server::admin::serve(listener, socket, handles, cancel).await {
+                tracing::error!(error = %e, "admin socket server stopped");
+            }
+        }
+    });
+
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {

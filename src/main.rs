@@ -1,5 +1,6 @@
 //! The nodelet binary: parse flags, set up logging, load and validate the configuration, run
-//! the agent, and map failures to exit codes (2: bad configuration, 1: runtime failure).
+//! the agent, and map failures to exit codes (2: bad configuration, 1: runtime failure). A first
+//! argument naming a CLI command (`get`, `describe`, `logs`, `exec`, `events`) runs the CLI instead.
 
 use std::process::ExitCode;
 
@@ -45,7 +46,11 @@ async fn shutdown_signal(cancel: CancellationToken) {
 }
 
 fn main() -> ExitCode {
-    let loaded = match config::from_args(std::env::args_os()) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| nodelet::cli::is_command(a)) {
+        return ExitCode::from(nodelet::cli::main(args));
+    }
+    let loaded = match config::from_args(args) {
         Invocation::Exit(e) => {
             let code = e.exit_code();
             let _ = e.print();

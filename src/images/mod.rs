@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::backoff::Backoff;
+use crate::events::{Recorder, Target};
 use crate::runtime::{self, RuntimeClient, cri};
 use crate::types::PodUid;
 
@@ -124,6 +125,7 @@ impl Bucket {
 pub struct Puller {
     runtime: RuntimeClient,
     config: Config,
+    events: Recorder,
     slots: tokio::sync::Semaphore,
     bucket: Mutex<Bucket>,
     backoff: Mutex<Backoff>,
@@ -134,8 +136,8 @@ pub struct Puller {
 /// What one container needs.
 pub struct Request<'a> {
     pub pod: &'a PodUid,
-    /// `namespace/name`, for messages.
-    pub pod_name: &'a str,
+    /// The container, for the pull events.
+    pub target: &'a Target,
     pub image: &'a str,
     /// Always, IfNotPresent or Never.
     pub policy: &'a str,
@@ -143,7 +145,7 @@ pub struct Request<'a> {
 }
 
 impl Puller {
-    pub fn new(runtime: RuntimeClient, config: Config) -> Puller {
+    pub fn new(runtime: RuntimeClient, config: Config, events: Recorder) -> Puller {
         let parallel = if config.serialize {
             1
         } else {
@@ -162,6 +164,7 @@ impl Puller {
             backoff: Mutex::new(Backoff::new(config.backoff_initial, PULL_BACKOFF_MAX)),
             in_flight: Mutex::new(HashMap::new()),
             config,
+            events,
         }
     }
 
@@ -176,7 +179,11 @@ impl Puller {
         if req.policy != "Always"
             && let Some(found) = self.present(&wanted).await?
         {
-            tracing::debug!(pod = %req.pod_name, event = "Pulled", "Container image {image:?} already present on machine");
+            self.events.normal(
+                req.target.clone(),
+                "Pulled",
+                format!("Container image {image:?} already present on machine"),
+            );
             return Ok(found);
         }
         if req.policy == "Never" {
@@ -191,7 +198,11 @@ impl Puller {
             .unwrap_or_else(|e| e.into_inner())
             .remaining_since_last(&key, SystemTime::now());
         if let Some(remaining) = remaining {
-            tracing::debug!(pod = %req.pod_name, event = "BackOff", "Back-off pulling image {image:?}");
+            self.events.normal(
+                req.target.clone(),
+                "BackOff",
+                format!("Back-off pulling image {image:?}"),
+            );
             return Err(Error::BackOff {
                 image: image.into(),
                 remaining,
@@ -267,7 +278,12 @@ impl Puller {
         if attempts.is_empty() {
             attempts.push(None);
         }
-        tracing::info!(pod = %req.pod_name, event = "Pulling", credentials = credentials.len(), "Pulling image {image:?}");
+        tracing::debug!(%image, credentials = credentials.len(), "credentials found for the pull");
+        self.events.normal(
+            req.target.clone(),
+            "Pulling",
+            format!("Pulling image {image:?}"),
+        );
         let started = Instant::now();
         let mut attempts = attempts.into_iter();
         let mut outcome = self
@@ -291,13 +307,23 @@ impl Puller {
                     username: String::new(),
                     size: 0,
                 });
-                tracing::info!(pod = %req.pod_name, event = "Pulled",
-                    "Successfully pulled image {image:?} in {:.3}s. Image size: {} bytes.",
-                    started.elapsed().as_secs_f64(), found.size);
+                self.events.normal(
+                    req.target.clone(),
+                    "Pulled",
+                    format!(
+                        "Successfully pulled image {image:?} in {:.3}s. Image size: {} bytes.",
+                        started.elapsed().as_secs_f64(),
+                        found.size
+                    ),
+                );
                 Ok(found)
             }
             Err(source) => {
-                tracing::warn!(pod = %req.pod_name, event = "Failed", error = %source, "Failed to pull image {image:?}");
+                self.events.warning(
+                    req.target.clone(),
+                    "Failed",
+                    format!("Failed to pull image {image:?}: {source}"),
+                );
                 Err(Error::Pull {
                     image: image.into(),
                     source,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container as SpecContainer, LifecycleHandler, Probe};
 use tokio::time::Instant;
 
+use crate::events::{Recorder, Target};
 use crate::probe;
 use crate::runtime::{self, RuntimeClient};
 
@@ -89,6 +90,7 @@ pub async fn stop_container(
     spec: Option<SpecContainer>,
     host: String,
     grace: Duration,
+    events: (Recorder, Target),
 ) -> runtime::Result<()> {
     let started = Instant::now();
     let pre_stop = spec
@@ -99,12 +101,16 @@ pub async fn stop_container(
         let hook = run(&runtime, handler, container, &id, &host, grace);
         match tokio::time::timeout(grace, hook).await {
             Ok(Ok(())) => {}
-            Ok(Err(why)) => {
-                tracing::warn!(container = %container.name, %why, "FailedPreStopHook: preStop hook failed")
-            }
-            Err(_) => {
-                tracing::warn!(container = %container.name, "preStop hook did not finish within the grace period")
-            }
+            Ok(Err(why)) => events.0.warning(
+                events.1,
+                "FailedPreStopHook",
+                format!("PreStopHook failed: {why}"),
+            ),
+            Err(_) => events.0.warning(
+                events.1,
+                "FailedPreStopHook",
+                "PreStopHook did not finish within the grace period".into(),
+            ),
         }
     }
     let mut left = if pre_stop.is_some() {

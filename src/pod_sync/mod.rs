@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::task::JoinSet;
 
+use crate::events::Target;
 use crate::pod::{grace_period_seconds, spec};
 use crate::pod_workers::PodSyncer;
 use crate::runtime::{self, ANNOTATION_NODE_NAME, ContainerState, PodRuntime, RuntimeClient, cri};
@@ -98,6 +99,7 @@ pub struct Syncer {
     cgroups: crate::cgroups::Manager,
     objects: crate::objects::Reader,
     images: images::Puller,
+    events: crate::events::Recorder,
     /// Pods whose containers have all run once (the pod-start metric counts each once).
     started: std::sync::Mutex<std::collections::HashSet<PodUid>>,
 }
@@ -116,28 +118,31 @@ fn display_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The components a [`Syncer`] drives besides the runtime.
+pub struct Parts {
+    pub status: crate::status::Writer,
+    pub probes: Arc<probe::Manager>,
+    pub cgroups: crate::cgroups::Manager,
+    pub objects: crate::objects::Reader,
+    pub images: images::Puller,
+    pub events: crate::events::Recorder,
+}
+
 impl Syncer {
-    pub fn new(
-        runtime: RuntimeClient,
-        ctx: Context,
-        status: crate::status::Writer,
-        probes: Arc<probe::Manager>,
-        cgroups: crate::cgroups::Manager,
-        objects: crate::objects::Reader,
-        images: images::Puller,
-    ) -> Self {
+    pub fn new(runtime: RuntimeClient, ctx: Context, parts: Parts) -> Self {
         let backoff =
             crate::backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
         Syncer {
-            objects,
-            images,
+            objects: parts.objects,
+            images: parts.images,
             started: Default::default(),
-            cgroups,
-            probes,
+            cgroups: parts.cgroups,
+            probes: parts.probes,
+            events: parts.events,
             runtime,
             ctx,
-            statuses: status.reader(),
-            status,
+            statuses: parts.status.reader(),
+            status: parts.status,
             waiting: Default::default(),
             backoff: std::sync::Mutex::new(backoff),
         }
@@ -165,6 +170,32 @@ impl Syncer {
             backoff.next(&key, finished);
         }
         remaining
+    }
+
+    /// Stops one of the pod's containers gracefully (its preStop hook, stop signal and grace
+    /// period), recording the Killing event with `why`.
+    fn stop(
+        &self,
+        pod: &Pod,
+        id: &str,
+        name: &str,
+        host: &str,
+        grace: Duration,
+        why: String,
+    ) -> impl Future<Output = runtime::Result<()>> + Send + 'static {
+        let target = Target::container(pod, name);
+        self.events.normal(target.clone(), "Killing", why);
+        let want = crate::pod::all_containers(spec(pod))
+            .find(|w| w.name == name)
+            .cloned();
+        hooks::stop_container(
+            self.runtime.clone(),
+            id.to_string(),
+            want,
+            host.to_string(),
+            grace,
+            (self.events.clone(), target),
+        )
     }
 
     fn record_waiting(&self, uid: &PodUid, container: &str, failure: Option<status::Waiting>) {
@@ -335,7 +366,8 @@ impl Syncer {
         else {
             return false;
         };
-        tracing::warn!(pod = %full_name(pod), "pod rejected: {message}");
+        self.events
+            .warning(Target::pod(pod), "SysctlForbidden", message.clone());
         self.status.set(pod, rejection("SysctlForbidden", &message));
         true
     }
@@ -364,7 +396,10 @@ impl Syncer {
             objects: &objects,
             resource_field: &resource_field,
         };
-        let volumes = volumes::setup(pod, &self.ctx.root_dir, &inputs)?;
+        let volumes = volumes::setup(pod, &self.ctx.root_dir, &inputs).inspect_err(|e| {
+            self.events
+                .warning(Target::pod(pod), "FailedMount", display_chain(e))
+        })?;
         self.cgroups.ensure_pod(pod)?;
         let host_dns = network::host_dns(self.ctx.resolv_conf.as_deref());
         let (dns, dns_warnings) = network::dns_config(pod, &host_dns, &self.ctx.cluster_dns);
@@ -377,7 +412,8 @@ impl Syncer {
         let sandbox_id = match (&plan.create_sandbox, &plan.sandbox_id) {
             (Some(_), _) => {
                 for warning in &dns_warnings {
-                    tracing::warn!(pod = %full_name(pod), "DNSConfigForming: {warning}");
+                    self.events
+                        .warning(Target::pod(pod), "DNSConfigForming", warning.clone());
                 }
                 if resources::wants_hugepages(pod) {
                     tracing::warn!(pod = %full_name(pod), "hugepages are not provided by nodelet; the request is ignored");
@@ -390,7 +426,24 @@ impl Syncer {
                     path: log_dir.clone(),
                     source,
                 })?;
-                let id = self.runtime.run_pod_sandbox(sandbox_config.clone()).await?;
+                if attempt > 0 {
+                    self.events.normal(
+                        Target::pod(pod),
+                        "SandboxChanged",
+                        "Pod sandbox changed, it will be killed and re-created.".into(),
+                    );
+                }
+                let id = self
+                    .runtime
+                    .run_pod_sandbox(sandbox_config.clone())
+                    .await
+                    .inspect_err(|e| {
+                        self.events.warning(
+                            Target::pod(pod),
+                            "FailedCreatePodSandBox",
+                            format!("Failed to create pod sandbox: {e}"),
+                        )
+                    })?;
                 tracing::info!(pod = %full_name(pod), sandbox = %id, attempt, "started pod sandbox");
                 id
             }
@@ -400,19 +453,10 @@ impl Syncer {
         if !plan.kill.is_empty() {
             let host = self.hook_host(pod, &rt).await;
             for k in &plan.kill {
-                tracing::info!(pod = %full_name(pod), container = %k.name, reason = %k.reason, "killing container");
                 let grace = k.grace.unwrap_or_else(|| grace_period_seconds(pod)).max(0) as u64;
-                let want = crate::pod::all_containers(spec(pod))
-                    .find(|w| w.name == k.name)
-                    .cloned();
-                hooks::stop_container(
-                    self.runtime.clone(),
-                    k.id.clone(),
-                    want,
-                    host.clone(),
-                    Duration::from_secs(grace),
-                )
-                .await?;
+                let why = format!("Stopping container {} ({})", k.name, k.reason);
+                self.stop(pod, &k.id, &k.name, &host, Duration::from_secs(grace), why)
+                    .await?;
             }
         }
         let pod_ip = if plan.start.is_empty() {
@@ -430,7 +474,15 @@ impl Syncer {
                     start.name,
                     full_name(pod)
                 );
-                tracing::debug!(pod = %full_name(pod), container = %start.name, "{message}");
+                self.events.warning(
+                    Target::container(pod, &start.name),
+                    "BackOff",
+                    format!(
+                        "Back-off restarting failed container {} in pod {}",
+                        start.name,
+                        full_name(pod)
+                    ),
+                );
                 let reason = "CrashLoopBackOff".to_string();
                 self.record_waiting(&uid, &start.name, Some(status::Waiting { reason, message }));
                 again = Some(again.map_or(wait, |a| a.min(wait)));
@@ -467,8 +519,12 @@ impl Syncer {
                         } => Some(IMAGE_RETRY_CHECK),
                         _ => None,
                     };
-                    if reason != "ImagePullBackOff" {
-                        tracing::warn!(pod = %full_name(pod), container = %start.name, error = %message, "cannot start container");
+                    if !matches!(e, Error::Image { .. }) {
+                        self.events.warning(
+                            Target::container(pod, &start.name),
+                            "Failed",
+                            format!("Error: {message}"),
+                        );
                     }
                     self.record_waiting(
                         &uid,
@@ -523,7 +579,7 @@ impl Syncer {
             .unwrap_or("IfNotPresent");
         let request = images::Request {
             pod: &PodUid::of(pod),
-            pod_name: &full_name(pod),
+            target: &Target::container(pod, &start.name),
             image,
             policy,
             sandbox: sandbox_config,
@@ -578,9 +634,20 @@ impl Syncer {
             .runtime
             .create_container(sandbox_id, config, sandbox_config.clone())
             .await?;
+        let target = Target::container(pod, &start.name);
+        self.events.normal(
+            target.clone(),
+            "Created",
+            format!("Created container: {}", start.name),
+        );
         self.link_log(pod, &start.name, &id, &log_file);
         self.runtime.start_container(&id).await?;
-        tracing::info!(pod = %full_name(pod), container = %start.name, id = %id, restart_count = start.restart_count, "started container");
+        tracing::debug!(pod = %full_name(pod), container = %start.name, id = %id, restart_count = start.restart_count, "started container");
+        self.events.normal(
+            target,
+            "Started",
+            format!("Started container {}", start.name),
+        );
         crate::metrics::get().container_started(start.init);
         if let Some(handler) = container
             .lifecycle
@@ -601,16 +668,17 @@ impl Syncer {
                 POST_START_TIMEOUT,
             );
             if let Err(why) = hook.await {
-                tracing::warn!(pod = %full_name(pod), container = %start.name, %why, "FailedPostStartHook: killing the container");
+                self.events.warning(
+                    Target::container(pod, &start.name),
+                    "FailedPostStartHook",
+                    format!("PostStartHook failed: {why}"),
+                );
                 let grace = Duration::from_secs(grace_period_seconds(pod).max(0) as u64);
-                hooks::stop_container(
-                    self.runtime.clone(),
-                    id,
-                    Some(container.clone()),
-                    host.to_string(),
-                    grace,
-                )
-                .await?;
+                let stop = format!(
+                    "Stopping container {}: its postStart hook failed",
+                    start.name
+                );
+                self.stop(pod, &id, &start.name, host, grace, stop).await?;
                 return Err(Error::PostStart {
                     container: start.name.clone(),
                     message: why,
@@ -710,20 +778,10 @@ impl Syncer {
             .filter(|c| actions::is_sidecar(c))
             .map(|c| c.name.as_str())
             .collect();
-        let want = |name: &str| {
-            crate::pod::all_containers(s)
-                .find(|w| w.name == name)
-                .cloned()
-        };
         let mut stops = JoinSet::new();
         for c in live.iter().filter(|c| !sidecars.contains(&c.name.as_str())) {
-            stops.spawn(hooks::stop_container(
-                self.runtime.clone(),
-                c.id.clone(),
-                want(&c.name),
-                host.clone(),
-                grace_of(c),
-            ));
+            let why = format!("Stopping container {}", c.name);
+            stops.spawn(self.stop(pod, &c.id, &c.name, &host, grace_of(c), why));
         }
         // Every stop runs to its end; the first failure is reported after all of them.
         let mut first_error: Option<Error> = None;
@@ -747,14 +805,8 @@ impl Syncer {
                 let left = deadline
                     .saturating_duration_since(tokio::time::Instant::now())
                     .max(Duration::from_secs(2));
-                let stopped = hooks::stop_container(
-                    self.runtime.clone(),
-                    c.id.clone(),
-                    want(name),
-                    host.clone(),
-                    left,
-                )
-                .await;
+                let why = format!("Stopping container {name}");
+                let stopped = self.stop(pod, &c.id, name, &host, left, why).await;
                 if let Err(e) = stopped {
                     first_error.get_or_insert(e.into());
                 }
@@ -937,7 +989,8 @@ impl PodSyncer for Syncer {
     }
 
     async fn reject_pod(&self, pod: Arc<Pod>, reason: &str, message: &str) {
-        tracing::warn!(pod = %full_name(&pod), %reason, "pod rejected: {message}");
+        self.events
+            .warning(Target::pod(&pod), reason, message.to_string());
         self.status.set(&pod, rejection(reason, message));
     }
 

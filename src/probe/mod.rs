@@ -14,9 +14,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::events::{self, Recorder};
 use crate::pod::spec;
 use crate::runtime::{ContainerState, PodRuntime, RuntimeClient};
-use crate::types::{PodUid, full_name};
+use crate::types::PodUid;
 
 /// Which probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,14 +33,6 @@ impl Kind {
             Kind::Liveness => c.liveness_probe.as_ref(),
             Kind::Readiness => c.readiness_probe.as_ref(),
             Kind::Startup => c.startup_probe.as_ref(),
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Liveness => "liveness",
-            Kind::Readiness => "readiness",
-            Kind::Startup => "startup",
         }
     }
 
@@ -111,6 +104,7 @@ pub struct Manager {
     results: Results,
     workers: Mutex<HashMap<(String, Kind), (PodUid, CancellationToken)>>,
     updates: mpsc::UnboundedSender<Update>,
+    events: Recorder,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -119,11 +113,13 @@ impl Manager {
     pub fn new(
         runtime: RuntimeClient,
         updates: mpsc::UnboundedSender<Update>,
+        events: Recorder,
         tracker: TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
         Manager {
             runtime,
+            events,
             results: Results::default(),
             workers: Mutex::new(HashMap::new()),
             updates,
@@ -193,7 +189,8 @@ impl Manager {
                     results: self.results.clone(),
                     updates: self.updates.clone(),
                     uid: uid.clone(),
-                    pod_name: full_name(pod),
+                    target: events::Target::container(pod, &want.name),
+                    events: self.events.clone(),
                     container: want.clone(),
                     container_id: c.id.clone(),
                     started_at: UNIX_EPOCH + Duration::from_nanos(c.started_at.max(0) as u64),
@@ -224,7 +221,8 @@ struct Worker {
     results: Results,
     updates: mpsc::UnboundedSender<Update>,
     uid: PodUid,
-    pod_name: String,
+    target: events::Target,
+    events: Recorder,
     container: SpecContainer,
     container_id: String,
     started_at: SystemTime,
@@ -272,16 +270,12 @@ impl Worker {
                 _ = cancel.cancelled() => return,
                 r = check::attempt(&self.probe, &target, &self.runtime) => r,
             };
-            let (namespace, pod) = self
-                .pod_name
-                .split_once('/')
-                .unwrap_or(("", &self.pod_name));
             crate::metrics::get().probe(&crate::metrics::ProbeRun {
                 probe_type: self.kind.metric_name(),
                 success: outcome.is_ok(),
                 container: &self.container.name,
-                pod,
-                namespace,
+                pod: &self.target.name,
+                namespace: &self.target.namespace,
                 pod_uid: &self.uid.0,
                 took: began.elapsed(),
             });
@@ -293,7 +287,11 @@ impl Worker {
                 Err(why) => {
                     failures += 1;
                     successes = 0;
-                    tracing::debug!(pod = %self.pod_name, container = %self.container.name, probe = self.kind.name(), %why, "probe failed");
+                    self.events.warning(
+                        self.target.clone(),
+                        "Unhealthy",
+                        format!("{} probe failed: {why}", self.kind.metric_name()),
+                    );
                 }
             }
             let result = if successes >= success_threshold {
@@ -306,9 +304,6 @@ impl Worker {
             let Some(success) = result else { continue };
             if !self.results.set(&self.container_id, self.kind, success) {
                 continue;
-            }
-            if let (false, Err(why)) = (success, &outcome) {
-                tracing::info!(pod = %self.pod_name, container = %self.container.name, probe = self.kind.name(), %why, "probe failed");
             }
             let _ = self.updates.send(Update {
                 uid: self.uid.clone(),

@@ -356,6 +356,31 @@ impl RuntimeClient {
         .await
     }
 
+    /// Asks the runtime's streaming server for an exec session; returns the URL to upgrade.
+    pub async fn exec(&self, req: cri::ExecRequest) -> Result<String> {
+        let mut c = self.runtime.clone();
+        Ok(self.call("Exec", self.timeout, c.exec(req)).await?.url)
+    }
+
+    /// Asks the runtime's streaming server for an attach session; returns the URL to upgrade.
+    pub async fn attach(&self, req: cri::AttachRequest) -> Result<String> {
+        let mut c = self.runtime.clone();
+        Ok(self.call("Attach", self.timeout, c.attach(req)).await?.url)
+    }
+
+    /// Asks the runtime's streaming server to forward ports of a sandbox; returns the URL.
+    pub async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String> {
+        let mut c = self.runtime.clone();
+        let req = cri::PortForwardRequest {
+            pod_sandbox_id: sandbox_id.into(),
+            port: ports,
+        };
+        Ok(self
+            .call("PortForward", self.timeout, c.port_forward(req))
+            .await?
+            .url)
+    }
+
     /// The image's status, or `None` when the runtime does not have it.
     pub async fn image_status(&self, image: &str) -> Result<Option<cri::Image>> {
         let mut c = self.images.clone();

@@ -1,6 +1,9 @@
-//! HTTP servers of the node. Each takes its listener and a shutdown signal, and holds read
-//! handles only (`/stats/summary` also asks the runtime for container stats).
+//! Servers of the node. Each takes its listener and a shutdown signal, and holds read handles
+//! only; the logs, exec and stats endpoints also ask the runtime.
 
+pub mod admin;
+pub mod exec;
 pub mod healthz;
+pub mod logs;
 pub mod read_only;
 pub mod stats;

@@ -1,6 +1,7 @@
 //! The one integration test binary: every feature proven against the real containerd test bed
 //! that `make test` starts (see hack/testbed.sh).
 
+mod admin;
 mod bed;
 mod cgroups;
 mod config;

@@ -1,0 +1,454 @@
+//! The nodelet CLI: `get`, `describe`, `logs`, `exec` and `events` against a running agent's
+//! admin socket (`<root-dir>/nodelet.sock`), printing what kubectl would.
+
+mod print;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::server::admin::proto::admin_client::AdminClient;
+use crate::server::admin::proto::{self, exec_input, exec_output};
+use crate::server::admin::socket_path;
+
+/// The subcommands; anything else on the command line runs the agent.
+pub const COMMANDS: &[&str] = &["get", "describe", "logs", "exec", "events"];
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "nodelet",
+    about = "Inspect and operate the pods of a running nodelet",
+    disable_help_subcommand = true
+)]
+struct Cli {
+    /// The agent's --root-dir (its admin socket is <root-dir>/nodelet.sock).
+    #[arg(long, global = true, default_value = "/var/lib/kubelet")]
+    root_dir: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Debug)]
+struct Scope {
+    /// The namespace.
+    #[arg(short, long, default_value = "default")]
+    namespace: String,
+    /// Every namespace.
+    #[arg(short = 'A', long)]
+    all_namespaces: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List pods (`get pods`) or show one (`get pod NAME`).
+    Get {
+        /// pods (pod, po)
+        resource: String,
+        name: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
+        /// Output format: wide, json or yaml.
+        #[arg(short, long)]
+        output: Option<String>,
+    },
+    /// Show a pod in detail, with its recent events.
+    Describe {
+        /// pod (pods, po)
+        resource: String,
+        name: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+    /// Print a container's log.
+    Logs {
+        pod: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// The container (needed when the pod has several).
+        #[arg(short, long)]
+        container: Option<String>,
+        /// Keep printing new lines until the container stops.
+        #[arg(short, long)]
+        follow: bool,
+        /// The previous instance of the container.
+        #[arg(short, long)]
+        previous: bool,
+        /// Only the last N lines (-1: all).
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        tail: i64,
+        /// Prefix each line with its time.
+        #[arg(long)]
+        timestamps: bool,
+        /// Only lines newer than this (e.g. 5s, 2m, 3h).
+        #[arg(long)]
+        since: Option<String>,
+        /// Stop after this many bytes.
+        #[arg(long)]
+        limit_bytes: Option<i64>,
+    },
+    /// Run a command in a container: `nodelet exec POD [-c C] [-it] -- CMD [ARG...]`.
+    Exec {
+        pod: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        #[arg(short, long)]
+        container: Option<String>,
+        /// Pass stdin to the command.
+        #[arg(short, long)]
+        stdin: bool,
+        /// Allocate a terminal (with -i: an interactive shell).
+        #[arg(short, long)]
+        tty: bool,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// List the node's recent events.
+    Events {
+        #[command(flatten)]
+        scope: Scope,
+    },
+}
+
+/// Why a command failed; printed as `nodelet: <message>`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach the agent at {}: {why}; is nodelet running with --root-dir {}?", .socket.display(), .root.display())]
+    NotRunning {
+        socket: PathBuf,
+        root: PathBuf,
+        why: String,
+    },
+    #[error("{0}")]
+    Call(String),
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        Error::Call(s.message().to_string())
+    }
+}
+
+/// Whether `arg` (the first argument) names a CLI command rather than an agent flag.
+pub fn is_command(arg: &std::ffi::OsStr) -> bool {
+    arg.to_str().is_some_and(|a| COMMANDS.contains(&a))
+}
+
+/// Runs the CLI on the process arguments; returns the exit code.
+pub fn main(args: Vec<std::ffi::OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = e.exit_code();
+            let _ = e.print();
+            return code as u8;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nodelet: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("nodelet: {e}");
+            1
+        }
+    }
+}
+
+async fn connect(root: &Path) -> Result<AdminClient<Channel>, Error> {
+    let socket = socket_path(root);
+    let not_running = |why: String| Error::NotRunning {
+        socket: socket.clone(),
+        root: root.to_path_buf(),
+        why,
+    };
+    // A first connection tells a missing agent (or a missing right) apart from other failures.
+    if let Err(e) = UnixStream::connect(&socket).await {
+        let why = match e.kind() {
+            std::io::ErrorKind::PermissionDenied => {
+                "permission denied (the socket is root's)".into()
+            }
+            std::io::ErrorKind::NotFound => "no socket there".into(),
+            _ => e.to_string(),
+        };
+        return Err(not_running(why));
+    }
+    let path = socket.clone();
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let path = path.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+    });
+    let channel = Endpoint::from_static("http://[::1]:50051")
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| not_running(e.to_string()))?;
+    Ok(AdminClient::new(channel))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Error> {
+    serde_json::from_str(json).map_err(|e| Error::Call(format!("the agent sent a bad object: {e}")))
+}
+
+fn is_pods(resource: &str) -> Result<(), Error> {
+    match resource {
+        "pods" | "pod" | "po" => Ok(()),
+        other => Err(Error::Usage(format!(
+            "the server doesn't have a resource type {other:?}; nodelet knows pods (and `nodelet events`)"
+        ))),
+    }
+}
+
+async fn run(cli: Cli) -> Result<u8, Error> {
+    let mut client = connect(&cli.root_dir).await?;
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Get {
+            resource,
+            name,
+            scope,
+            output,
+        } => {
+            is_pods(&resource)?;
+            let pods: Vec<Pod> = client
+                .list_pods(proto::ListPodsRequest {})
+                .await?
+                .into_inner()
+                .pods
+                .iter()
+                .map(|p| parse(p))
+                .collect::<Result<_, _>>()?;
+            let pods: Vec<Pod> = pods
+                .into_iter()
+                .filter(|p| {
+                    scope.all_namespaces
+                        || p.metadata.namespace.as_deref() == Some(&scope.namespace)
+                })
+                .filter(|p| name.is_none() || p.metadata.name == name)
+                .collect();
+            if let (Some(n), true) = (&name, pods.is_empty()) {
+                return Err(Error::Call(format!("pods {n:?} not found")));
+            }
+            let text = print::pods(
+                &pods,
+                output.as_deref(),
+                scope.all_namespaces,
+                name.is_some(),
+            )
+            .map_err(Error::Usage)?;
+            let _ = out.write_all(text.as_bytes());
+        }
+        Command::Describe {
+            resource,
+            name,
+            namespace,
+        } => {
+            is_pods(&resource)?;
+            let got = client
+                .get_pod(proto::GetPodRequest { namespace, name })
+                .await?
+                .into_inner();
+            let pod: Pod = parse(&got.pod)?;
+            let events: Vec<Event> = got
+                .events
+                .iter()
+                .map(|e| parse(e))
+                .collect::<Result<_, _>>()?;
+            let _ = out.write_all(print::describe(&pod, &events).as_bytes());
+        }
+        Command::Events { scope } => {
+            let namespace = if scope.all_namespaces {
+                String::new()
+            } else {
+                scope.namespace
+            };
+            let events: Vec<Event> = client
+                .list_events(proto::ListEventsRequest { namespace })
+                .await?
+                .into_inner()
+                .events
+                .iter()
+                .map(|e| parse(e))
+                .collect::<Result<_, _>>()?;
+            if events.is_empty() {
+                eprintln!("No events found.");
+            } else {
+                let text = print::events(&events, scope.all_namespaces);
+                let _ = out.write_all(text.as_bytes());
+            }
+        }
+        Command::Logs {
+            pod,
+            namespace,
+            container,
+            follow,
+            previous,
+            tail,
+            timestamps,
+            since,
+            limit_bytes,
+        } => {
+            let since_seconds = match since {
+                Some(text) => crate::config::parse_duration(&text)
+                    .map_err(|e| Error::Usage(format!("--since {text:?}: {e}")))?
+                    .as_secs()
+                    .max(1) as i64,
+                None => 0,
+            };
+            let mut chunks = client
+                .logs(proto::LogsRequest {
+                    namespace,
+                    pod,
+                    container: container.unwrap_or_default(),
+                    follow,
+                    previous,
+                    tail_lines: tail,
+                    timestamps,
+                    since_seconds,
+                    limit_bytes: limit_bytes.unwrap_or(0),
+                })
+                .await?
+                .into_inner();
+            while let Some(chunk) = chunks.message().await? {
+                if out
+                    .write_all(&chunk.data)
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        Command::Exec {
+            pod,
+            namespace,
+            container,
+            stdin,
+            tty,
+            command,
+        } => {
+            drop(out);
+            let start = proto::ExecStart {
+                namespace,
+                pod,
+                container: container.unwrap_or_default(),
+                command,
+                stdin,
+                tty,
+            };
+            return exec(&mut client, start).await;
+        }
+    }
+    Ok(0)
+}
+
+/// Runs the command, relaying stdin (with -i) and the terminal size (with -t); returns its
+/// exit code.
+async fn exec(client: &mut AdminClient<Channel>, start: proto::ExecStart) -> Result<u8, Error> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<proto::ExecInput>(16);
+    let send = |input| proto::ExecInput { input: Some(input) };
+    let with_stdin = start.stdin;
+    let tty = start.tty;
+    let _ = tx.send(send(exec_input::Input::Start(start))).await;
+    let raw = if tty { terminal::Raw::enter() } else { None };
+    if tty && let Some((width, height)) = terminal::size() {
+        let size = proto::TerminalSize { width, height };
+        let _ = tx.send(send(exec_input::Input::Resize(size))).await;
+    }
+    if with_stdin {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = [0u8; 4096];
+            loop {
+                match std::io::Read::read(&mut stdin, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let input = send(exec_input::Input::Stdin(buf[..n].to_vec()));
+                        if tx.blocking_send(input).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+    }
+    let mut outputs = client
+        .exec(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let mut code = 1;
+    while let Some(out) = outputs.message().await? {
+        match out.output {
+            Some(exec_output::Output::Stdout(d)) => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(&d).and_then(|()| o.flush());
+            }
+            Some(exec_output::Output::Stderr(d)) => {
+                let _ = std::io::stderr().write_all(&d);
+            }
+            Some(exec_output::Output::ExitCode(c)) => {
+                code = c;
+                break;
+            }
+            None => {}
+        }
+    }
+    drop(raw);
+    drop(tx);
+    Ok(u8::try_from(code).unwrap_or(1))
+}
+
+/// The local terminal for `exec -t`: raw mode while the session lasts, and its size.
+mod terminal {
+    /// Raw mode on stdin, restored when dropped.
+    pub struct Raw(libc::termios);
+
+    impl Raw {
+        /// Raw mode, when stdin is a terminal.
+        pub fn enter() -> Option<Raw> {
+            // SAFETY: termios calls on fd 0 with a zeroed struct filled by tcgetattr.
+            unsafe {
+                let mut saved: libc::termios = std::mem::zeroed();
+                if libc::isatty(0) != 1 || libc::tcgetattr(0, &mut saved) != 0 {
+                    return None;
+                }
+                let mut raw = saved;
+                libc::cfmakeraw(&mut raw);
+                (libc::tcsetattr(0, libc::TCSANOW, &raw) == 0).then_some(Raw(saved))
+            }
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            // SAFETY: restores the attributes read in `enter`.
+            unsafe {
+                libc::tcsetattr(0, libc::TCSANOW, &self.0);
+            }
+        }
+    }
+
+    /// The terminal's columns and rows, when stdout is a terminal.
+    pub fn size() -> Option<(u32, u32)> {
+        // SAFETY: TIOCGWINSZ fills a winsize struct.
+        unsafe {
+            let mut ws: libc::winsize = std::mem::zeroed();
+            (libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) == 0 && ws.ws_col > 0)
+                .then(|| (u32::from(ws.ws_col), u32::from(ws.ws_row)))
+        }
+    }
+}

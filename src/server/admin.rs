@@ -1,0 +1,283 @@
+//! The local admin API (proto/admin.proto) on the unix socket `<root-dir>/nodelet.sock`, mode
+//! 0600 so only root may use it: pods, events, logs and exec for the nodelet CLI.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use futures_util::{Stream, StreamExt};
+use tokio::net::UnixListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{exec, logs};
+use crate::runtime::{RuntimeClient, cri};
+use crate::{events, status};
+
+/// The generated messages, server and client.
+pub mod proto {
+    tonic::include_proto!("nodelet.admin.v1");
+}
+
+use proto::admin_server::{Admin, AdminServer};
+use proto::{exec_input, exec_output};
+
+/// The socket's file name under the root dir.
+pub const SOCKET: &str = "nodelet.sock";
+
+/// The socket of the agent using `root_dir`.
+pub fn socket_path(root_dir: &Path) -> PathBuf {
+    root_dir.join(SOCKET)
+}
+
+/// What the admin API reads.
+#[derive(Clone)]
+pub struct Handles {
+    pub node_name: String,
+    pub statuses: status::Reader,
+    pub events: events::Recorder,
+    pub runtime: RuntimeClient,
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+fn log_status(e: logs::Error) -> Status {
+    match e.http_status() {
+        404 => Status::not_found(e.to_string()),
+        400 => Status::invalid_argument(e.to_string()),
+        _ => Status::internal(e.to_string()),
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Admin for Handles {
+    async fn list_pods(
+        &self,
+        _: Request<proto::ListPodsRequest>,
+    ) -> Result<Response<proto::ListPodsResponse>, Status> {
+        let mut pods: Vec<_> = self.statuses.list().into_iter().map(|e| e.pod).collect();
+        pods.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        Ok(Response::new(proto::ListPodsResponse {
+            pods: pods.iter().map(|p| to_json(&**p)).collect(),
+        }))
+    }
+
+    async fn get_pod(
+        &self,
+        req: Request<proto::GetPodRequest>,
+    ) -> Result<Response<proto::GetPodResponse>, Status> {
+        let req = req.into_inner();
+        let entry = self
+            .statuses
+            .by_name(&req.namespace, &req.name)
+            .ok_or_else(|| {
+                Status::not_found(format!("pod {}/{} not found", req.namespace, req.name))
+            })?;
+        let events = self
+            .events
+            .list(Some((&req.namespace, &req.name)))
+            .iter()
+            .map(|e| to_json(&e.to_api(&self.node_name)))
+            .collect();
+        Ok(Response::new(proto::GetPodResponse {
+            pod: to_json(&*entry.pod),
+            events,
+        }))
+    }
+
+    async fn list_events(
+        &self,
+        req: Request<proto::ListEventsRequest>,
+    ) -> Result<Response<proto::ListEventsResponse>, Status> {
+        let namespace = req.into_inner().namespace;
+        let events = self
+            .events
+            .list(None)
+            .iter()
+            .filter(|e| namespace.is_empty() || e.target.namespace == namespace)
+            .map(|e| to_json(&e.to_api(&self.node_name)))
+            .collect();
+        Ok(Response::new(proto::ListEventsResponse { events }))
+    }
+
+    type LogsStream = BoxStream<proto::LogsChunk>;
+
+    async fn logs(
+        &self,
+        req: Request<proto::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let req = req.into_inner();
+        let found = logs::locate(
+            &self.runtime,
+            &self.statuses,
+            &req.namespace,
+            &req.pod,
+            Some(&req.container),
+            req.previous,
+        )
+        .await
+        .map_err(log_status)?;
+        let since = (req.since_seconds > 0).then(|| {
+            crate::types::now() - k8s_openapi::jiff::SignedDuration::from_secs(req.since_seconds)
+        });
+        let options = logs::Options {
+            follow: req.follow,
+            tail_lines: u64::try_from(req.tail_lines).ok(),
+            limit_bytes: u64::try_from(req.limit_bytes).ok().filter(|n| *n > 0),
+            since,
+            timestamps: req.timestamps,
+            previous: req.previous,
+        };
+        let chunks = logs::open(&self.runtime, &found, options)
+            .await
+            .map_err(log_status)?;
+        let stream = ReceiverStream::new(chunks).map(|data| Ok(proto::LogsChunk { data }));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type ExecStream = BoxStream<proto::ExecOutput>;
+
+    async fn exec(
+        &self,
+        req: Request<Streaming<proto::ExecInput>>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        let mut inputs = req.into_inner();
+        let Some(exec_input::Input::Start(start)) = inputs.message().await?.and_then(|m| m.input)
+        else {
+            return Err(Status::invalid_argument(
+                "the first message of an exec must say what to run",
+            ));
+        };
+        if start.command.is_empty() {
+            return Err(Status::invalid_argument("exec needs a command"));
+        }
+        let found = logs::locate(
+            &self.runtime,
+            &self.statuses,
+            &start.namespace,
+            &start.pod,
+            Some(&start.container),
+            false,
+        )
+        .await
+        .map_err(log_status)?;
+        let url = self
+            .runtime
+            .exec(cri::ExecRequest {
+                container_id: found.container_id.clone(),
+                cmd: start.command.clone(),
+                tty: start.tty,
+                stdin: start.stdin,
+                stdout: true,
+                stderr: !start.tty,
+            })
+            .await
+            .map_err(|e| {
+                Status::failed_precondition(format!(
+                    "cannot exec in container {:?} of pod {}: {e}",
+                    found.container, found.pod
+                ))
+            })?;
+        let (in_tx, in_rx) = mpsc::channel(16);
+        let (out_tx, mut out_rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inputs.message().await {
+                let input = match m.input {
+                    Some(exec_input::Input::Stdin(data)) => exec::Input::Stdin(data),
+                    Some(exec_input::Input::Resize(size)) => exec::Input::Resize {
+                        width: u16::try_from(size.width).unwrap_or(u16::MAX),
+                        height: u16::try_from(size.height).unwrap_or(u16::MAX),
+                    },
+                    _ => continue,
+                };
+                if in_tx.send(input).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let relay = async {
+                while let Some(out) = out_rx.recv().await {
+                    let output = match out {
+                        exec::Output::Stdout(d) => exec_output::Output::Stdout(d),
+                        exec::Output::Stderr(d) => exec_output::Output::Stderr(d),
+                        exec::Output::Exit(code) => exec_output::Output::ExitCode(code),
+                    };
+                    let message = proto::ExecOutput {
+                        output: Some(output),
+                    };
+                    if tx.send(Ok(message)).await.is_err() {
+                        break;
+                    }
+                }
+                tx
+            };
+            let (session, tx) = tokio::join!(exec::run(&url, in_rx, out_tx), relay);
+            if let Err(e) = session {
+                let _ = tx.send(Err(Status::unavailable(e.to_string()))).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Why the socket cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "another agent already serves {}; stop it, or use another --root-dir",
+        .0.display()
+    )]
+    InUse(PathBuf),
+    #[error("cannot serve the admin socket {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds the admin socket (replacing a stale one left by a dead agent), mode 0600.
+pub async fn bind(path: &Path) -> Result<UnixListener, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(Error::InUse(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let listener = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    Ok(listener)
+}
+
+/// Serves the admin API on `listener` until `cancel`, then removes the socket file.
+pub async fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    handles: Handles,
+    cancel: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let served = tonic::transport::Server::builder()
+        .add_service(AdminServer::new(handles))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), cancel.cancelled())
+        .await;
+    let _ = std::fs::remove_file(&path);
+    served
+}
