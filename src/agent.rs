@@ -3,6 +3,7 @@
 //! (`run_once.rs`) builds the same core and feeds it one snapshot per source.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -325,6 +326,40 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         });
     }
 
+    if config.enable_server && config.port != 0 {
+        let (cert, key) = match (&config.tls_cert_file, &config.tls_private_key_file) {
+            (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+            _ => server::secure::self_signed(&config.root_dir, &config.node_name)?,
+        };
+        let tls = server::secure::tls_config(&server::secure::TlsFiles {
+            cert,
+            key,
+            client_ca: config.client_ca_file.clone(),
+        })?;
+        let addr = SocketAddr::new(config.address, config.port);
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for the authenticated API (--port, --address)")
+        })?;
+        tracing::info!(%addr, anonymous = config.anonymous_auth, "serving the authenticated API over TLS");
+        let read_only = server::read_only::router(
+            core.status.clone(),
+            server::healthz::Checks {
+                sync_loop: core.sync_loop.heartbeat(),
+                pleg: core.pleg_health.clone(),
+            },
+            stats_source(&config, &core),
+        );
+        let handles = server::secure::Handles {
+            runtime: core.runtime.clone(),
+            statuses: core.status.clone(),
+            log_dir: PathBuf::from("/var/log"),
+            configz: config.kubelet_configuration(),
+        };
+        let router = server::secure::router(read_only, handles, config.anonymous_auth);
+        core.tracker
+            .spawn(server::secure::serve(listener, tls, router, cancel.clone()));
+    }
+
     if config.read_only_port != 0 {
         let addr = SocketAddr::new(config.address, config.read_only_port);
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
@@ -336,12 +371,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             pleg: core.pleg_health.clone(),
         };
         let reader = core.status.clone();
-        let stats = server::stats::Source {
-            runtime: core.runtime.clone(),
-            node_name: config.node_name.clone(),
-            root_dir: config.root_dir.clone(),
-            statuses: core.status.clone(),
-        };
+        let stats = stats_source(&config, &core);
         let cancel = cancel.clone();
         core.tracker.spawn(async move {
             if let Err(e) = server::read_only::serve(listener, reader, checks, stats, cancel).await
@@ -389,6 +419,15 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         tracker,
         cancel,
     }))
+}
+
+fn stats_source(config: &Config, core: &Core) -> server::stats::Source {
+    server::stats::Source {
+        runtime: core.runtime.clone(),
+        node_name: config.node_name.clone(),
+        root_dir: config.root_dir.clone(),
+        statuses: core.status.clone(),
+    }
 }
 
 pub(crate) fn file_config(config: &Config, path: &std::path::Path) -> file::Config {

@@ -199,6 +199,41 @@ pub const FIELDS: &[Field] = &[
         "Port of the authenticated API server [default 10250]",
     ),
     field(
+        "enableServer",
+        "enable-server",
+        true,
+        Bool,
+        "Serve the authenticated API on --port [default true]",
+    ),
+    field(
+        "tlsCertFile",
+        "tls-cert-file",
+        true,
+        Scalar,
+        "Serving certificate of --port [default: a self-signed one in <root-dir>/pki]",
+    ),
+    field(
+        "tlsPrivateKeyFile",
+        "tls-private-key-file",
+        true,
+        Scalar,
+        "Private key of --tls-cert-file",
+    ),
+    field(
+        "authentication.x509.clientCAFile",
+        "client-ca-file",
+        true,
+        Scalar,
+        "CA bundle that signs the client certificates --port accepts",
+    ),
+    field(
+        "authentication.anonymous.enabled",
+        "anonymous-auth",
+        true,
+        Bool,
+        "Let requests without a client certificate in on --port [default false]",
+    ),
+    field(
         "readOnlyPort",
         "read-only-port",
         true,
@@ -398,7 +433,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "cpuManagerReconcilePeriod",
     "containerLogMaxFiles",
     "containerLogMaxSize",
-    "enableServer",
     "evictionPressureTransitionPeriod",
     "evictionSoft",
     "evictionSoftGracePeriod",
@@ -413,8 +447,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "shutdownGracePeriod",
     "shutdownGracePeriodCriticalPods",
     "streamingConnectionIdleTimeout",
-    "tlsCertFile",
-    "tlsPrivateKeyFile",
     "volumeStatsAggPeriod",
 ];
 

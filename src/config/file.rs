@@ -67,6 +67,10 @@ fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
         if name == "apiVersion" || name == "kind" {
             continue;
         }
+        if name == "authentication" {
+            authentication(value, origin, out);
+            continue;
+        }
         let Some(field) = by_name(name).filter(|f| f.in_file) else {
             if ACCEPTED_UPSTREAM_FIELDS.contains(&name.as_str()) {
                 out.ignored.push(name.clone());
@@ -86,6 +90,38 @@ fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
                 out.raw.insert(field.name, v);
             }
             Err(msg) => out.errors.push(err(name, msg)),
+        }
+    }
+}
+
+/// The `authentication` block: `x509.clientCAFile` and `anonymous.enabled` are read (as the
+/// dotted fields); the rest (webhook) needs cluster mode and is accepted but not acted on.
+fn authentication(value: &Value, origin: &str, out: &mut FileKnobs) {
+    let Value::Object(kinds) = value else {
+        out.errors.push(format!(
+            "config file {origin}: authentication: expected an object, found {}",
+            describe(Some(value))
+        ));
+        return;
+    };
+    for (kind, settings) in kinds {
+        let Value::Object(settings) = settings else {
+            out.ignored.push(format!("authentication.{kind}"));
+            continue;
+        };
+        for (key, v) in settings {
+            let dotted = format!("authentication.{kind}.{key}");
+            match by_name(&dotted) {
+                Some(field) => match scalar(v) {
+                    Ok(text) => {
+                        out.raw.insert(field.name, RawValue::Scalar(text));
+                    }
+                    Err(msg) => out
+                        .errors
+                        .push(format!("config file {origin}: {dotted}: {msg}")),
+                },
+                None => out.ignored.push(dotted),
+            }
         }
     }
 }

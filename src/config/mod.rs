@@ -59,6 +59,14 @@ pub struct Config {
     pub healthz_port: u16,
     pub healthz_bind_address: IpAddr,
     pub port: u16,
+    /// Whether the authenticated API is served on `port` (enableServer).
+    pub enable_server: bool,
+    /// The serving certificate and key; `None`: a self-signed pair in `<root-dir>/pki`.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    /// The CA whose client certificates the authenticated API accepts.
+    pub client_ca_file: Option<PathBuf>,
+    pub anonymous_auth: bool,
     pub read_only_port: u16,
     pub address: IpAddr,
     pub kubeconfig: Option<PathBuf>,
@@ -92,6 +100,71 @@ pub struct Config {
     pub cluster_dns: Vec<IpAddr>,
     pub cluster_domain: String,
     pub allowed_unsafe_sysctls: Vec<String>,
+}
+
+impl Config {
+    /// The configuration in force as a KubeletConfiguration (what /configz shows), with
+    /// upstream's field names and Go durations.
+    pub fn kubelet_configuration(&self) -> serde_json::Value {
+        let d = |d: Duration| format_duration(d);
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let mut config = serde_json::json!({
+            "kind": "KubeletConfiguration",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "staticPodPath": path(&self.static_pod_path),
+            "staticPodURL": self.static_pod_url,
+            "staticPodURLHeader": self.static_pod_url_header,
+            "fileCheckFrequency": d(self.file_check_frequency),
+            "httpCheckFrequency": d(self.http_check_frequency),
+            "syncFrequency": d(self.sync_frequency),
+            "containerRuntimeEndpoint": format!("unix://{}", self.container_runtime_endpoint.display()),
+            "imageServiceEndpoint": format!("unix://{}", self.image_service_endpoint.display()),
+            "runtimeRequestTimeout": d(self.runtime_request_timeout),
+            "podLogsDir": self.pod_logs_dir.display().to_string(),
+            "resolvConf": path(&self.resolv_conf).unwrap_or_default(),
+            "healthzPort": self.healthz_port,
+            "healthzBindAddress": self.healthz_bind_address.to_string(),
+            "port": self.port,
+            "readOnlyPort": self.read_only_port,
+            "address": self.address.to_string(),
+            "enableServer": self.enable_server,
+            "tlsCertFile": path(&self.tls_cert_file),
+            "tlsPrivateKeyFile": path(&self.tls_private_key_file),
+            "authentication": {
+                "x509": {"clientCAFile": path(&self.client_ca_file)},
+                "anonymous": {"enabled": self.anonymous_auth},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+        });
+        let more = serde_json::json!({
+            "cgroupRoot": self.cgroup_root,
+            "cgroupsPerQOS": self.cgroups_per_qos,
+            "cgroupDriver": match self.cgroup_driver {
+                CgroupDriver::Cgroupfs => "cgroupfs",
+                CgroupDriver::Systemd => "systemd",
+            },
+            "failSwapOn": self.fail_swap_on,
+            "maxPods": self.max_pods,
+            "podPidsLimit": self.pod_pids_limit.unwrap_or(-1),
+            "imageGCHighThresholdPercent": self.image_gc_high_threshold_percent,
+            "imageGCLowThresholdPercent": self.image_gc_low_threshold_percent,
+            "imageMinimumGCAge": d(self.image_minimum_gc_age),
+            "serializeImagePulls": self.serialize_image_pulls,
+            "maxParallelImagePulls": self.max_parallel_image_pulls,
+            "registryPullQPS": self.registry_pull_qps,
+            "registryBurst": self.registry_burst,
+            "kubeReserved": self.kube_reserved,
+            "systemReserved": self.system_reserved,
+            "evictionHard": self.eviction_hard,
+            "clusterDNS": self.cluster_dns.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
+            "clusterDomain": self.cluster_domain,
+            "allowedUnsafeSysctls": self.allowed_unsafe_sysctls,
+        });
+        if let (Some(all), serde_json::Value::Object(more)) = (config.as_object_mut(), more) {
+            all.extend(more);
+        }
+        config
+    }
 }
 
 /// Why no configuration could be made: every problem found, each naming its field.
@@ -418,6 +491,11 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             .ip("healthzBindAddress", None)
             .unwrap_or(IpAddr::from([127, 0, 0, 1])),
         port: r.port("port", 10250),
+        enable_server: r.bool("enableServer", true),
+        tls_cert_file: r.path("tlsCertFile"),
+        tls_private_key_file: r.path("tlsPrivateKeyFile"),
+        client_ca_file: r.path("authentication.x509.clientCAFile"),
+        anonymous_auth: r.bool("authentication.anonymous.enabled", false),
         read_only_port: r.port("readOnlyPort", 0),
         address: r.ip("address", None).unwrap_or(IpAddr::from([0, 0, 0, 0])),
         kubeconfig: r.path("kubeconfig"),
@@ -509,6 +587,12 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             "imageGCLowThresholdPercent (--image-gc-low-threshold): {} must be below the high threshold {}",
             config.image_gc_low_threshold_percent, config.image_gc_high_threshold_percent
         ));
+    }
+    if config.tls_cert_file.is_some() != config.tls_private_key_file.is_some() {
+        r.problems.push(
+            "tlsCertFile (--tls-cert-file) and tlsPrivateKeyFile (--tls-private-key-file): give both or neither"
+                .into(),
+        );
     }
     if config.exit_on_lock_contention && config.lock_file.is_none() {
         r.problems

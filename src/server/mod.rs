@@ -6,4 +6,5 @@ pub mod exec;
 pub mod healthz;
 pub mod logs;
 pub mod read_only;
+pub mod secure;
 pub mod stats;

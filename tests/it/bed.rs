@@ -228,6 +228,10 @@ impl Node {
         {
             args.extend_from_slice(&["--image-gc-high-threshold", "100"]);
         }
+        // Tests share the host: the authenticated API only where a test asks for its port.
+        if !extra.iter().any(|a| a.starts_with("--port")) {
+            args.extend_from_slice(&["--port", "0"]);
+        }
         args.extend_from_slice(extra);
         let config = match from_args(args) {
             Invocation::Run(r) => match *r {
@@ -484,7 +488,14 @@ pub fn nodelet_command(dir: &Path, node: &str) -> std::process::Command {
         .arg(dir.join("pods"))
         .arg("--container-logs-dir")
         .arg(dir.join("containers"))
-        .args(["--hostname-override", node, "--healthz-port", "0"])
+        .args([
+            "--hostname-override",
+            node,
+            "--healthz-port",
+            "0",
+            "--port",
+            "0",
+        ])
         .args(["--image-gc-high-threshold", "100"])
         .args(["--cgroup-root", &cgroup_root(node)])
         .stdin(std::process::Stdio::null());

@@ -32,7 +32,7 @@ async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
-fn dechunk(mut body: &str) -> String {
+pub fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
         let Ok(n) = usize::from_str_radix(size.trim(), 16) else {

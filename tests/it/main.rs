@@ -15,5 +15,6 @@ mod network;
 mod probes;
 mod resilience;
 mod run_once;
+mod secure;
 mod static_pods;
 mod status;

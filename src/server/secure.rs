@@ -1,0 +1,582 @@
+//! The authenticated API on --port (10250) over TLS, as the upstream kubelet serves it:
+//! client certificates signed by --client-ca-file get in, anonymous requests only with
+//! --anonymous-auth; then everything the read-only API has, plus /containerLogs, /logs/,
+//! /configz, and /exec, /attach, /portForward, which are proxied to the runtime's streaming
+//! server. Without --tls-cert-file a self-signed pair is made in `<root-dir>/pki`.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::logs;
+use crate::runtime::{RuntimeClient, cri};
+use crate::status;
+
+/// Why the server cannot start; each names the file involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {what} {}: {why}", .path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        why: String,
+    },
+    #[error("cannot write the self-signed serving certificate to {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make a self-signed serving certificate: {0}")]
+    Generate(String),
+    #[error("invalid TLS setup: {0}")]
+    Tls(String),
+}
+
+/// Where the server's certificate, key and client CA come from.
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The self-signed pair `<root-dir>/pki/kubelet.{crt,key}` for `node`, made on first start
+/// (upstream's names and place), for when no --tls-cert-file is given.
+pub fn self_signed(root_dir: &Path, node: &str) -> Result<(PathBuf, PathBuf), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = root_dir.join("pki");
+    let (cert, key) = (dir.join("kubelet.crt"), dir.join("kubelet.key"));
+    if cert.exists() && key.exists() {
+        return Ok((cert, key));
+    }
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Write { path, source }
+    };
+    std::fs::create_dir_all(&dir).map_err(write_err(&dir))?;
+    let generate = |e: rcgen::Error| Error::Generate(e.to_string());
+    let pair = rcgen::KeyPair::generate().map_err(generate)?;
+    let names = vec![node.to_string(), "localhost".into(), "127.0.0.1".into()];
+    let mut params = rcgen::CertificateParams::new(names).map_err(generate)?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{node}@nodelet"));
+    let made = params.self_signed(&pair).map_err(generate)?;
+    std::fs::write(&key, pair.serialize_pem()).map_err(write_err(&key))?;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+        .map_err(write_err(&key))?;
+    std::fs::write(&cert, made.pem()).map_err(write_err(&cert))?;
+    Ok((cert, key))
+}
+
+/// The TLS configuration: our pair, and client certificates verified against the client CA
+/// when they are offered (a connection without one gets in as anonymous, refused later unless
+/// --anonymous-auth).
+pub fn tls_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, Error> {
+    let read = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |e: rustls::pki_types::pem::Error| Error::Read {
+            what,
+            path,
+            why: e.to_string(),
+        }
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .map_err(read("certificate", &files.cert))?
+        .collect::<Result<_, _>>()
+        .map_err(read("certificate", &files.cert))?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(read("private key", &files.key))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(ca).map_err(read("client CA", ca))? {
+                roots
+                    .add(cert.map_err(read("client CA", ca))?)
+                    .map_err(|e| Error::Read {
+                        what: "client CA",
+                        path: ca.clone(),
+                        why: e.to_string(),
+                    })?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| Error::Tls(format!("client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| Error::Tls(format!("{}: {e}", files.cert.display())))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Whether the connection's client showed a certificate the client CA signed.
+#[derive(Clone, Copy)]
+struct Authenticated(bool);
+
+/// Refuses requests without a verified client certificate unless anonymous requests are allowed.
+/// Authorization is AlwaysAllow, the upstream default without an API server to ask.
+async fn authenticate(State(anonymous): State<bool>, req: Request, next: Next) -> Response {
+    let known = req.extensions().get::<Authenticated>().is_some_and(|a| a.0);
+    if known || anonymous {
+        next.run(req).await
+    } else {
+        (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response()
+    }
+}
+
+/// What the authenticated API's own endpoints read.
+#[derive(Clone)]
+pub struct Handles {
+    pub runtime: RuntimeClient,
+    pub statuses: status::Reader,
+    /// The node's log dir served under /logs/ (upstream: /var/log).
+    pub log_dir: PathBuf,
+    /// /configz's body.
+    pub configz: serde_json::Value,
+}
+
+fn text(code: StatusCode, message: impl std::fmt::Display) -> Response {
+    (code, format!("{message}\n")).into_response()
+}
+
+fn flag(query: &[(String, String)], name: &str) -> bool {
+    query
+        .iter()
+        .any(|(k, v)| k == name && matches!(v.as_str(), "1" | "true" | "True"))
+}
+
+fn value<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    query
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn query_of(req: &Request) -> Vec<(String, String)> {
+    form_urlencoded::parse(req.uri().query().unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect()
+}
+
+fn log_error(e: logs::Error) -> Response {
+    let code = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    text(code, e)
+}
+
+/// The query options of /containerLogs, as upstream names them.
+fn log_options(query: &[(String, String)]) -> Result<logs::Options, String> {
+    let number = |name: &str| -> Result<Option<i64>, String> {
+        value(query, name)
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| format!("{name}: {v:?} is not a number"))
+            })
+            .transpose()
+    };
+    let since = match (number("sinceSeconds")?, value(query, "sinceTime")) {
+        (Some(s), _) if s > 0 => {
+            Some(crate::types::now() - k8s_openapi::jiff::SignedDuration::from_secs(s))
+        }
+        (_, Some(t)) => Some(
+            t.parse::<k8s_openapi::jiff::Timestamp>()
+                .map_err(|_| format!("sinceTime: {t:?} is not an RFC 3339 time"))?,
+        ),
+        _ => None,
+    };
+    Ok(logs::Options {
+        follow: flag(query, "follow"),
+        tail_lines: number("tailLines")?.and_then(|n| u64::try_from(n).ok()),
+        limit_bytes: number("limitBytes")?
+            .and_then(|n| u64::try_from(n).ok())
+            .filter(|n| *n > 0),
+        since,
+        timestamps: flag(query, "timestamps"),
+        previous: flag(query, "previous"),
+    })
+}
+
+/// /containerLogs/{namespace}/{pod}/{container} with upstream's query options.
+async fn container_logs(
+    State(h): State<Handles>,
+    UrlPath((namespace, pod, container)): UrlPath<(String, String, String)>,
+    req: Request,
+) -> Response {
+    crate::metrics::get().http_request("GET", "containerLogs", "https");
+    let options = match log_options(&query_of(&req)) {
+        Ok(o) => o,
+        Err(why) => return text(StatusCode::BAD_REQUEST, why),
+    };
+    let found = match logs::locate(
+        &h.runtime,
+        &h.statuses,
+        &namespace,
+        &pod,
+        Some(&container),
+        options.previous,
+    )
+    .await
+    {
+        Ok(found) => found,
+        Err(e) => return log_error(e),
+    };
+    match logs::open(&h.runtime, &found, options).await {
+        Ok(chunks) => {
+            let stream = tokio_stream::StreamExt::map(ReceiverStream::new(chunks), |c| {
+                Ok::<_, std::convert::Infallible>(c)
+            });
+            (
+                [(header::CONTENT_TYPE, "text/plain")],
+                Body::from_stream(stream),
+            )
+                .into_response()
+        }
+        Err(e) => log_error(e),
+    }
+}
+
+/// The path under the log dir that a request names, if it stays inside it: no `..`, and no
+/// symlink leading out.
+fn inside(log_dir: &Path, wanted: &str) -> Option<PathBuf> {
+    let relative = Path::new(wanted.trim_start_matches('/'));
+    if relative
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return None;
+    }
+    let root = log_dir.canonicalize().ok()?;
+    let real = root.join(relative).canonicalize().ok()?;
+    real.starts_with(&root).then_some(real)
+}
+
+/// /logs/ and /logs/{path}: a directory listing (HTML links, as upstream's file server) or a
+/// file's contents, for paths under the node's log dir only.
+async fn node_logs(State(h): State<Handles>, req: Request) -> Response {
+    crate::metrics::get().http_request("GET", "logs", "https");
+    let raw = req.uri().path().trim_start_matches("/logs");
+    let Ok(decoded) = percent_decoded(raw) else {
+        return text(StatusCode::BAD_REQUEST, "invalid path");
+    };
+    let Some(path) = inside(&h.log_dir, &decoded) else {
+        return text(StatusCode::NOT_FOUND, "404 page not found");
+    };
+    if path.is_dir() {
+        let Ok(entries) = std::fs::read_dir(&path) else {
+            return text(StatusCode::FORBIDDEN, "cannot list the directory");
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if e.path().is_dir() { name + "/" } else { name }
+            })
+            .collect();
+        names.sort();
+        let mut body = String::from("<pre>\n");
+        for n in names {
+            let escaped = n
+                .replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+                .replace('"', "&quot;");
+            body.push_str(&format!("<a href=\"{escaped}\">{escaped}</a>\n"));
+        }
+        body.push_str("</pre>\n");
+        return ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response();
+    }
+    match tokio::fs::File::open(&path).await {
+        Ok(file) => {
+            let stream = tokio_util::io::ReaderStream::new(file);
+            (
+                [(header::CONTENT_TYPE, "text/plain")],
+                Body::from_stream(stream),
+            )
+                .into_response()
+        }
+        Err(e) => text(StatusCode::FORBIDDEN, format!("cannot read the file: {e}")),
+    }
+}
+
+fn percent_decoded(path: &str) -> Result<String, std::str::Utf8Error> {
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+}
+
+async fn configz(State(h): State<Handles>) -> Response {
+    crate::metrics::get().http_request("GET", "configz", "https");
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "kubeletconfig": h.configz }).to_string(),
+    )
+        .into_response()
+}
+
+/// The streaming session the request asks for, as a URL of the runtime's streaming server.
+async fn session_url(
+    h: &Handles,
+    kind: &str,
+    params: &[String],
+    query: &[(String, String)],
+) -> Result<String, Response> {
+    let (namespace, pod) = (&params[0], &params[1]);
+    let container = params.last().filter(|_| kind != "portForward");
+    let found = logs::locate(
+        &h.runtime,
+        &h.statuses,
+        namespace,
+        pod,
+        container.map(String::as_str),
+        false,
+    )
+    .await
+    .map_err(log_error)?;
+    let (stdin, stdout, stderr, tty) = (
+        flag(query, "input"),
+        flag(query, "output"),
+        flag(query, "error"),
+        flag(query, "tty"),
+    );
+    let unavailable = |e: crate::runtime::Error| text(StatusCode::INTERNAL_SERVER_ERROR, e);
+    match kind {
+        "exec" => {
+            let cmd: Vec<String> = query
+                .iter()
+                .filter(|(k, _)| k == "command")
+                .map(|(_, v)| v.clone())
+                .collect();
+            if cmd.is_empty() {
+                return Err(text(StatusCode::BAD_REQUEST, "exec needs a command"));
+            }
+            h.runtime
+                .exec(cri::ExecRequest {
+                    container_id: found.container_id,
+                    cmd,
+                    tty,
+                    stdin,
+                    stdout,
+                    stderr,
+                })
+                .await
+                .map_err(unavailable)
+        }
+        "attach" => h
+            .runtime
+            .attach(cri::AttachRequest {
+                container_id: found.container_id,
+                stdin,
+                tty,
+                stdout,
+                stderr,
+            })
+            .await
+            .map_err(unavailable),
+        _ => {
+            let ports = query
+                .iter()
+                .filter(|(k, _)| k == "port")
+                .filter_map(|(_, v)| v.parse::<i32>().ok())
+                .collect();
+            h.runtime
+                .port_forward(&found.sandbox_id, ports)
+                .await
+                .map_err(unavailable)
+        }
+    }
+}
+
+/// /exec, /attach and /portForward: asks the runtime for a session and proxies the client's
+/// upgrade (SPDY or websocket, whichever it speaks) to the runtime's streaming server.
+async fn stream(
+    State(h): State<Handles>,
+    UrlPath(params): UrlPath<Vec<(String, String)>>,
+    req: Request,
+) -> Response {
+    let kind = req
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    crate::metrics::get().http_request(req.method().as_str(), &kind, "https");
+    let params: Vec<String> = params.into_iter().map(|(_, v)| v).collect();
+    let query = query_of(&req);
+    match session_url(&h, &kind, &params, &query).await {
+        Ok(url) => proxy(&url, req).await,
+        Err(r) => r,
+    }
+}
+
+/// Headers that belong to one hop and are not passed on, but for the upgrade's own.
+fn forwarded(headers: &HeaderMap) -> HeaderMap {
+    let mut out = headers.clone();
+    for h in [
+        header::HOST,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+    ] {
+        out.remove(h);
+    }
+    out
+}
+
+/// Sends the request to the streaming server and, on 101, splices the two upgraded connections.
+async fn proxy(url: &str, mut req: Request) -> Response {
+    let Ok(uri) = url.parse::<axum::http::Uri>() else {
+        return text(
+            StatusCode::BAD_GATEWAY,
+            format!("invalid streaming URL {url:?}"),
+        );
+    };
+    let host = uri
+        .host()
+        .unwrap_or("127.0.0.1")
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let tcp = match tokio::net::TcpStream::connect((host.as_str(), port)).await {
+        Ok(s) => s,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_GATEWAY,
+                format!("cannot reach the runtime's streaming server: {e}"),
+            );
+        }
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await {
+        Ok(pair) => pair,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, format!("streaming server: {e}")),
+    };
+    tokio::spawn(conn.with_upgrades());
+    let client_side = hyper::upgrade::on(&mut req);
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut upstream = axum::http::Request::builder()
+        .method(req.method())
+        .uri(path)
+        .body(Body::empty())
+        .unwrap_or_default();
+    *upstream.headers_mut() = forwarded(req.headers());
+    if let Ok(v) = header::HeaderValue::from_str(&format!("{host}:{port}")) {
+        upstream.headers_mut().insert(header::HOST, v);
+    }
+    let mut response = match sender.send_request(upstream).await {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, format!("streaming server: {e}")),
+    };
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let (parts, body) = response.into_parts();
+        return Response::from_parts(parts, Body::new(body));
+    }
+    let server_side = hyper::upgrade::on(&mut response);
+    tokio::spawn(async move {
+        let (Ok(client), Ok(server)) = tokio::join!(client_side, server_side) else {
+            tracing::debug!("a streaming upgrade did not complete");
+            return;
+        };
+        let (mut a, mut b) = (TokioIo::new(client), TokioIo::new(server));
+        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+    });
+    let (parts, _) = response.into_parts();
+    Response::from_parts(parts, Body::empty())
+}
+
+/// The authenticated router: the read-only API's routes and the node's own, behind the
+/// client-certificate check.
+pub fn router(read_only: Router, handles: Handles, anonymous: bool) -> Router {
+    let own = Router::new()
+        .route(
+            "/containerLogs/{namespace}/{pod}/{container}",
+            get(container_logs),
+        )
+        .route("/logs/", get(node_logs))
+        .route("/logs/{*path}", get(node_logs))
+        .route("/configz", get(configz))
+        .route("/exec/{namespace}/{pod}/{container}", any(stream))
+        .route("/exec/{namespace}/{pod}/{uid}/{container}", any(stream))
+        .route("/attach/{namespace}/{pod}/{container}", any(stream))
+        .route("/attach/{namespace}/{pod}/{uid}/{container}", any(stream))
+        .route("/portForward/{namespace}/{pod}", any(stream))
+        .route("/portForward/{namespace}/{pod}/{uid}", any(stream))
+        .with_state(handles);
+    read_only
+        .merge(own)
+        .layer(middleware::from_fn_with_state(anonymous, authenticate))
+}
+
+/// Serves `router` over TLS on `listener` until `cancel`; each connection is told whether its
+/// client certificate was verified.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    router: Router,
+    cancel: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let connections = TaskTracker::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "authenticated API: accept failed");
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let cancel = cancel.clone();
+        connections.spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake refused");
+                    return;
+                }
+            };
+            let verified = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .is_some_and(|c| !c.is_empty());
+            let app = router.layer(axum::Extension(Authenticated(verified)));
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), service)
+                .with_upgrades();
+            tokio::select! {
+                _ = conn => {}
+                _ = cancel.cancelled() => {}
+            }
+        });
+    }
+    connections.close();
+}

@@ -1,0 +1,410 @@
+//! The authenticated API on --port over TLS: client certificates, anonymous requests, the
+//! container and node logs, /configz, and exec proxied to the runtime's streaming server.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio_rustls::rustls::{self, ClientConfig, DigitallySignedStruct};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::bed::{FOREVER, Node, eventually, free_port, pod_yaml};
+use crate::healthz::dechunk;
+
+/// A CA and a client certificate it signed, as PEM files in `dir`; returns (ca, cert, key).
+fn client_ca(dir: &Path, name: &str) -> (String, rcgen::Certificate, rcgen::KeyPair) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{name}-ca"));
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut client = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    client
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "system:admin");
+    client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = client.signed_by(&key, &issuer).unwrap();
+    let path = dir.join(format!("{name}-ca.pem"));
+    std::fs::write(&path, ca_cert.pem()).unwrap();
+    (path.display().to_string(), cert, key)
+}
+
+/// Trusts exactly the certificate the node wrote to its pki dir (its self-signed one).
+#[derive(Debug)]
+struct Pinned(CertificateDer<'static>);
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.0.as_ref() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General("not the pinned certificate".into()))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A client of one node's authenticated API, with or without a client certificate.
+struct Client {
+    port: u16,
+    config: Arc<ClientConfig>,
+}
+
+impl Client {
+    fn new(
+        node: &Node,
+        port: u16,
+        identity: Option<(&rcgen::Certificate, &rcgen::KeyPair)>,
+    ) -> Client {
+        let pem =
+            std::fs::read(node.path("root/pki/kubelet.crt")).expect("the self-signed certificate");
+        let pinned = CertificateDer::from_pem_slice(&pem).expect("a PEM certificate");
+        let builder =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Pinned(pinned)));
+        let config = match identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![cert.der().clone()],
+                    PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        Client {
+            port,
+            config: Arc::new(config),
+        }
+    }
+
+    async fn connect(&self) -> std::io::Result<TlsStream<tokio::net::TcpStream>> {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+        TlsConnector::from(self.config.clone())
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+    }
+
+    /// (status, body) of a GET sent exactly as written (no path normalisation).
+    async fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
+        let mut s = self.connect().await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+        let mut out = Vec::new();
+        // A refused client certificate shows as an error on the first read.
+        s.read_to_end(&mut out).await?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        Ok((
+            code,
+            if chunked {
+                dechunk(body)
+            } else {
+                body.to_string()
+            },
+        ))
+    }
+}
+
+#[tokio::test]
+async fn the_authenticated_api_wants_a_certificate_from_the_client_ca() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = client_ca(dir.path(), "good");
+    let (_, other_cert, other_key) = client_ca(dir.path(), "other");
+    let p = port.to_string();
+    let args = [
+        "--port",
+        &p,
+        "--address",
+        "127.0.0.1",
+        "--client-ca-file",
+        &ca,
+    ];
+    let mut node = Node::start("secure-auth", &args).await;
+    node.write_manifest("a.yaml", &pod_yaml("a", &[("app", FOREVER)], ""));
+    node.wait_running("a", 1).await;
+
+    let good = Client::new(&node, port, Some((&cert, &key)));
+    let (code, body) = eventually("the API to answer", Duration::from_secs(30), || async {
+        good.get("/pods").await.ok()
+    })
+    .await;
+    assert_eq!(code, 200);
+    let pods: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(pods["kind"], "PodList");
+    assert_eq!(good.get("/healthz").await.unwrap(), (200, "ok".into()));
+    let (code, configz) = good.get("/configz").await.unwrap();
+    assert_eq!(code, 200);
+    let configz: serde_json::Value = serde_json::from_str(&configz).unwrap();
+    assert_eq!(configz["kubeletconfig"]["port"], port);
+    assert_eq!(
+        configz["kubeletconfig"]["authentication"]["anonymous"]["enabled"],
+        false
+    );
+
+    let anonymous = Client::new(&node, port, None);
+    assert_eq!(anonymous.get("/pods").await.unwrap().0, 401);
+    let stranger = Client::new(&node, port, Some((&other_cert, &other_key)));
+    match stranger.get("/pods").await {
+        Err(_) => {}
+        Ok((code, _)) => assert_eq!(code, 401, "a certificate from another CA got in"),
+    }
+
+    node.stop_agent().await;
+    let with_anonymous = [&args[..], &["--anonymous-auth"]].concat();
+    node.restart(&with_anonymous).await;
+    let anonymous = Client::new(&node, port, None);
+    let (code, _) = eventually(
+        "anonymous requests to get in",
+        Duration::from_secs(30),
+        || async { anonymous.get("/pods").await.ok() },
+    )
+    .await;
+    assert_eq!(code, 200);
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
+    let port = free_port();
+    let p = port.to_string();
+    let node = Node::start(
+        "secure-logs",
+        &["--port", &p, "--address", "127.0.0.1", "--anonymous-auth"],
+    )
+    .await;
+    let script =
+        "echo one; echo two; echo three; while [ ! -f /tmp/go ]; do sleep 0.2; done; echo four";
+    node.write_manifest(
+        "l.yaml",
+        &pod_yaml("l", &[("app", script)], "  restartPolicy: Never\n"),
+    );
+    let (_, containers) = node.wait_running("l", 1).await;
+    node.wait_log("l", "app", "three").await;
+    let pod = node.pod_name("l");
+    let api = Client::new(&node, port, None);
+    let logs = |q: &str| format!("/containerLogs/default/{pod}/app{q}");
+    let (code, all) = eventually("the API to answer", Duration::from_secs(30), || async {
+        api.get(&logs("")).await.ok()
+    })
+    .await;
+    assert_eq!((code, all.as_str()), (200, "one\ntwo\nthree\n"));
+    assert_eq!(
+        api.get(&logs("?tailLines=2")).await.unwrap().1,
+        "two\nthree\n"
+    );
+    assert_eq!(api.get(&logs("?limitBytes=5")).await.unwrap().1, "one\nt");
+    let (_, stamped) = api
+        .get(&logs("?timestamps=true&tailLines=1"))
+        .await
+        .unwrap();
+    let (time, line) = stamped.split_once(' ').unwrap();
+    assert!(
+        time.parse::<k8s_openapi::jiff::Timestamp>().is_ok() && line == "three\n",
+        "{stamped}"
+    );
+    assert_eq!(api.get(&logs("?previous=true")).await.unwrap().0, 400);
+    assert_eq!(
+        api.get(&format!("/containerLogs/default/{pod}/nothing"))
+            .await
+            .unwrap()
+            .0,
+        404
+    );
+    assert_eq!(
+        api.get("/containerLogs/default/..%2f..%2fetc/passwd")
+            .await
+            .unwrap()
+            .0,
+        404
+    );
+
+    // Follow: the line written after the request arrives, and the stream ends with the container.
+    let mut follower = api.connect().await.unwrap();
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        logs("?follow=true")
+    );
+    follower.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("three") {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(30), follower.read(&mut buf))
+            .await
+            .expect("the followed log starts")
+            .unwrap();
+        assert!(
+            n > 0,
+            "the follow ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    node.runtime
+        .exec_sync(
+            &containers[0].id,
+            vec!["touch".into(), "/tmp/go".into()],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), follower.read_to_end(&mut seen))
+        .await
+        .expect("the followed log ends with its container")
+        .unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    let body = dechunk(text.split_once("\r\n\r\n").unwrap().1);
+    assert_eq!(body, "one\ntwo\nthree\nfour\n");
+
+    // /logs/ lists and serves the node's log dir, and nothing outside it.
+    let base = tempfile::Builder::new()
+        .prefix("nodelet-it-")
+        .tempdir_in("/var/log")
+        .unwrap();
+    std::fs::write(base.path().join("node.log"), "hello\n").unwrap();
+    std::os::unix::fs::symlink("/etc", base.path().join("out")).unwrap();
+    let name = base
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let (code, listing) = api.get("/logs/").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(listing.contains(&format!("href=\"{name}/\"")), "{listing}");
+    assert_eq!(
+        api.get(&format!("/logs/{name}/node.log")).await.unwrap(),
+        (200, "hello\n".into())
+    );
+    for escape in [
+        format!("/logs/{name}/out/passwd"),
+        "/logs/../etc/passwd".to_string(),
+        "/logs/%2e%2e/etc/passwd".to_string(),
+        "/logs/%2E%2E%2F%2E%2E%2Fetc%2Fpasswd".to_string(),
+        "/logs//etc/passwd".to_string(),
+    ] {
+        let (code, body) = api.get(&escape).await.unwrap();
+        assert!(code == 404 || code == 400, "{escape} gave {code}: {body}");
+        assert!(!body.contains("root:"), "{escape} leaked {body}");
+    }
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn exec_through_the_api_returns_the_output_and_exit_code() {
+    let port = free_port();
+    let p = port.to_string();
+    let node = Node::start(
+        "secure-exec",
+        &["--port", &p, "--address", "127.0.0.1", "--anonymous-auth"],
+    )
+    .await;
+    node.write_manifest("e.yaml", &pod_yaml("e", &[("app", FOREVER)], ""));
+    node.wait_running("e", 1).await;
+    let pod = node.pod_name("e");
+    let api = Client::new(&node, port, None);
+    eventually("the API to answer", Duration::from_secs(30), || async {
+        api.get("/healthz").await.ok()
+    })
+    .await;
+    let url = format!(
+        "wss://localhost:{port}/exec/default/{pod}/app?command=sh&command=-c&command=echo%20hi%3B%20echo%20oops%20%3E%262%3B%20exit%203&output=1&error=1"
+    );
+    let mut request = url.into_client_request().unwrap();
+    request.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        "v4.channel.k8s.io".parse().unwrap(),
+    );
+    let tls = api.connect().await.unwrap();
+    let (mut ws, response) = tokio_tungstenite::client_async(request, tls)
+        .await
+        .expect("the exec session upgrades");
+    assert_eq!(
+        response.headers().get("Sec-WebSocket-Protocol").unwrap(),
+        "v4.channel.k8s.io"
+    );
+    let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
+    while let Some(Ok(message)) = tokio::time::timeout(Duration::from_secs(30), ws.next())
+        .await
+        .expect("exec output")
+    {
+        let Message::Binary(data) = message else {
+            continue;
+        };
+        match data.split_first() {
+            Some((1, rest)) => stdout.extend_from_slice(rest),
+            Some((2, rest)) => stderr.extend_from_slice(rest),
+            Some((3, rest)) => {
+                status = Some(serde_json::from_slice::<serde_json::Value>(rest).unwrap());
+                break;
+            }
+            _ => {}
+        }
+    }
+    let _ = ws.close(None).await;
+    assert_eq!(String::from_utf8_lossy(&stdout), "hi\n");
+    assert_eq!(String::from_utf8_lossy(&stderr), "oops\n");
+    let status = status.expect("a final status");
+    assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
+    assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
+    node.finish().await;
+}
