@@ -7,10 +7,10 @@
 //!
 //! Dependency rules (arrows mean "may use"): `types`, `metrics`, `backoff`, `pod` and `objects`
 //! (the ConfigMaps and Secrets beside static pods) are leaves; `config`,
-//! `runtime`, `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe` and
-//! `images` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of the
-//! runtime; `pod_sync` uses runtime, images, cgroups, volumes, probe and status and implements
-//! `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles only; `agent` and
+//! `runtime`, `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`,
+//! `images` and `log_rotation` use `runtime`; `pod_workers` defines the `PodSyncer` trait and
+//! knows nothing of the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes,
+//! probe and status and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles only; `agent` and
 //! `run_once` are the only places that wire everything together.
 
 pub mod agent;
@@ -19,6 +19,7 @@ pub mod cgroups;
 pub mod config;
 pub mod images;
 pub mod lock;
+pub mod log_rotation;
 pub mod metrics;
 pub mod objects;
 pub mod pleg;

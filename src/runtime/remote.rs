@@ -334,6 +334,21 @@ impl RuntimeClient {
             .filter(|pid| *pid > 0))
     }
 
+    /// Asks the runtime to reopen the container's log file, after it was renamed or removed.
+    pub async fn reopen_container_log(&self, id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::ReopenContainerLogRequest {
+            container_id: id.into(),
+        };
+        self.call(
+            "ReopenContainerLog",
+            self.timeout,
+            c.reopen_container_log(req),
+        )
+        .await
+        .map(drop)
+    }
+
     /// Runs `cmd` in the container and returns its exit code and output, within `timeout`.
     pub async fn exec_sync(
         &self,
