@@ -315,6 +315,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             runtime: core.runtime.clone(),
             node_name: config.node_name.clone(),
             root_dir: config.root_dir.clone(),
+            pod_logs_dir: config.pod_logs_dir.clone(),
             statuses: core.status.clone(),
         };
         let cancel = cancel.clone();
