@@ -38,7 +38,7 @@ pub struct Config {
 
 /// Why one log could not be rotated.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+enum Error {
     #[error("{action} {}", .path.display())]
     Io {
         action: &'static str,
@@ -50,7 +50,7 @@ pub enum Error {
     Reopen(#[source] runtime::Error),
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.to_path_buf();
