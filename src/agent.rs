@@ -251,20 +251,20 @@ impl Core {
     }
 }
 
-/// How often unused images are collected (upstream: 5 minutes); `NODELET_TEST_IMAGE_GC_PERIOD`
-/// (test-only, a Go duration) makes it shorter.
-fn image_gc_period() -> Duration {
-    let default = Duration::from_secs(300);
-    let Ok(text) = std::env::var("NODELET_TEST_IMAGE_GC_PERIOD") else {
+/// `default`, unless the test-only variable `var` (a Go duration) makes the period shorter:
+/// `NODELET_TEST_IMAGE_GC_PERIOD` for image GC (upstream: 5 minutes),
+/// `NODELET_TEST_LOG_ROTATION_PERIOD` for log rotation (below the 3 s the config allows).
+fn test_period(var: &str, default: Duration) -> Duration {
+    let Ok(text) = std::env::var(var) else {
         return default;
     };
     match crate::config::parse_duration(&text) {
         Ok(d) if !d.is_zero() => {
-            tracing::warn!(period = ?d, "test-only image GC period in use (NODELET_TEST_IMAGE_GC_PERIOD)");
+            tracing::warn!(period = ?d, "test-only period in use ({var})");
             d
         }
         _ => {
-            tracing::warn!("ignoring NODELET_TEST_IMAGE_GC_PERIOD");
+            tracing::warn!("ignoring {var}");
             default
         }
     }
@@ -391,9 +391,30 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     );
     core.tracker.spawn(crate::images::gc::run(
         gc,
-        image_gc_period(),
+        test_period("NODELET_TEST_IMAGE_GC_PERIOD", Duration::from_secs(300)),
         cancel.clone(),
     ));
+    match config.container_log_max_size {
+        Some(max_size) => {
+            let rotation = crate::log_rotation::Config {
+                policy: crate::log_rotation::Policy {
+                    max_size,
+                    max_files: config.container_log_max_files as usize,
+                },
+                interval: test_period(
+                    "NODELET_TEST_LOG_ROTATION_PERIOD",
+                    config.container_log_monitor_interval,
+                ),
+                node_name: config.node_name.clone(),
+            };
+            core.tracker.spawn(crate::log_rotation::run(
+                core.runtime.clone(),
+                rotation,
+                cancel.clone(),
+            ));
+        }
+        None => tracing::info!("container log rotation is off (--container-log-max-size < 0)"),
+    }
 
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
     if let Some(path) = &config.static_pod_path {
@@ -426,6 +447,7 @@ fn stats_source(config: &Config, core: &Core) -> server::stats::Source {
         runtime: core.runtime.clone(),
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
+        pod_logs_dir: config.pod_logs_dir.clone(),
         statuses: core.status.clone(),
     }
 }

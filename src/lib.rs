@@ -6,13 +6,13 @@
 //! which plans the pod's actions and carries them out through `runtime` (CRI).
 //!
 //! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod` and
-//! `objects` (the ConfigMaps and Secrets beside static pods) are leaves; `config`,
-//! `runtime`, `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe` and
-//! `images` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of the
-//! runtime; `pod_sync` uses runtime, images, cgroups, volumes, probe and status and implements
-//! `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles only; `agent` and
-//! `run_once` are the only places that wire everything together; `cli` is the client of the
-//! agent's admin socket.
+//! `objects` (the ConfigMaps and Secrets beside static pods) are leaves; `config`, `runtime`,
+//! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images` and
+//! `log_rotation` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
+//! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
+//! and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles
+//! only; `agent` and `run_once` are the only places that wire everything together; `cli` is the
+//! client of the agent's admin socket.
 
 pub mod agent;
 pub mod backoff;
@@ -22,6 +22,7 @@ pub mod config;
 pub mod events;
 pub mod images;
 pub mod lock;
+pub mod log_rotation;
 pub mod metrics;
 pub mod objects;
 pub mod pleg;

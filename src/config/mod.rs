@@ -94,6 +94,11 @@ pub struct Config {
     pub kube_reserved: BTreeMap<String, String>,
     pub system_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
+    /// Bytes at which a container log is rotated; `None`: rotation is off (a negative size).
+    pub container_log_max_size: Option<u64>,
+    /// Most files per container log, the current one included (at least 2).
+    pub container_log_max_files: u32,
+    pub container_log_monitor_interval: Duration,
     pub node_labels: BTreeMap<String, String>,
     pub verbosity: u8,
     /// --cluster-dns servers (IP addresses).
@@ -410,6 +415,18 @@ fn percent(s: &str) -> Result<u8, String> {
     }
 }
 
+/// containerLogMaxSize: a quantity of bytes, negative to turn rotation off (as upstream). Zero
+/// is refused: every log, even an empty one, would be rotated on every check.
+fn log_max_size(s: &str) -> Result<Option<u64>, String> {
+    match crate::pod::parse_quantity(s) {
+        Some(n) if n < 0.0 => Ok(None),
+        Some(n) if n >= 1.0 && n < u64::MAX as f64 => Ok(Some(n as u64)),
+        _ => Err(format!(
+            "{s:?} is not a size of at least one byte (like 10Mi), or negative to turn rotation off"
+        )),
+    }
+}
+
 fn system_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -548,6 +565,22 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         kube_reserved: r.map("kubeReserved"),
         system_reserved: r.map("systemReserved"),
         eviction_hard: r.map("evictionHard"),
+        container_log_max_size: r.parsed("containerLogMaxSize", Some(10 << 20), log_max_size),
+        container_log_max_files: r.parsed("containerLogMaxFiles", 5, |s| {
+            match s.trim().parse::<u32>() {
+                Ok(n) if n >= 2 => Ok(n),
+                _ => Err(format!("{s:?} is not a number of at least 2")),
+            }
+        }),
+        container_log_monitor_interval: r.parsed(
+            "containerLogMonitorInterval",
+            Duration::from_secs(10),
+            |s| match duration::parse(s)? {
+                d if d < Duration::from_secs(3) => Err("must be at least 3s".into()),
+                d if d > MAX_DURATION => Err("must be at most a year".into()),
+                d => Ok(d),
+            },
+        ),
         node_labels: r.map("nodeLabels"),
         cluster_dns: {
             let servers = r.list("clusterDNS");
@@ -634,6 +667,33 @@ mod tests {
         assert_eq!(c.max_pods, 110);
         assert!(c.cgroups_per_qos);
         assert_eq!(c.pod_logs_dir, PathBuf::from("/var/log/pods"));
+        assert_eq!(c.container_log_max_size, Some(10 * 1024 * 1024));
+        assert_eq!(c.container_log_max_files, 5);
+        assert_eq!(c.container_log_monitor_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn container_log_rotation_knobs_are_checked() {
+        let c = run(&[
+            "--hostname-override=n1",
+            "--container-log-max-size=1Ki",
+            "--container-log-max-files=2",
+        ])
+        .unwrap()
+        .config;
+        assert_eq!(c.container_log_max_size, Some(1024));
+        assert_eq!(c.container_log_max_files, 2);
+        let off = run(&["--hostname-override=n1", "--container-log-max-size=-1"]).unwrap();
+        assert_eq!(off.config.container_log_max_size, None);
+        let err = run(&[
+            "--hostname-override=n1",
+            "--container-log-max-size=0",
+            "--container-log-max-files=1",
+            "--container-log-monitor-interval=1s",
+        ])
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 3, "{err}");
+        assert!(err.problems[0].contains("containerLogMaxSize (--container-log-max-size)"));
     }
 
     #[test]

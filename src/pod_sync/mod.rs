@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::events::Target;
 use crate::pod::{grace_period_seconds, spec};
 use crate::pod_workers::PodSyncer;
-use crate::runtime::{self, ANNOTATION_NODE_NAME, ContainerState, PodRuntime, RuntimeClient, cri};
+use crate::runtime::{self, ContainerState, PodRuntime, RuntimeClient, cri};
 use crate::types::{PodUid, full_name};
 use crate::volumes;
 use crate::{images, probe};
@@ -704,13 +704,14 @@ impl Syncer {
 
     async fn remove_container(&self, pod: &Pod, rt: &PodRuntime, id: &str) -> Result<(), Error> {
         ignore_not_found(self.runtime.remove_container(id).await)?;
-        // Its logs go with it, as upstream: the log file and its /var/log/containers link.
+        // Its logs go with it, as upstream: the log file, its rotated files and its
+        // /var/log/containers link.
         if let Some(c) = rt.containers.iter().find(|c| c.id == id) {
             let link = convert::container_log_link(&self.ctx, pod, &c.name, id);
             let _ = std::fs::remove_file(link);
             let log = convert::pod_log_dir(&self.ctx, pod)
                 .join(convert::container_log_path(&c.name, c.attempt));
-            let _ = std::fs::remove_file(log);
+            crate::log_rotation::remove_logs(&log);
         }
         Ok(())
     }
@@ -1016,13 +1017,7 @@ impl PodSyncer for Syncer {
             .into_iter()
             // Only sandboxes made by a kubelet-like agent (pod labels), and not by another node
             // agent sharing the runtime; anything else on the runtime is never touched.
-            .filter(|sb| {
-                sb.has_pod_labels
-                    && sb
-                        .annotations
-                        .get(ANNOTATION_NODE_NAME)
-                        .is_none_or(|n| *n == self.ctx.node_name)
-            })
+            .filter(|sb| sb.owned_by(&self.ctx.node_name))
             .filter(|sb| seen.insert(sb.uid.clone()))
             .map(|sb| {
                 Arc::new(Pod {

@@ -56,6 +56,18 @@ pub struct Sandbox {
     pub has_pod_labels: bool,
 }
 
+impl Sandbox {
+    /// Whether the node agent `node` may act on this sandbox: it was made by a kubelet-like agent
+    /// (pod labels) and not by another node agent sharing the runtime.
+    pub fn owned_by(&self, node: &str) -> bool {
+        self.has_pod_labels
+            && self
+                .annotations
+                .get(ANNOTATION_NODE_NAME)
+                .is_none_or(|n| n == node)
+    }
+}
+
 /// Where a container is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ContainerState {

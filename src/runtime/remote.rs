@@ -326,12 +326,52 @@ impl RuntimeClient {
             .call("ContainerStatus", self.timeout, c.container_status(req))
             .await?
             .info;
-        Ok(info
-            .get("info")
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
-            .and_then(|v| v.get("pid").and_then(serde_json::Value::as_i64))
-            .and_then(|pid| i32::try_from(pid).ok())
-            .filter(|pid| *pid > 0))
+        Ok(verbose_pid(&info))
+    }
+
+    /// The host PID of the sandbox's pause process, from the runtime's verbose status (`None`
+    /// when the runtime does not tell or the sandbox does not run).
+    pub async fn sandbox_pid(&self, id: &str) -> Result<Option<i32>> {
+        let mut c = self.runtime.clone();
+        let req = cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: true,
+        };
+        let info = self
+            .call("PodSandboxStatus", self.timeout, c.pod_sandbox_status(req))
+            .await?
+            .info;
+        Ok(verbose_pid(&info))
+    }
+
+    /// Asks the runtime to reopen the container's log file, after it was renamed or removed.
+    pub async fn reopen_container_log(&self, id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::ReopenContainerLogRequest {
+            container_id: id.into(),
+        };
+        self.call(
+            "ReopenContainerLog",
+            self.timeout,
+            c.reopen_container_log(req),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Resource usage of every pod sandbox (network included). Runtimes that predate the call
+    /// answer `Unimplemented`.
+    pub async fn pod_sandbox_stats(&self) -> Result<Vec<cri::PodSandboxStats>> {
+        let mut c = self.runtime.clone();
+        let req = cri::ListPodSandboxStatsRequest { filter: None };
+        Ok(self
+            .call(
+                "ListPodSandboxStats",
+                self.timeout,
+                c.list_pod_sandbox_stats(req),
+            )
+            .await?
+            .stats)
     }
 
     /// Runs `cmd` in the container and returns its exit code and output, within `timeout`.
@@ -496,6 +536,15 @@ impl RuntimeClient {
             .await?
             .image_ref)
     }
+}
+
+/// The `pid` in the JSON `info` of a verbose container or sandbox status (containerd's layout).
+fn verbose_pid(info: &std::collections::HashMap<String, String>) -> Option<i32> {
+    info.get("info")
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+        .and_then(|v| v.get("pid").and_then(serde_json::Value::as_i64))
+        .and_then(|pid| i32::try_from(pid).ok())
+        .filter(|pid| *pid > 0)
 }
 
 /// Waits until the runtime answers, up to `deadline`, logging each failed attempt.

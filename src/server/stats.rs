@@ -1,5 +1,9 @@
-//! `/stats/summary` in the upstream Summary API shape: the node's CPU, memory and filesystems
-//! from /proc and statvfs, and each pod's containers from the runtime's container stats.
+//! `/stats/summary` in the upstream Summary API shape: the node's CPU, memory, network and
+//! filesystems from /proc and statvfs, each pod's containers from the runtime's container stats,
+//! and each pod's network, volumes and ephemeral storage (`network.rs`, `storage.rs`).
+
+mod network;
+mod storage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,6 +21,7 @@ pub struct Source {
     pub runtime: RuntimeClient,
     pub node_name: String,
     pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
     pub statuses: status::Reader,
 }
 
@@ -115,6 +120,54 @@ fn sum(containers: &[Value], group: &str, field: &str) -> u64 {
         .sum()
 }
 
+/// One pod's stats: its containers' sums, its network (`None` on the host network, and then
+/// left out as upstream does), volumes and ephemeral storage.
+fn pod_stats(
+    source: &Source,
+    uid: &str,
+    pod_ref: Value,
+    mut containers: Vec<Value>,
+    network: Option<Value>,
+    time: &str,
+) -> Value {
+    let entry = source.statuses.get(&crate::types::PodUid(uid.to_string()));
+    let start = entry
+        .as_ref()
+        .and_then(|e| e.pod.status.as_ref()?.start_time.clone())
+        .map(|t| t.0.to_string());
+    let files = storage::PodFiles {
+        pod: entry.as_ref().map(|e| e.pod.as_ref()),
+        uid,
+        name: pod_ref["name"].as_str().unwrap_or_default(),
+        namespace: pod_ref["namespace"].as_str().unwrap_or_default(),
+        root_dir: &source.root_dir,
+        pod_logs_dir: &source.pod_logs_dir,
+    };
+    let (volumes, ephemeral) = storage::pod_stats(&files, &mut containers, time);
+    let mut stats = json!({
+        "podRef": pod_ref,
+        "startTime": start,
+        "cpu": {
+            "time": time,
+            "usageNanoCores": sum(&containers, "cpu", "usageNanoCores"),
+            "usageCoreNanoSeconds": sum(&containers, "cpu", "usageCoreNanoSeconds"),
+        },
+        "memory": {
+            "time": time,
+            "usageBytes": sum(&containers, "memory", "usageBytes"),
+            "workingSetBytes": sum(&containers, "memory", "workingSetBytes"),
+            "rssBytes": sum(&containers, "memory", "rssBytes"),
+        },
+        "volume": volumes,
+        "ephemeral-storage": ephemeral,
+        "containers": containers,
+    });
+    if let Some(network) = network {
+        stats["network"] = network;
+    }
+    stats
+}
+
 /// The summary, or the runtime's error.
 pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     let time = crate::types::now().to_string();
@@ -137,32 +190,29 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
         });
         entry.1.push(container_entry(s, &time));
     }
-    let pods: Vec<Value> = pods
-        .into_iter()
-        .map(|(uid, (pod_ref, containers))| {
-            let start = source
-                .statuses
-                .get(&crate::types::PodUid(uid))
-                .and_then(|e| e.pod.status.as_ref()?.start_time.clone())
-                .map(|t| t.0.to_string());
-            json!({
-                "podRef": pod_ref,
-                "startTime": start,
-                "cpu": {
-                    "time": time,
-                    "usageNanoCores": sum(&containers, "cpu", "usageNanoCores"),
-                    "usageCoreNanoSeconds": sum(&containers, "cpu", "usageCoreNanoSeconds"),
-                },
-                "memory": {
-                    "time": time,
-                    "usageBytes": sum(&containers, "memory", "usageBytes"),
-                    "workingSetBytes": sum(&containers, "memory", "workingSetBytes"),
-                    "rssBytes": sum(&containers, "memory", "rssBytes"),
-                },
-                "containers": containers,
+    // The newest ready sandbox of each pod, for its network.
+    let mut sandboxes = std::collections::HashMap::new();
+    for sb in source.runtime.list_sandboxes(None).await? {
+        if sb.state == crate::runtime::SandboxState::Ready && pods.contains_key(&sb.uid.0) {
+            sandboxes.entry(sb.uid.0).or_insert(sb.id);
+        }
+    }
+    let mut networks = network::pods(&source.runtime, &sandboxes, &time).await;
+    // Volumes and logs are counted by walking the disk: off the async workers.
+    let (job_source, job_time) = (source.clone(), time.clone());
+    let pods = tokio::task::spawn_blocking(move || {
+        pods.into_iter()
+            .map(|(uid, (pod_ref, containers))| {
+                let network = networks.remove(&uid);
+                pod_stats(&job_source, &uid, pod_ref, containers, network, &job_time)
             })
-        })
-        .collect();
+            .collect::<Vec<Value>>()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot compute the pods' stats for /stats/summary");
+        Vec::new()
+    });
 
     let cpu_ns = node_cpu_ns().unwrap_or(0);
     let now = Instant::now();
@@ -187,7 +237,7 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
         }
         _ => json!({ "time": time }),
     };
-    Ok(json!({
+    let mut summary = json!({
         "node": {
             "nodeName": source.node_name,
             "cpu": {
@@ -205,5 +255,9 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
             "runtime": { "imageFs": image_fs },
         },
         "pods": pods,
-    }))
+    });
+    if let Some(network) = network::node(&time) {
+        summary["node"]["network"] = network;
+    }
+    Ok(summary)
 }

@@ -43,6 +43,45 @@ pub fn pod_dir(root_dir: &Path, uid: &str) -> PathBuf {
     root_dir.join("pods").join(uid)
 }
 
+/// Where nodelet keeps a volume it makes itself, for the volume stats of `/stats/summary`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeDir {
+    pub path: PathBuf,
+    /// Whether it lives on tmpfs (secret, downwardAPI, projected, emptyDir of medium Memory).
+    /// The others are on the node's disk and count as the pod's local ephemeral storage.
+    pub tmpfs: bool,
+}
+
+/// The plugin directory name of a volume nodelet makes itself, and whether it lives on tmpfs.
+fn plugin(v: &Volume) -> Option<(&'static str, bool)> {
+    if let Some(ed) = &v.empty_dir {
+        Some(("empty-dir", ed.medium.as_deref() == Some("Memory")))
+    } else if v.config_map.is_some() {
+        Some(("configmap", false))
+    } else if v.secret.is_some() {
+        Some(("secret", true))
+    } else if v.downward_api.is_some() {
+        Some(("downward-api", true))
+    } else if v.projected.is_some() {
+        Some(("projected", true))
+    } else {
+        None
+    }
+}
+
+/// `<pod dir>/volumes/kubernetes.io~<plugin>/<name>` for the volumes nodelet makes itself
+/// (emptyDir, configMap, secret, downwardAPI, projected); `None` for hostPath and the rest.
+pub fn volume_dir(pod_dir: &Path, v: &Volume) -> Option<VolumeDir> {
+    let (plugin, tmpfs) = plugin(v)?;
+    Some(VolumeDir {
+        path: pod_dir
+            .join("volumes")
+            .join(format!("kubernetes.io~{plugin}"))
+            .join(&v.name),
+        tmpfs,
+    })
+}
+
 /// What API-data volumes read besides the pod: its objects and its containers' resources.
 pub struct Inputs<'a> {
     pub objects: &'a crate::objects::View,
@@ -95,6 +134,14 @@ pub fn setup(pod: &Pod, root_dir: &Path, inputs: &Inputs<'_>) -> Result<HashMap<
     Ok(mounted)
 }
 
+/// [`volume_dir`] for a volume [`setup`] has already sorted as one nodelet makes itself.
+fn made_dir(pod_dir: &Path, v: &Volume) -> Result<VolumeDir> {
+    volume_dir(pod_dir, v).ok_or_else(|| Error::Volume {
+        volume: v.name.clone(),
+        message: "volume type is not supported".into(),
+    })
+}
+
 /// Writes an API-data volume under `<pod>/volumes/kubernetes.io~<kind>/<name>`. All but
 /// configMap volumes live on tmpfs, so secrets never touch the disk.
 fn api_data(
@@ -103,21 +150,9 @@ fn api_data(
     files: &atomic::Payload,
     fs_group: Option<i64>,
 ) -> Result<PathBuf> {
-    let (kind, memory) = if v.config_map.is_some() {
-        ("configmap", false)
-    } else if v.secret.is_some() {
-        ("secret", true)
-    } else if v.downward_api.is_some() {
-        ("downward-api", true)
-    } else {
-        ("projected", true)
-    };
-    let path = pod_dir
-        .join("volumes")
-        .join(format!("kubernetes.io~{kind}"))
-        .join(&v.name);
+    let VolumeDir { path, tmpfs } = made_dir(pod_dir, v)?;
     std::fs::create_dir_all(&path).map_err(io("cannot create", &path))?;
-    if memory && !is_mount_point(&path) {
+    if tmpfs && !is_mount_point(&path) {
         mount_tmpfs(&path, "mode=0755").map_err(|e| Error::Volume {
             volume: v.name.clone(),
             message: format!("cannot mount tmpfs on {}: {e}", path.display()),
@@ -131,12 +166,10 @@ fn api_data(
 }
 
 fn empty_dir(v: &Volume, pod_dir: &Path, fs_group: Option<i64>) -> Result<PathBuf> {
-    let path = pod_dir
-        .join("volumes/kubernetes.io~empty-dir")
-        .join(&v.name);
+    let VolumeDir { path, tmpfs } = made_dir(pod_dir, v)?;
     std::fs::create_dir_all(&path).map_err(io("cannot create", &path))?;
     let ed = v.empty_dir.as_ref();
-    if ed.and_then(|e| e.medium.as_deref()) == Some("Memory") && !is_mount_point(&path) {
+    if tmpfs && !is_mount_point(&path) {
         let size = ed
             .and_then(|e| e.size_limit.as_ref())
             .and_then(|q| parse_quantity(&q.0))

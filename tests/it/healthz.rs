@@ -230,3 +230,123 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     );
     node.finish().await;
 }
+
+#[tokio::test]
+async fn the_summary_reports_pod_network_volumes_and_ephemeral_storage() {
+    let port = free_port();
+    let node = Node::start(
+        "summary",
+        &[
+            "--read-only-port",
+            &port.to_string(),
+            "--address",
+            "127.0.0.1",
+        ],
+    )
+    .await;
+    const BLOB: u64 = 200_000;
+    let writer = pod_yaml(
+        "disk",
+        &[(
+            "c",
+            &format!("head -c {BLOB} /dev/zero > /scratch/blob; echo written; {FOREVER}"),
+        )],
+        "  volumes: [{name: scratch, emptyDir: {}}]\n",
+    )
+    .replace(
+        "    command:",
+        "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n    command:",
+    );
+    node.write_manifest("disk.yaml", &writer);
+    node.write_manifest(
+        "hostnet.yaml",
+        &pod_yaml("hostnet", &[("c", FOREVER)], "  hostNetwork: true\n"),
+    );
+    node.wait_log("disk", "c", "written").await;
+    node.wait_running("hostnet", 1).await;
+    let ip = node
+        .wait_status("disk", "a pod IP", |s| s.pod_ip.is_some())
+        .await
+        .pod_ip
+        .unwrap_or_default();
+    // Traffic through the pod's eth0 (a network namespace this test made): the refused
+    // connection is a SYN in and a RST out.
+    let _ = tokio::net::TcpStream::connect((ip.as_str(), 9)).await;
+
+    let find = |summary: &serde_json::Value, name: &str| {
+        summary["pods"]
+            .as_array()
+            .and_then(|pods| {
+                pods.iter()
+                    .find(|p| p["podRef"]["name"] == node.pod_name(name))
+            })
+            .cloned()
+    };
+    let (summary, disk) = eventually(
+        "the pod's network traffic in /stats/summary",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = get(port, "/stats/summary").await?;
+            let summary: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let disk = find(&summary, "disk")?;
+            let network = &disk["network"];
+            (code == 200 && network["rxBytes"].as_u64()? > 0 && network["txBytes"].as_u64()? > 0)
+                .then_some((summary, disk))
+        },
+    )
+    .await;
+    let network = &disk["network"];
+    assert_eq!(network["name"], "eth0", "{network}");
+    assert!(network["rxErrors"].is_u64() && network["txErrors"].is_u64());
+    assert!(network["time"].is_string());
+    assert!(
+        network["interfaces"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["name"] == "eth0")),
+        "{network}"
+    );
+
+    let volume = disk["volume"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "scratch"))
+        .unwrap_or_else(|| panic!("the scratch volume in {disk}"));
+    assert!(
+        volume["usedBytes"].as_u64().unwrap_or(0) >= BLOB,
+        "{volume}"
+    );
+    assert!(volume["inodesUsed"].as_u64().unwrap_or(0) >= 2, "{volume}");
+    for field in ["capacityBytes", "availableBytes", "inodes", "inodesFree"] {
+        assert!(
+            volume[field].as_u64().is_some_and(|v| v > 0),
+            "{field} in {volume}"
+        );
+    }
+    let ephemeral = &disk["ephemeral-storage"];
+    assert!(
+        ephemeral["usedBytes"].as_u64().unwrap_or(0) >= BLOB,
+        "{ephemeral}"
+    );
+    assert!(
+        ephemeral["capacityBytes"].as_u64().is_some_and(|v| v > 0),
+        "{ephemeral}"
+    );
+    let logs = &disk["containers"][0]["logs"];
+    assert!(logs["usedBytes"].as_u64().is_some_and(|v| v > 0), "{logs}");
+
+    // A pod on the host network has no network of its own, as upstream reports it.
+    let hostnet = find(&summary, "hostnet").unwrap_or_else(|| panic!("hostnet in {summary}"));
+    assert!(hostnet.get("network").is_none(), "{hostnet}");
+    assert!(
+        hostnet["ephemeral-storage"]["usedBytes"].is_u64(),
+        "{hostnet}"
+    );
+
+    let node_network = &summary["node"]["network"];
+    assert!(
+        node_network["interfaces"]
+            .as_array()
+            .is_some_and(|i| !i.is_empty() && i.iter().all(|i| i["name"] != "lo")),
+        "{node_network}"
+    );
+    node.finish().await;
+}

@@ -11,6 +11,7 @@ mod healthz;
 mod http_source;
 mod images;
 mod lifecycle;
+mod log_rotation;
 mod network;
 mod probes;
 mod resilience;
