@@ -99,7 +99,7 @@ enum Command {
         #[arg(short, long)]
         container: Option<String>,
         /// Pass stdin to the command.
-        #[arg(short, long)]
+        #[arg(short = 'i', long)]
         stdin: bool,
         /// Allocate a terminal (with -i: an interactive shell).
         #[arg(short, long)]
@@ -364,9 +364,31 @@ async fn exec(client: &mut AdminClient<Channel>, start: proto::ExecStart) -> Res
     let tty = start.tty;
     let _ = tx.send(send(exec_input::Input::Start(start))).await;
     let raw = if tty { terminal::Raw::enter() } else { None };
-    if tty && let Some((width, height)) = terminal::size() {
-        let size = proto::TerminalSize { width, height };
-        let _ = tx.send(send(exec_input::Input::Resize(size))).await;
+    if tty {
+        // The size now, then again whenever the terminal is resized.
+        let tx = tx.clone();
+        let mut resized =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
+        tokio::spawn(async move {
+            loop {
+                if let Some((width, height)) = terminal::size() {
+                    let size = proto::TerminalSize { width, height };
+                    if tx
+                        .send(send(exec_input::Input::Resize(size)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                let Some(signal) = resized.as_mut() else {
+                    return;
+                };
+                if signal.recv().await.is_none() {
+                    return;
+                }
+            }
+        });
     }
     if with_stdin {
         let tx = tx.clone();

@@ -109,6 +109,33 @@ async fn the_cli_lists_describes_logs_and_execs_like_kubectl() {
     assert_eq!(stdout(&exec), "out\n", "{exec:?}");
     assert_eq!(String::from_utf8_lossy(&exec.stderr), "err\n");
     assert_eq!(exec.status.code(), Some(3));
+    let mut piped = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"))
+        .args(["exec", "--root-dir"])
+        .arg(node.path("root"))
+        .args([
+            "-i",
+            &pod,
+            "-c",
+            "app",
+            "--",
+            "sh",
+            "-c",
+            "read x; echo got $x",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("exec -i runs");
+    let mut input = piped.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut input, b"hello\n")
+        .await
+        .expect("write stdin");
+    let got = tokio::time::timeout(Duration::from_secs(30), piped.wait_with_output())
+        .await
+        .expect("exec -i ends with its command")
+        .expect("output");
+    assert_eq!(stdout(&got), "got hello\n");
+    assert_eq!(got.status.code(), Some(0));
     let ok = cli(&node, &["exec", &pod, "-c", "side", "--", "true"]).await;
     assert_eq!(ok.status.code(), Some(0), "{ok:?}");
 
