@@ -216,6 +216,26 @@ mod tests {
     }
 
     #[test]
+    fn the_authentication_block_gives_the_client_ca_and_anonymous_settings() {
+        let out = knobs(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: /etc/ca.crt\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: true\n",
+        );
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(
+            out.raw.get("authentication.x509.clientCAFile"),
+            Some(&RawValue::Scalar("/etc/ca.crt".into()))
+        );
+        assert_eq!(
+            out.raw.get("authentication.anonymous.enabled"),
+            Some(&RawValue::Scalar("true".into()))
+        );
+        assert_eq!(
+            out.ignored,
+            vec!["authentication.webhook.enabled".to_string()]
+        );
+    }
+
+    #[test]
     fn upstream_fields_not_acted_on_are_accepted() {
         let out = knobs(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 30s\nclusterDNS: [10.96.0.10]\n",
