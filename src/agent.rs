@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, detect_node_ip};
+use crate::eviction::{self, Pressure};
 use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
 use crate::sources::{file, http};
@@ -21,6 +22,8 @@ use crate::{pleg, probe, server, status, types::SourceSnapshot};
 
 /// How long nodelet waits for the runtime at start.
 const RUNTIME_WAIT: Duration = Duration::from_secs(30);
+/// How often the eviction manager looks at the node (upstream: 10 s).
+const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 /// How long the agent waits for its tasks after a shutdown request.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
@@ -66,6 +69,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
 /// The parts both modes share: the runtime client, the pod syncer, the sync loop fed by the
 /// PLEG and the probes, and the status store.
 pub(crate) struct Core {
+    /// The eviction manager and the conditions it publishes; run by the agent, not run-once.
+    eviction: Option<(eviction::Manager, tokio::sync::watch::Sender<Pressure>)>,
     pub syncer: Arc<Syncer>,
     pub status: status::Reader,
     pub recorder: crate::events::Recorder,
@@ -124,6 +129,9 @@ impl Core {
                 tracing::warn!(error = %e, "cannot read the runtime's configuration to check its cgroup driver")
             }
         }
+        let thresholds = eviction::thresholds(&config.eviction_hard).map_err(|problems| {
+            anyhow::anyhow!("evictionHard (--eviction-hard): {}", problems.join("; "))
+        })?;
         let node = pod_sync::resources::NodeResources::detect(&config.root_dir);
         let allocatable = crate::cgroups::allocatable(
             node.cpu,
@@ -202,15 +210,17 @@ impl Core {
             pod_sync::Parts {
                 status: status_writer,
                 probes: probe_manager,
-                cgroups,
+                cgroups: cgroups.clone(),
                 objects,
                 images: puller,
                 events: recorder.clone(),
             },
         ));
+        let (pressure, pressure_rx) = tokio::sync::watch::channel(Pressure::default());
         let loop_config = sync_loop::Config {
             resync: config.sync_frequency,
             allocatable: Some(allocatable),
+            pressure: Some(pressure_rx),
             ..Default::default()
         };
         let sync_loop = SyncLoop::new(
@@ -224,7 +234,19 @@ impl Core {
         let pleg = pleg::Pleg::new(runtime.clone());
         let pleg_health = pleg.health();
         tracker.spawn(pleg.run(events_tx, cancel.clone()));
+        let eviction = eviction::Manager {
+            config: eviction::Config {
+                thresholds,
+                root_dir: config.root_dir.clone(),
+                memory: node.memory,
+                interval: test_period("NODELET_TEST_EVICTION_PERIOD", EVICTION_INTERVAL),
+            },
+            runtime: runtime.clone(),
+            cgroups: cgroups.clone(),
+            statuses: status.clone(),
+        };
         Ok(Some(Core {
+            eviction: Some((eviction, pressure)),
             syncer,
             status,
             recorder,
@@ -288,9 +310,14 @@ fn test_backoff() -> Option<Duration> {
 
 /// Connects to the runtime and starts every component; `None` when cancelled meanwhile.
 pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<Agent>> {
-    let Some(core) = Core::connect(&config, &cancel).await? else {
+    let Some(mut core) = Core::connect(&config, &cancel).await? else {
         return Ok(None);
     };
+    if let Some((manager, pressure)) = core.eviction.take() {
+        let (evictions, ready) = core.sync_loop.eviction_handles();
+        core.tracker
+            .spawn(manager.run(ready, pressure, evictions, cancel.clone()));
+    }
     let socket = server::admin::socket_path(&config.root_dir);
     let listener = server::admin::bind(&socket).await?;
     let handles = server::admin::Handles {

@@ -7,8 +7,8 @@
 //!
 //! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod` and
 //! `objects` (the ConfigMaps and Secrets beside static pods) are leaves; `config`, `runtime`,
-//! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images` and
-//! `log_rotation` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
+//! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
+//! `log_rotation` and `eviction` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
 //! and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles
 //! only; `agent` and `run_once` are the only places that wire everything together; `cli` is the
@@ -20,6 +20,7 @@ pub mod cgroups;
 pub mod cli;
 pub mod config;
 pub mod events;
+pub mod eviction;
 pub mod images;
 pub mod lock;
 pub mod log_rotation;

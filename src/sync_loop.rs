@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::eviction::{Eviction, Pressure};
 use crate::objects;
 use crate::pleg::{Event, EventKind};
 use crate::pod::{ANNOTATION_CONFIG_SOURCE, requests};
@@ -18,6 +19,9 @@ use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
 use crate::sources::Mux;
 use crate::types::{Allocatable, PodOperation, PodUid, Source, SourceSnapshot, full_name};
+
+/// The grace period of a hard eviction (upstream's immediate eviction).
+const EVICTION_GRACE_SECONDS: i64 = 1;
 
 /// Timing of the loop.
 #[derive(Clone, Debug)]
@@ -30,6 +34,9 @@ pub struct Config {
     pub resync: Duration,
     /// What pods may use; `None` admits everything.
     pub allocatable: Option<Allocatable>,
+    /// The node's pressure conditions (from the eviction manager); new pods are refused under
+    /// memory or disk pressure as upstream.
+    pub pressure: Option<watch::Receiver<Pressure>>,
 }
 
 impl Default for Config {
@@ -39,6 +46,7 @@ impl Default for Config {
             housekeeping: Duration::from_secs(2),
             resync: Duration::from_secs(60),
             allocatable: None,
+            pressure: None,
         }
     }
 }
@@ -59,8 +67,14 @@ pub struct SyncLoop<S> {
     done: mpsc::UnboundedReceiver<PodUid>,
     /// Requests (cpu, memory) of the pods admitted to run.
     admitted: HashMap<PodUid, (f64, f64)>,
-    /// Pods admission refused; they stay refused until they leave their source.
+    /// Pods admission refused (or the eviction manager evicted); they stay refused until they
+    /// leave their source.
     rejected: std::collections::HashSet<PodUid>,
+    /// Evicted pods being stopped, with the message their status will carry.
+    evicted: HashMap<PodUid, (Arc<Pod>, String)>,
+    evictions: (mpsc::Sender<Eviction>, mpsc::Receiver<Eviction>),
+    /// Becomes true once the sources' first pods are handled (the eviction manager waits).
+    ready: watch::Sender<bool>,
     tracker: TaskTracker,
 }
 
@@ -81,6 +95,9 @@ impl<S: PodSyncer> SyncLoop<S> {
             workers: PodWorkers::new(syncer.clone(), done_tx, tracker.clone(), cancel),
             admitted: HashMap::new(),
             rejected: Default::default(),
+            evicted: HashMap::new(),
+            evictions: mpsc::channel(4),
+            ready: watch::channel(false).0,
             tracker,
             syncer,
             next_resync: HashMap::new(),
@@ -88,6 +105,11 @@ impl<S: PodSyncer> SyncLoop<S> {
             heartbeat: watch::channel(Instant::now()).0,
             done,
         }
+    }
+
+    /// What the eviction manager needs: where to send evictions, and when to start.
+    pub fn eviction_handles(&self) -> (mpsc::Sender<Eviction>, watch::Receiver<bool>) {
+        (self.evictions.0.clone(), self.ready.subscribe())
     }
 
     /// A handle that sees the time of the loop's last iteration, for health checks.
@@ -109,6 +131,14 @@ impl<S: PodSyncer> SyncLoop<S> {
             return None;
         }
         let wanted = requests(pod);
+        if let Some(message) = self
+            .config
+            .pressure
+            .as_ref()
+            .and_then(|p| p.borrow().refuses(pod))
+        {
+            return Some(("Evicted", message));
+        }
         if let Some(a) = self.config.allocatable {
             let used_cpu: f64 = self.admitted.values().map(|r| r.0).sum();
             let used_mem: f64 = self.admitted.values().map(|r| r.1).sum();
@@ -161,6 +191,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 self.rejected.insert(uid);
                 let syncer = self.syncer.clone();
                 let pod = pod.clone();
+                let message = format!("Pod was rejected: {message}");
                 self.tracker
                     .spawn(async move { syncer.reject_pod(pod, reason, &message).await });
                 continue;
@@ -204,6 +235,8 @@ impl<S: PodSyncer> SyncLoop<S> {
             let terminate = matches!(update.op, PodOperation::Remove | PodOperation::Delete);
             self.dispatch(&update.pods, terminate);
         }
+        // The pods are admitted before any pressure is observed.
+        self.ready.send_replace(true);
         if changed.is_empty() {
             return;
         }
@@ -279,6 +312,27 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 
+    /// Stops an evicted pod (with upstream's 1 s grace for hard evictions) and keeps it from
+    /// running again; once it is down its status becomes Failed / Evicted.
+    fn evict(&mut self, eviction: Eviction) {
+        let uid = eviction.uid;
+        let Some(pod) = self.mux.desired().find(|p| PodUid::of(p) == uid).cloned() else {
+            return;
+        };
+        if !self.rejected.insert(uid.clone()) {
+            return;
+        }
+        tracing::warn!(pod = %full_name(&pod), "evicting pod: {}", eviction.message);
+        self.admitted.remove(&uid);
+        self.next_resync.remove(&uid);
+        let mut doomed = (*pod).clone();
+        if let Some(spec) = doomed.spec.as_mut() {
+            spec.termination_grace_period_seconds = Some(EVICTION_GRACE_SECONDS);
+        }
+        self.evicted.insert(uid, (pod, eviction.message));
+        self.workers.update(Work::Terminate(Arc::new(doomed)));
+    }
+
     /// A lifecycle event or a probe result wakes the pod's worker at once instead of at its
     /// next resync.
     fn handle_event(&mut self, uid: &PodUid, kind: EventKind) {
@@ -310,6 +364,12 @@ impl<S: PodSyncer> SyncLoop<S> {
                 Some(snapshot) = snapshots.recv() => self.handle_snapshot(snapshot),
                 Some(uid) = self.done.recv() => {
                     self.workers.forget(&uid);
+                    if let Some((pod, message)) = self.evicted.remove(&uid) {
+                        let syncer = self.syncer.clone();
+                        self.tracker.spawn(async move {
+                            syncer.reject_pod(pod, "Evicted", &message).await
+                        });
+                    }
                     self.terminating_names.retain(|_, old| *old != uid);
                     // Pods that waited for this one (same UID re-added, or same name) start now.
                     let again: Vec<Arc<Pod>> = self
@@ -321,6 +381,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                     self.dispatch(&again, false);
                 }
                 Some(event) = events.recv() => self.handle_event(&event.uid, event.kind),
+                Some(eviction) = self.evictions.1.recv() => self.evict(eviction),
                 Some(update) = probes.recv() => {
                     tracing::debug!(?update, "probe result changed");
                     self.handle_event(&update.uid, EventKind::Changed);

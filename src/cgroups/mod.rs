@@ -11,6 +11,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::pod::{container_quantity, parse_quantity, qos_class, requests, spec};
 
+mod usage;
+
 /// Why a cgroup could not be set up.
 #[derive(Debug, thiserror::Error)]
 #[error("cgroup {path}: {message}")]
@@ -293,6 +295,31 @@ impl Manager {
             .map_err(cgroup_error(&path))?;
         Ok(())
     }
+}
+
+impl Manager {
+    /// The pod cgroup's memory working set (bytes), when its cgroup can be read.
+    pub fn pod_memory_working_set(&self, pod: &Pod) -> Option<u64> {
+        let (mount, v2) = usage::mount_of("memory")?;
+        usage::working_set(&mount.join(self.pod_path(pod)?), v2)
+    }
+
+    /// The number of processes in the pod's cgroup.
+    pub fn pod_pids(&self, pod: &Pod) -> Option<u64> {
+        let (mount, _) = usage::mount_of("pids")?;
+        usage::pids(&mount.join(self.pod_path(pod)?))
+    }
+}
+
+/// The node's memory working set: the root memory cgroup's (v1), or what /proc/meminfo says is
+/// not available (a v2 root cgroup has no usage file).
+pub fn node_memory_working_set() -> Option<u64> {
+    if let Some((mount, false)) = usage::mount_of("memory")
+        && let Some(ws) = usage::working_set(&mount, false)
+    {
+        return Some(ws);
+    }
+    usage::meminfo_used(&std::fs::read_to_string("/proc/meminfo").ok()?)
 }
 
 /// The mount points of every cgroup hierarchy (v1 controllers, or the unified v2 mount).

@@ -13,7 +13,7 @@ mod validate;
 pub use decode::{Decoded, decode_manifest};
 pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::container_hash;
-pub use qos::{qos_class, requests};
+pub use qos::{ephemeral_storage_request, is_critical, qos_class, requests};
 pub use quantity::{container_quantity, parse_quantity};
 pub use signal::signal_number;
 pub use static_pod::{

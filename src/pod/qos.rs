@@ -49,6 +49,29 @@ pub fn requests(pod: &Pod) -> (f64, f64) {
     )
 }
 
+/// The sum of the app containers' ephemeral-storage requests, in bytes.
+pub fn ephemeral_storage_request(pod: &Pod) -> f64 {
+    spec(pod)
+        .containers
+        .iter()
+        .filter_map(|c| container_quantity(c, false, "ephemeral-storage"))
+        .sum()
+}
+
+/// Lowest priority that makes a pod critical (upstream's SystemCriticalPriority).
+const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Whether the pod is critical: a priority at or above system-critical, or one of the two
+/// system priority classes. Critical pods are never evicted nor refused under pressure.
+pub fn is_critical(pod: &Pod) -> bool {
+    let s = spec(pod);
+    s.priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+        || matches!(
+            s.priority_class_name.as_deref(),
+            Some("system-node-critical" | "system-cluster-critical")
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -366,6 +366,7 @@ impl Syncer {
         else {
             return false;
         };
+        let message = format!("Pod was rejected: {message}");
         self.events
             .warning(Target::pod(pod), "SysctlForbidden", message.clone());
         self.status.set(pod, rejection("SysctlForbidden", &message));
@@ -886,7 +887,7 @@ fn rejection(reason: &str, message: &str) -> k8s_openapi::api::core::v1::PodStat
     k8s_openapi::api::core::v1::PodStatus {
         phase: Some("Failed".into()),
         reason: Some(reason.into()),
-        message: Some(format!("Pod was rejected: {message}")),
+        message: Some(message.into()),
         ..Default::default()
     }
 }

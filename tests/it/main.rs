@@ -7,6 +7,7 @@ mod cgroups;
 mod config;
 mod config_data;
 mod cri;
+mod eviction;
 mod healthz;
 mod http_source;
 mod images;

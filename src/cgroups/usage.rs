@@ -1,0 +1,156 @@
+//! What cgroups use, read from whichever hierarchy holds the controller: a v1 controller mount,
+//! or the unified v2 mount when its `cgroup.controllers` lists it (hybrid hosts, like these
+//! machines, mount an unused v2 hierarchy beside the v1 controllers). Files are read directly:
+//! the eviction manager must never fail on a missing one.
+
+use std::path::{Path, PathBuf};
+
+/// The mount holding `controller`, and whether it is the unified (v2) hierarchy.
+pub(super) fn controller_mount(
+    mountinfo: &str,
+    controller: &str,
+    v2_lists: impl Fn(&Path) -> bool,
+) -> Option<(PathBuf, bool)> {
+    let mut unified = None;
+    for line in mountinfo.lines() {
+        let Some((before, after)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut fs = after.split(' ');
+        let (Some(kind), _, Some(options)) = (fs.next(), fs.next(), fs.next()) else {
+            continue;
+        };
+        let Some(point) = before.split(' ').nth(4) else {
+            continue;
+        };
+        match kind {
+            "cgroup" if options.split(',').any(|o| o == controller) => {
+                return Some((PathBuf::from(point), false));
+            }
+            "cgroup2" if unified.is_none() && v2_lists(Path::new(point)) => {
+                unified = Some((PathBuf::from(point), true));
+            }
+            _ => {}
+        }
+    }
+    unified
+}
+
+/// Where `controller` lives on this host.
+pub(super) fn mount_of(controller: &str) -> Option<(PathBuf, bool)> {
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    controller_mount(&String::from_utf8_lossy(&info), controller, |dir| {
+        std::fs::read_to_string(dir.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|n| n == controller))
+    })
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn stat_field(dir: &Path, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The working set of the cgroup at `dir`: its memory use minus inactive file pages, as
+/// upstream counts it (v1: usage_in_bytes and total_inactive_file; v2: memory.current and
+/// inactive_file).
+pub(super) fn working_set(dir: &Path, v2: bool) -> Option<u64> {
+    let (usage, inactive) = if v2 {
+        (
+            read_u64(&dir.join("memory.current"))?,
+            stat_field(dir, "inactive_file").unwrap_or(0),
+        )
+    } else {
+        (
+            read_u64(&dir.join("memory.usage_in_bytes"))?,
+            stat_field(dir, "total_inactive_file").unwrap_or(0),
+        )
+    };
+    Some(usage.saturating_sub(inactive))
+}
+
+/// The number of processes in the cgroup at `dir` (same file in v1 and v2).
+pub(super) fn pids(dir: &Path) -> Option<u64> {
+    read_u64(&dir.join("pids.current"))
+}
+
+/// MemTotal - MemAvailable from /proc/meminfo, for a v2 root cgroup (which has no
+/// memory.current).
+pub(super) fn meminfo_used(meminfo: &str) -> Option<u64> {
+    let kib = |key: &str| -> Option<u64> {
+        meminfo.lines().find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()
+        })
+    };
+    Some(kib("MemTotal:")?.saturating_sub(kib("MemAvailable:")?) * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    const UNIFIED: &str = "\
+29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+";
+
+    #[test]
+    fn controllers_are_found_on_v1_mounts_before_an_unused_v2_one() {
+        let found = controller_mount(HYBRID, "memory", |_| false);
+        assert_eq!(found, Some((PathBuf::from("/sys/fs/cgroup/memory"), false)));
+        assert_eq!(
+            controller_mount(HYBRID, "pids", |_| true),
+            Some((PathBuf::from("/sys/fs/cgroup/pids"), false))
+        );
+        assert_eq!(controller_mount(HYBRID, "hugetlb", |_| false), None);
+        assert_eq!(
+            controller_mount(UNIFIED, "memory", |_| true),
+            Some((PathBuf::from("/sys/fs/cgroup"), true))
+        );
+        assert_eq!(controller_mount(UNIFIED, "memory", |_| false), None);
+    }
+
+    #[test]
+    fn the_working_set_leaves_out_inactive_file_pages_in_both_formats() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("memory.current"), "1000000\n").unwrap();
+        std::fs::write(
+            d.join("memory.stat"),
+            "anon 600000\nfile 400000\ninactive_file 250000\nactive_file 150000\n",
+        )
+        .unwrap();
+        std::fs::write(d.join("pids.current"), "7\n").unwrap();
+        assert_eq!(working_set(d, true), Some(750_000));
+        assert_eq!(pids(d), Some(7));
+        std::fs::write(d.join("memory.usage_in_bytes"), "5000\n").unwrap();
+        std::fs::write(
+            d.join("memory.stat"),
+            "cache 3000\ninactive_file 100\ntotal_inactive_file 2000\n",
+        )
+        .unwrap();
+        assert_eq!(working_set(d, false), Some(3000));
+        assert_eq!(working_set(&d.join("missing"), false), None);
+    }
+
+    #[test]
+    fn meminfo_gives_what_is_not_available() {
+        let text = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n";
+        assert_eq!(meminfo_used(text), Some(600 * 1024));
+    }
+}
