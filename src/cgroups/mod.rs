@@ -142,6 +142,9 @@ pub struct Config {
 #[derive(Clone, Debug)]
 pub struct Manager {
     config: Config,
+    /// Whether the controllers live on the unified (v2) hierarchy, where cpu shares become
+    /// cpu.weight.
+    v2: bool,
 }
 
 fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::error::Error) -> Error + '_ {
@@ -153,7 +156,19 @@ fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::error::Error) -> Error + '_ {
 
 impl Manager {
     pub fn new(config: Config) -> Self {
-        Manager { config }
+        Manager {
+            config,
+            v2: hierarchies::is_cgroup2_unified_mode(),
+        }
+    }
+
+    /// The cpu.shares value (v1), or its cpu.weight equivalent on v2.
+    fn cpu(&self, shares: u64) -> u64 {
+        if self.v2 {
+            shares_to_weight(shares)
+        } else {
+            shares
+        }
     }
 
     /// A path below the cgroup root, without a leading slash (relative to each hierarchy).
@@ -174,7 +189,7 @@ impl Manager {
         let kubepods = self.relative(&["kubepods"]);
         CgroupBuilder::new(&kubepods)
             .cpu()
-            .shares(shares(allocatable.cpu))
+            .shares(self.cpu(shares(allocatable.cpu)))
             .done()
             .memory()
             .memory_hard_limit(allocatable.memory as i64)
@@ -185,7 +200,7 @@ impl Manager {
             let path = self.relative(&["kubepods", tier]);
             CgroupBuilder::new(&path)
                 .cpu()
-                .shares(2)
+                .shares(self.cpu(2))
                 .done()
                 .build(hierarchies::auto())
                 .map_err(cgroup_error(&path))?;
@@ -234,7 +249,7 @@ impl Manager {
         let limits = pod_limits(pod);
         let mut builder = CgroupBuilder::new(&path)
             .cpu()
-            .shares(limits.cpu_shares)
+            .shares(self.cpu(limits.cpu_shares))
             .period(100_000)
             .quota(limits.cpu_quota.unwrap_or(-1))
             .done();
@@ -289,15 +304,13 @@ impl Manager {
         let path = self.relative(&["kubepods", "burstable"]);
         CgroupBuilder::new(&path)
             .cpu()
-            .shares(shares(burstable))
+            .shares(self.cpu(shares(burstable)))
             .done()
             .build(hierarchies::auto())
             .map_err(cgroup_error(&path))?;
         Ok(())
     }
-}
 
-impl Manager {
     /// The pod cgroup's memory working set (bytes), when its cgroup can be read.
     pub fn pod_memory_working_set(&self, pod: &Pod) -> Option<u64> {
         let (mount, v2) = usage::mount_of("memory")?;
@@ -359,6 +372,12 @@ fn remove_dirs(dir: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// cpu.shares (2..262144) as cgroup v2's cpu.weight (1..10000), by upstream's formula.
+pub fn shares_to_weight(shares: u64) -> u64 {
+    let shares = shares.clamp(2, 262_144);
+    1 + ((shares - 2) * 9999) / 262_142
 }
 
 /// Is swap on (a non-empty /proc/swaps)?
@@ -464,6 +483,14 @@ mod tests {
             pod_pids_limit: None,
         });
         assert_eq!(flat.pod_parent(&b), "/r");
+    }
+
+    #[test]
+    fn cpu_shares_map_onto_v2_weights_as_upstream() {
+        assert_eq!(shares_to_weight(2), 1);
+        assert_eq!(shares_to_weight(1024), 39);
+        assert_eq!(shares_to_weight(262_144), 10_000);
+        assert_eq!(shares_to_weight(0), 1);
     }
 
     #[test]
