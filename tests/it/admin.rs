@@ -10,14 +10,7 @@ use crate::bed::{FOREVER, Node, eventually, pod_yaml, test_dir};
 
 /// Runs the nodelet CLI against the node's root dir.
 async fn cli(node: &Node, args: &[&str]) -> Output {
-    let root = node.path("root");
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"));
-    // The root dir goes right after the command: what follows `--` belongs to exec.
-    cmd.arg(args[0])
-        .arg("--root-dir")
-        .arg(root)
-        .args(&args[1..]);
-    cmd.output().await.expect("the CLI runs")
+    node.cli(args).output().await.expect("the CLI runs")
 }
 
 fn stdout(o: &Output) -> String {
@@ -109,10 +102,9 @@ async fn the_cli_lists_describes_logs_and_execs_like_kubectl() {
     assert_eq!(stdout(&exec), "out\n", "{exec:?}");
     assert_eq!(String::from_utf8_lossy(&exec.stderr), "err\n");
     assert_eq!(exec.status.code(), Some(3));
-    let mut piped = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"))
-        .args(["exec", "--root-dir"])
-        .arg(node.path("root"))
-        .args([
+    let mut piped = node
+        .cli(&[
+            "exec",
             "-i",
             &pod,
             "-c",
@@ -154,10 +146,8 @@ async fn logs_follow_to_the_end_and_show_the_previous_instance() {
     node.wait_running("f", 1).await;
     node.wait_log("f", "app", "start-").await;
     let pod = node.pod_name("f");
-    let root = node.path("root");
-    let mut follow = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"))
-        .args(["logs", "-f", &pod, "--root-dir"])
-        .arg(&root)
+    let mut follow = node
+        .cli(&["logs", "-f", &pod])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("logs -f runs");
@@ -169,14 +159,7 @@ async fn logs_follow_to_the_end_and_show_the_previous_instance() {
     assert!(first.is_some_and(|l| l.starts_with("start-")));
     // The follower is attached: the container's last line must reach it by following.
     let (_, containers) = node.wait_running("f", 1).await;
-    node.runtime
-        .exec_sync(
-            &containers[0].id,
-            vec!["touch".into(), "/tmp/go".into()],
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("exec");
+    node.touch(&containers[0].id, "/tmp/go").await;
     let next = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await
         .expect("the last line arrives")

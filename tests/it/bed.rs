@@ -410,6 +410,29 @@ impl Node {
         .await
     }
 
+    /// The nodelet CLI aimed at this node: `args[0]` is the command; the root dir follows it
+    /// (what comes after `--` belongs to exec).
+    pub fn cli(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"));
+        cmd.arg(args[0])
+            .arg("--root-dir")
+            .arg(self.path("root"))
+            .args(&args[1..]);
+        cmd
+    }
+
+    /// Creates `path` inside a running container (tests use it to let a script go on).
+    pub async fn touch(&self, container_id: &str, path: &str) {
+        self.runtime
+            .exec_sync(
+                container_id,
+                vec!["touch".into(), path.into()],
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("touch in the container");
+    }
+
     /// Starts the agent again after [`Node::stop_agent`], with the same node and dirs.
     pub async fn restart(&mut self, extra: &[&str]) {
         self.launch(extra).await;

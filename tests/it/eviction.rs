@@ -46,12 +46,7 @@ async fn memory_pressure_evicts_best_effort_then_burstable_and_never_a_critical_
     assert!(!sandbox.id.is_empty());
 
     // The order, from the node's events: the BestEffort pod went first.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"))
-        .args(["events", "--root-dir"])
-        .arg(node.path("root"))
-        .output()
-        .await
-        .expect("the CLI runs");
+    let out = node.cli(&["events"]).output().await.expect("the CLI runs");
     let events = String::from_utf8_lossy(&out.stdout);
     let position = |pod: &str| {
         events

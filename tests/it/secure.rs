@@ -164,6 +164,14 @@ impl Client {
     }
 }
 
+/// A node whose authenticated API (on a free loopback port) lets anonymous requests in.
+async fn open_node(test: &str) -> (Node, u16) {
+    let port = free_port();
+    let p = port.to_string();
+    let args = ["--port", &p, "--address", "127.0.0.1", "--anonymous-auth"];
+    (Node::start(test, &args).await, port)
+}
+
 #[tokio::test]
 async fn the_authenticated_api_wants_a_certificate_from_the_client_ca() {
     let port = free_port();
@@ -225,13 +233,7 @@ async fn the_authenticated_api_wants_a_certificate_from_the_client_ca() {
 
 #[tokio::test]
 async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
-    let port = free_port();
-    let p = port.to_string();
-    let node = Node::start(
-        "secure-logs",
-        &["--port", &p, "--address", "127.0.0.1", "--anonymous-auth"],
-    )
-    .await;
+    let (node, port) = open_node("secure-logs").await;
     let script =
         "echo one; echo two; echo three; while [ ! -f /tmp/go ]; do sleep 0.2; done; echo four";
     node.write_manifest(
@@ -299,14 +301,7 @@ async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
         );
         seen.extend_from_slice(&buf[..n]);
     }
-    node.runtime
-        .exec_sync(
-            &containers[0].id,
-            vec!["touch".into(), "/tmp/go".into()],
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    node.touch(&containers[0].id, "/tmp/go").await;
     tokio::time::timeout(Duration::from_secs(30), follower.read_to_end(&mut seen))
         .await
         .expect("the followed log ends with its container")
@@ -351,13 +346,7 @@ async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
 
 #[tokio::test]
 async fn exec_through_the_api_returns_the_output_and_exit_code() {
-    let port = free_port();
-    let p = port.to_string();
-    let node = Node::start(
-        "secure-exec",
-        &["--port", &p, "--address", "127.0.0.1", "--anonymous-auth"],
-    )
-    .await;
+    let (node, port) = open_node("secure-exec").await;
     node.write_manifest("e.yaml", &pod_yaml("e", &[("app", FOREVER)], ""));
     node.wait_running("e", 1).await;
     let pod = node.pod_name("e");
