@@ -434,13 +434,16 @@ async fn stream(
     }
 }
 
-/// Headers that belong to one hop and are not passed on, but for the upgrade's own.
+/// The client's headers for the streaming server: the upgrade's own pass, but not the hop's
+/// framing nor the client's credentials (the streaming URL is its own authorization).
 fn forwarded(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
     for h in [
         header::HOST,
         header::CONTENT_LENGTH,
         header::TRANSFER_ENCODING,
+        header::AUTHORIZATION,
+        header::COOKIE,
     ] {
         out.remove(h);
     }
