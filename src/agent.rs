@@ -143,6 +143,7 @@ impl Core {
         let cgroups = crate::cgroups::Manager::new(crate::cgroups::Config {
             root: config.cgroup_root.clone(),
             per_qos: config.cgroups_per_qos,
+            enforce_allocatable: config.enforce_pods_allocatable,
             driver: match config.cgroup_driver {
                 crate::config::CgroupDriver::Cgroupfs => crate::cgroups::Driver::Cgroupfs,
                 crate::config::CgroupDriver::Systemd => crate::cgroups::Driver::Systemd,

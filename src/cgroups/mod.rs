@@ -133,6 +133,8 @@ pub struct Config {
     pub root: String,
     /// --cgroups-per-qos.
     pub per_qos: bool,
+    /// --enforce-node-allocatable=pods: kubepods is limited to allocatable cpu and memory.
+    pub enforce_allocatable: bool,
     pub driver: Driver,
     /// --pod-max-pids: the most processes one pod may have.
     pub pod_pids_limit: Option<i64>,
@@ -187,12 +189,18 @@ impl Manager {
             return Ok(());
         }
         let kubepods = self.relative(&["kubepods"]);
+        let (cpu, memory) = if self.config.enforce_allocatable {
+            (shares(allocatable.cpu), allocatable.memory as i64)
+        } else {
+            // Unenforced: the cpu weight of a cgroup with no shares set, and no memory limit.
+            (1024, -1)
+        };
         CgroupBuilder::new(&kubepods)
             .cpu()
-            .shares(self.cpu(shares(allocatable.cpu)))
+            .shares(self.cpu(cpu))
             .done()
             .memory()
-            .memory_hard_limit(allocatable.memory as i64)
+            .memory_hard_limit(memory)
             .done()
             .build(hierarchies::auto())
             .map_err(cgroup_error(&kubepods))?;
@@ -453,6 +461,7 @@ mod tests {
             Manager::new(Config {
                 root: root.into(),
                 per_qos: true,
+                enforce_allocatable: true,
                 driver,
                 pod_pids_limit: None,
             })
@@ -479,6 +488,7 @@ mod tests {
         let flat = Manager::new(Config {
             root: "/r".into(),
             per_qos: false,
+            enforce_allocatable: true,
             driver: Driver::Cgroupfs,
             pod_pids_limit: None,
         });

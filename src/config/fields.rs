@@ -304,6 +304,13 @@ pub const FIELDS: &[Field] = &[
         "Root cgroup for pods [default /]",
     ),
     field(
+        "enforceNodeAllocatable",
+        "enforce-node-allocatable",
+        true,
+        List,
+        "Where allocatable is enforced: pods, or none [default pods]",
+    ),
+    field(
         "cgroupsPerQOS",
         "cgroups-per-qos",
         true,

@@ -78,6 +78,8 @@ pub struct Config {
     pub exit_on_lock_contention: bool,
     pub cgroup_root: String,
     pub cgroups_per_qos: bool,
+    /// Whether the kubepods cgroup is limited to allocatable (enforceNodeAllocatable: pods).
+    pub enforce_pods_allocatable: bool,
     pub fail_swap_on: bool,
     pub cgroup_driver: CgroupDriver,
     pub max_pods: u32,
@@ -144,6 +146,7 @@ impl Config {
         let more = serde_json::json!({
             "cgroupRoot": self.cgroup_root,
             "cgroupsPerQOS": self.cgroups_per_qos,
+            "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
             "cgroupDriver": match self.cgroup_driver {
                 CgroupDriver::Cgroupfs => "cgroupfs",
                 CgroupDriver::Systemd => "systemd",
@@ -170,6 +173,33 @@ impl Config {
         }
         config
     }
+}
+
+/// enforceNodeAllocatable: `pods` (the default) limits kubepods; `none` or nothing does not.
+/// The reserved cgroups need --kube-reserved-cgroup / --system-reserved-cgroup, not offered yet.
+fn enforce_node_allocatable(r: &mut Reader<'_>) -> bool {
+    let given = r.raw.contains_key("enforceNodeAllocatable");
+    let values = r.list("enforceNodeAllocatable");
+    if !given {
+        return true;
+    }
+    let mut pods = false;
+    for v in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
+        match v {
+            "pods" => pods = true,
+            "none" => {}
+            "system-reserved" | "kube-reserved" | "system-reserved-compressible"
+            | "kube-reserved-compressible" => r.problems.push(format!(
+                "{}: {v:?} needs a reserved cgroup, which nodelet does not manage yet; use pods or none",
+                Reader::label("enforceNodeAllocatable")
+            )),
+            other => r.problems.push(format!(
+                "{}: {other:?} is not pods or none",
+                Reader::label("enforceNodeAllocatable")
+            )),
+        }
+    }
+    pods
 }
 
 /// Why no configuration could be made: every problem found, each naming its field.
@@ -528,6 +558,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         exit_on_lock_contention: r.bool("exitOnLockContention", false),
         cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
+        enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),
         cgroup_driver,
         max_pods: r.parsed("maxPods", 110, |s| match s.trim().parse::<u32>() {
@@ -648,6 +679,20 @@ mod tests {
             Invocation::Run(result) => *result,
             Invocation::Exit(e) => panic!("unexpected clap exit: {e}"),
         }
+    }
+
+    #[test]
+    fn node_allocatable_is_enforced_on_pods_unless_told_otherwise() {
+        let on = |args: &[&str]| run(args).map(|l| l.config.enforce_pods_allocatable);
+        assert!(on(&["--hostname-override=n"]).unwrap());
+        assert!(!on(&["--hostname-override=n", "--enforce-node-allocatable=none"]).unwrap());
+        assert!(!on(&["--hostname-override=n", "--enforce-node-allocatable="]).unwrap());
+        let err = on(&[
+            "--hostname-override=n",
+            "--enforce-node-allocatable=kube-reserved",
+        ])
+        .unwrap_err();
+        assert!(err.problems[0].contains("reserved cgroup"), "{err}");
     }
 
     #[test]

@@ -145,3 +145,22 @@ async fn pod_max_pids_caps_the_processes_of_a_pod() {
     .await;
     node.finish().await;
 }
+
+#[tokio::test]
+async fn kubepods_is_limited_to_allocatable_unless_enforcement_is_off() {
+    let limit = |node: &Node| {
+        let root = cgroup_root(&node.name);
+        read(cgroup_dir("memory", &format!("{root}/kubepods")).join("memory.limit_in_bytes"))
+            .parse::<u64>()
+            .expect("a number")
+    };
+    let enforced = Node::start("cgenforce", &["--system-reserved", "memory=1Gi"]).await;
+    let capacity = nodelet::pod_sync::resources::NodeResources::detect(&enforced.path("root"));
+    let wanted = capacity.memory as u64 - (1 << 30) - 100 * 1024 * 1024;
+    // The kernel rounds limits down to whole pages.
+    assert_eq!(limit(&enforced), wanted / 4096 * 4096);
+    enforced.finish().await;
+    let open = Node::start("cgnoenforce", &["--enforce-node-allocatable", "none"]).await;
+    assert!(limit(&open) > capacity.memory as u64, "{}", limit(&open));
+    open.finish().await;
+}
