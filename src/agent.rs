@@ -133,10 +133,14 @@ impl Core {
             anyhow::anyhow!("evictionHard (--eviction-hard): {}", problems.join("; "))
         })?;
         let node = pod_sync::resources::NodeResources::detect(&config.root_dir);
+        let capacity = crate::types::Allocatable {
+            cpu: node.cpu,
+            memory: node.memory,
+            ephemeral_storage: node.ephemeral_storage,
+            pods: config.max_pods,
+        };
         let allocatable = crate::cgroups::allocatable(
-            node.cpu,
-            node.memory,
-            config.max_pods,
+            &capacity,
             &[&config.kube_reserved, &config.system_reserved],
             &config.eviction_hard,
         );

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::eviction::{Eviction, Pressure};
 use crate::objects;
 use crate::pleg::{Event, EventKind};
-use crate::pod::{ANNOTATION_CONFIG_SOURCE, requests};
+use crate::pod::{ANNOTATION_CONFIG_SOURCE, ephemeral_storage_request, requests};
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
 use crate::sources::Mux;
@@ -65,8 +65,8 @@ pub struct SyncLoop<S> {
     terminating_names: HashMap<String, PodUid>,
     heartbeat: watch::Sender<Instant>,
     done: mpsc::UnboundedReceiver<PodUid>,
-    /// Requests (cpu, memory) of the pods admitted to run.
-    admitted: HashMap<PodUid, (f64, f64)>,
+    /// Requests (cpu, memory, ephemeral storage) of the pods admitted to run.
+    admitted: HashMap<PodUid, (f64, f64, f64)>,
     /// Pods admission refused (or the eviction manager evicted); they stay refused until they
     /// leave their source.
     rejected: std::collections::HashSet<PodUid>,
@@ -130,7 +130,8 @@ impl<S: PodSyncer> SyncLoop<S> {
         if self.admitted.contains_key(&uid) {
             return None;
         }
-        let wanted = requests(pod);
+        let (cpu, memory) = requests(pod);
+        let wanted = (cpu, memory, ephemeral_storage_request(pod));
         if let Some(message) = self
             .config
             .pressure
@@ -142,6 +143,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         if let Some(a) = self.config.allocatable {
             let used_cpu: f64 = self.admitted.values().map(|r| r.0).sum();
             let used_mem: f64 = self.admitted.values().map(|r| r.1).sum();
+            let used_storage: f64 = self.admitted.values().map(|r| r.2).sum();
             let count = self.admitted.len() as u32;
             if count + 1 > a.pods {
                 return Some((
@@ -169,6 +171,15 @@ impl<S: PodSyncer> SyncLoop<S> {
                     format!(
                         "Node didn't have enough resource: memory, requested: {}, used: {}, capacity: {}",
                         wanted.1 as i64, used_mem as i64, a.memory as i64
+                    ),
+                ));
+            }
+            if used_storage + wanted.2 > a.ephemeral_storage {
+                return Some((
+                    "OutOfephemeral-storage",
+                    format!(
+                        "Node didn't have enough resource: ephemeral-storage, requested: {}, used: {}, capacity: {}",
+                        wanted.2 as i64, used_storage as i64, a.ephemeral_storage as i64
                     ),
                 ));
             }

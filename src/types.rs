@@ -112,6 +112,8 @@ pub struct Allocatable {
     pub cpu: f64,
     /// Bytes.
     pub memory: f64,
+    /// Bytes of the root dir's filesystem.
+    pub ephemeral_storage: f64,
     pub pods: u32,
 }
 

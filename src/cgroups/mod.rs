@@ -34,11 +34,10 @@ pub enum Driver {
 
 pub use crate::types::Allocatable;
 
-/// Allocatable = capacity - kube-reserved - system-reserved - hard eviction (memory.available).
+/// Allocatable = capacity - kube-reserved - system-reserved - the hard eviction threshold of
+/// the resource (memory.available for memory, nodefs.available for ephemeral storage).
 pub fn allocatable(
-    cpu: f64,
-    memory: f64,
-    pods: u32,
+    capacity: &Allocatable,
     reserved: &[&std::collections::BTreeMap<String, String>],
     eviction_hard: &std::collections::BTreeMap<String, String>,
 ) -> Allocatable {
@@ -49,23 +48,25 @@ pub fn allocatable(
             .filter_map(|q| parse_quantity(q))
             .sum()
     };
-    let eviction_memory = eviction_hard
-        .get("memory.available")
-        .map_or(Some(100.0 * 1024.0 * 1024.0), |q| {
-            if q.ends_with('%') {
-                q.trim_end_matches('%')
-                    .parse::<f64>()
-                    .ok()
-                    .map(|p| memory * p / 100.0)
-            } else {
-                parse_quantity(q)
-            }
-        })
-        .unwrap_or(0.0);
+    // A threshold left out keeps upstream's default.
+    let threshold = |signal: &str, default: &str, of: f64| -> f64 {
+        let q = eviction_hard.get(signal).map_or(default, String::as_str);
+        match q.strip_suffix('%') {
+            Some(p) => p.trim().parse::<f64>().map_or(0.0, |p| of * p / 100.0),
+            None => parse_quantity(q).unwrap_or(0.0),
+        }
+    };
+    let memory = capacity.memory;
+    let storage = capacity.ephemeral_storage;
     Allocatable {
-        cpu: (cpu - reserved_of("cpu")).max(0.0),
-        memory: (memory - reserved_of("memory") - eviction_memory).max(0.0),
-        pods,
+        cpu: (capacity.cpu - reserved_of("cpu")).max(0.0),
+        memory: (memory - reserved_of("memory") - threshold("memory.available", "100Mi", memory))
+            .max(0.0),
+        ephemeral_storage: (storage
+            - reserved_of("ephemeral-storage")
+            - threshold("nodefs.available", "10%", storage))
+        .max(0.0),
+        pods: capacity.pods,
     }
 }
 
@@ -513,12 +514,28 @@ mod tests {
         .into();
         let system: std::collections::BTreeMap<String, String> =
             [("memory".into(), "512Mi".into())].into();
-        let a = allocatable(4.0, 8.0 * gib, 110, &[&kube, &system], &Default::default());
+        let capacity = |cpu, memory| Allocatable {
+            cpu,
+            memory,
+            ephemeral_storage: 100.0 * gib,
+            pods: 110,
+        };
+        let a = allocatable(
+            &capacity(4.0, 8.0 * gib),
+            &[&kube, &system],
+            &Default::default(),
+        );
         assert_eq!(a.cpu, 3.5);
         assert_eq!(a.memory, 8.0 * gib - 1.5 * gib - 100.0 * 1024.0 * 1024.0);
-        let pct: std::collections::BTreeMap<String, String> =
-            [("memory.available".into(), "10%".into())].into();
-        assert_eq!(allocatable(1.0, 10.0 * gib, 5, &[], &pct).memory, 9.0 * gib);
+        assert_eq!(a.ephemeral_storage, 90.0 * gib);
+        let pct: std::collections::BTreeMap<String, String> = [
+            ("memory.available".into(), "10%".into()),
+            ("nodefs.available".into(), "1Gi".into()),
+        ]
+        .into();
+        let a = allocatable(&capacity(1.0, 10.0 * gib), &[], &pct);
+        assert_eq!(a.memory, 9.0 * gib);
+        assert_eq!(a.ephemeral_storage, 99.0 * gib);
     }
 
     #[test]

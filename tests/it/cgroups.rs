@@ -108,6 +108,20 @@ async fn admission_refuses_pods_that_do_not_fit() {
         })
         .await;
     assert!(st.message.unwrap_or_default().contains("memory"));
+    node.write_manifest(
+        "disk.yaml",
+        &pod("disk", "{requests: {ephemeral-storage: 1000Ti}}"),
+    );
+    let st = node
+        .wait_status("disk", "OutOfephemeral-storage", |s| {
+            s.reason.as_deref() == Some("OutOfephemeral-storage")
+        })
+        .await;
+    assert!(
+        st.message
+            .unwrap_or_default()
+            .starts_with("Pod was rejected: Node didn't have enough resource: ephemeral-storage")
+    );
     node.finish().await;
 }
 
