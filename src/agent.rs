@@ -245,6 +245,7 @@ impl Core {
                 root_dir: config.root_dir.clone(),
                 memory: node.memory,
                 interval: test_period("NODELET_TEST_EVICTION_PERIOD", EVICTION_INTERVAL),
+                transition: config.eviction_pressure_transition_period,
             },
             runtime: runtime.clone(),
             cgroups: cgroups.clone(),

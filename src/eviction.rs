@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::pod::{is_critical, qos_class, requests};
@@ -166,6 +167,31 @@ impl Pressure {
     }
 }
 
+/// When each condition was last breached; a condition holds until the transition period has
+/// passed since then.
+#[derive(Default)]
+struct Breaches {
+    memory: Option<Instant>,
+    disk: Option<Instant>,
+    pid: Option<Instant>,
+}
+
+impl Breaches {
+    fn observe(&mut self, breached: Pressure, now: Instant, transition: Duration) -> Pressure {
+        let hold = |last: &mut Option<Instant>, now_breached: bool| {
+            if now_breached {
+                *last = Some(now);
+            }
+            last.is_some_and(|t| now.duration_since(t) < transition)
+        };
+        Pressure {
+            memory: hold(&mut self.memory, breached.memory),
+            disk: hold(&mut self.disk, breached.disk),
+            pid: hold(&mut self.pid, breached.pid),
+        }
+    }
+}
+
 /// A request to the sync loop: stop this pod for good and report it Failed / Evicted.
 #[derive(Clone, Debug)]
 pub struct Eviction {
@@ -222,6 +248,9 @@ pub struct Config {
     /// The node's memory capacity in bytes.
     pub memory: f64,
     pub interval: Duration,
+    /// How long a condition stays after the last breach (evictionPressureTransitionPeriod),
+    /// so it does not flap.
+    pub transition: Duration,
 }
 
 /// The eviction manager's task.
@@ -369,7 +398,7 @@ impl Manager {
         out
     }
 
-    /// One pass: the conditions now, and at most one pod to evict.
+    /// One pass: the thresholds breached now, and at most one pod to evict.
     async fn synchronize(&self) -> (Pressure, Option<Eviction>) {
         let observed = self.observe().await;
         let mut pressure = Pressure::default();
@@ -426,13 +455,15 @@ impl Manager {
             _ = ready.wait_for(|r| *r) => {}
         }
         let mut tick = tokio::time::interval(self.config.interval);
+        let mut last_breach = Breaches::default();
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let (now, eviction) = self.synchronize().await;
+            let (breached, eviction) = self.synchronize().await;
+            let now = last_breach.observe(breached, Instant::now(), self.config.transition);
             let before = *pressure.borrow();
             if now != before {
                 tracing::warn!(
@@ -530,6 +561,25 @@ mod tests {
         ]
         .into();
         assert_eq!(thresholds(&bad).unwrap_err().len(), 2);
+    }
+
+    #[test]
+    fn a_condition_holds_for_the_transition_period_after_its_last_breach() {
+        let mut b = Breaches::default();
+        let t0 = Instant::now();
+        let period = Duration::from_secs(300);
+        let memory = Pressure {
+            memory: true,
+            ..Default::default()
+        };
+        assert_eq!(b.observe(memory, t0, period), memory);
+        let later = t0 + Duration::from_secs(200);
+        assert_eq!(b.observe(Pressure::default(), later, period), memory);
+        let after = t0 + Duration::from_secs(301);
+        assert_eq!(
+            b.observe(Pressure::default(), after, period),
+            Pressure::default()
+        );
     }
 
     #[test]

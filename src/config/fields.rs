@@ -304,6 +304,13 @@ pub const FIELDS: &[Field] = &[
         "Root cgroup for pods [default /]",
     ),
     field(
+        "evictionPressureTransitionPeriod",
+        "eviction-pressure-transition-period",
+        true,
+        Scalar,
+        "How long a pressure condition stays after its last breach [default 5m]",
+    ),
+    field(
         "enforceNodeAllocatable",
         "enforce-node-allocatable",
         true,
@@ -459,7 +466,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "authorization",
     "cpuManagerPolicy",
     "cpuManagerReconcilePeriod",
-    "evictionPressureTransitionPeriod",
     "evictionSoft",
     "evictionSoftGracePeriod",
     "featureGates",

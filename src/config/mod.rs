@@ -96,6 +96,8 @@ pub struct Config {
     pub kube_reserved: BTreeMap<String, String>,
     pub system_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
+    /// How long a pressure condition outlives its last breach.
+    pub eviction_pressure_transition_period: Duration,
     /// Bytes at which a container log is rotated; `None`: rotation is off (a negative size).
     pub container_log_max_size: Option<u64>,
     /// Most files per container log, the current one included (at least 2).
@@ -164,6 +166,7 @@ impl Config {
             "kubeReserved": self.kube_reserved,
             "systemReserved": self.system_reserved,
             "evictionHard": self.eviction_hard,
+            "evictionPressureTransitionPeriod": d(self.eviction_pressure_transition_period),
             "clusterDNS": self.cluster_dns.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
             "clusterDomain": self.cluster_domain,
             "allowedUnsafeSysctls": self.allowed_unsafe_sysctls,
@@ -596,6 +599,11 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         kube_reserved: r.map("kubeReserved"),
         system_reserved: r.map("systemReserved"),
         eviction_hard: r.map("evictionHard"),
+        eviction_pressure_transition_period: r.parsed(
+            "evictionPressureTransitionPeriod",
+            Duration::from_secs(300),
+            duration::parse,
+        ),
         container_log_max_size: r.parsed("containerLogMaxSize", Some(10 << 20), log_max_size),
         container_log_max_files: r.parsed("containerLogMaxFiles", 5, |s| {
             match s.trim().parse::<u32>() {
