@@ -430,6 +430,7 @@ impl Manager {
                 quantity(victim.usage),
                 quantity(victim.request),
             );
+            crate::metrics::get().eviction(signal.name());
             return (
                 pressure,
                 Some(Eviction {

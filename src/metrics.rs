@@ -186,6 +186,7 @@ pub struct Metrics {
     pod_worker_duration: Histogram,
     pod_start_duration: Histogram,
     http_requests: Family,
+    evictions: Family,
     probes: Family,
     probe_duration: Histogram,
 }
@@ -217,6 +218,12 @@ pub fn get() -> &'static Metrics {
             "Cumulative number of containers started",
             "counter",
             &["container_type"],
+        ),
+        evictions: Family::new(
+            "kubelet_evictions",
+            "Cumulative number of pod evictions by eviction signal",
+            "counter",
+            &["eviction_signal"],
         ),
         runtime_operations: Family::new(
             "kubelet_runtime_operations_total",
@@ -330,6 +337,11 @@ impl Metrics {
             .add(&[if init { "init_container" } else { "container" }], 1.0);
     }
 
+    /// A pod was evicted for `signal` (memory.available, nodefs.available...).
+    pub fn eviction(&self, signal: &str) {
+        self.evictions.add(&[signal], 1.0);
+    }
+
     pub fn http_request(&self, method: &str, path: &str, server: &str) {
         self.http_requests.add(&[method, path, server], 1.0);
     }
@@ -381,6 +393,7 @@ impl Metrics {
             &self.runtime_operations,
             &self.runtime_errors,
             &self.http_requests,
+            &self.evictions,
         ] {
             f.render(&mut out);
         }
