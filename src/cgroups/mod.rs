@@ -140,6 +140,17 @@ pub struct Config {
 #[derive(Clone, Debug)]
 pub struct Manager {
     config: Config,
+    /// The cgroup mounts, read once: finding them parses /proc/self/mountinfo, which was a
+    /// quarter of the idle agent's CPU when done on every pod sync and housekeeping pass.
+    /// Upstream also detects the cgroup subsystems once, at start.
+    hierarchy: Hierarchy,
+}
+
+/// The node's cgroup hierarchy, as found at start.
+#[derive(Clone, Debug)]
+enum Hierarchy {
+    V1(hierarchies::V1),
+    V2(hierarchies::V2),
 }
 
 fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::error::Error) -> Error + '_ {
@@ -151,7 +162,20 @@ fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::error::Error) -> Error + '_ {
 
 impl Manager {
     pub fn new(config: Config) -> Self {
-        Manager { config }
+        let hierarchy = if hierarchies::is_cgroup2_unified_mode() {
+            Hierarchy::V2(hierarchies::V2::new())
+        } else {
+            Hierarchy::V1(hierarchies::V1::new())
+        };
+        Manager { config, hierarchy }
+    }
+
+    /// The hierarchy found at start, in the form cgroups-rs takes.
+    fn hierarchy(&self) -> Box<dyn cgroups_rs::Hierarchy> {
+        match &self.hierarchy {
+            Hierarchy::V1(h) => Box::new(h.clone()),
+            Hierarchy::V2(h) => Box::new(h.clone()),
+        }
     }
 
     /// A path below the cgroup root, without a leading slash (relative to each hierarchy).
@@ -177,7 +201,7 @@ impl Manager {
             .memory()
             .memory_hard_limit(allocatable.memory as i64)
             .done()
-            .build(hierarchies::auto())
+            .build(self.hierarchy())
             .map_err(cgroup_error(&kubepods))?;
         for tier in ["burstable", "besteffort"] {
             let path = self.relative(&["kubepods", tier]);
@@ -185,7 +209,7 @@ impl Manager {
                 .cpu()
                 .shares(2)
                 .done()
-                .build(hierarchies::auto())
+                .build(self.hierarchy())
                 .map_err(cgroup_error(&path))?;
         }
         Ok(())
@@ -246,7 +270,7 @@ impl Manager {
                 .done();
         }
         builder
-            .build(hierarchies::auto())
+            .build(self.hierarchy())
             .map_err(cgroup_error(&path))?;
         Ok(())
     }
@@ -263,7 +287,7 @@ impl Manager {
             vec!["kubepods", name.as_str()],
         ] {
             let path = self.relative(&parts);
-            let cg = Cgroup::load(hierarchies::auto(), &path);
+            let cg = Cgroup::load(self.hierarchy(), &path);
             if cg.exists() {
                 remove_tree(&path).map_err(|e| Error {
                     path: path.clone(),
@@ -289,7 +313,7 @@ impl Manager {
             .cpu()
             .shares(shares(burstable))
             .done()
-            .build(hierarchies::auto())
+            .build(self.hierarchy())
             .map_err(cgroup_error(&path))?;
         Ok(())
     }
