@@ -449,6 +449,9 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         None => tracing::info!("container log rotation is off (--container-log-max-size < 0)"),
     }
 
+    #[cfg(target_env = "gnu")]
+    core.tracker.spawn(return_freed_memory(cancel.clone()));
+
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
     if let Some(path) = &config.static_pod_path {
         tracing::info!(path = %path.display(), "watching static pod manifests");
@@ -473,6 +476,30 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         tracker,
         cancel,
     }))
+}
+
+/// How often memory that the allocator holds free is handed back to the system.
+#[cfg(target_env = "gnu")]
+const TRIM_PERIOD: Duration = Duration::from_secs(30);
+
+/// glibc's malloc keeps the memory freed inside its per-thread arenas: after a burst of pods came
+/// and went the agent stayed at its peak (26.5 MiB idle with no pods left, against 16 MiB
+/// fresh). `malloc_trim` hands the free pages of every arena back; it costs well under a
+/// millisecond at this heap size.
+#[cfg(target_env = "gnu")]
+async fn return_freed_memory(cancel: CancellationToken) {
+    let mut ticker = tokio::time::interval(TRIM_PERIOD);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
 }
 
 fn stats_source(config: &Config, core: &Core) -> server::stats::Source {

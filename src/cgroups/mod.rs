@@ -145,9 +145,18 @@ pub struct Config {
 #[derive(Clone, Debug)]
 pub struct Manager {
     config: Config,
-    /// Whether the controllers live on the unified (v2) hierarchy, where cpu shares become
-    /// cpu.weight.
-    v2: bool,
+    /// The cgroup mounts, read once: finding them parses /proc/self/mountinfo, which was a
+    /// quarter of the idle agent's CPU when done on every pod sync and housekeeping pass.
+    /// Upstream also detects the cgroup subsystems once, at start. On the unified (v2)
+    /// hierarchy cpu shares become cpu.weight.
+    hierarchy: Hierarchy,
+}
+
+/// The node's cgroup hierarchy, as found at start.
+#[derive(Clone, Debug)]
+enum Hierarchy {
+    V1(hierarchies::V1),
+    V2(hierarchies::V2),
 }
 
 fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::error::Error) -> Error + '_ {
@@ -159,18 +168,27 @@ fn cgroup_error(path: &str) -> impl Fn(cgroups_rs::error::Error) -> Error + '_ {
 
 impl Manager {
     pub fn new(config: Config) -> Self {
-        Manager {
-            config,
-            v2: hierarchies::is_cgroup2_unified_mode(),
+        let hierarchy = if hierarchies::is_cgroup2_unified_mode() {
+            Hierarchy::V2(hierarchies::V2::new())
+        } else {
+            Hierarchy::V1(hierarchies::V1::new())
+        };
+        Manager { config, hierarchy }
+    }
+
+    /// The hierarchy found at start, in the form cgroups-rs takes.
+    fn hierarchy(&self) -> Box<dyn cgroups_rs::Hierarchy> {
+        match &self.hierarchy {
+            Hierarchy::V1(h) => Box::new(h.clone()),
+            Hierarchy::V2(h) => Box::new(h.clone()),
         }
     }
 
     /// The cpu.shares value (v1), or its cpu.weight equivalent on v2.
     fn cpu(&self, shares: u64) -> u64 {
-        if self.v2 {
-            shares_to_weight(shares)
-        } else {
-            shares
+        match self.hierarchy {
+            Hierarchy::V2(_) => shares_to_weight(shares),
+            Hierarchy::V1(_) => shares,
         }
     }
 
@@ -203,7 +221,7 @@ impl Manager {
             .memory()
             .memory_hard_limit(memory)
             .done()
-            .build(hierarchies::auto())
+            .build(self.hierarchy())
             .map_err(cgroup_error(&kubepods))?;
         for tier in ["burstable", "besteffort"] {
             let path = self.relative(&["kubepods", tier]);
@@ -211,7 +229,7 @@ impl Manager {
                 .cpu()
                 .shares(self.cpu(2))
                 .done()
-                .build(hierarchies::auto())
+                .build(self.hierarchy())
                 .map_err(cgroup_error(&path))?;
         }
         Ok(())
@@ -272,7 +290,7 @@ impl Manager {
                 .done();
         }
         builder
-            .build(hierarchies::auto())
+            .build(self.hierarchy())
             .map_err(cgroup_error(&path))?;
         Ok(())
     }
@@ -289,7 +307,7 @@ impl Manager {
             vec!["kubepods", name.as_str()],
         ] {
             let path = self.relative(&parts);
-            let cg = Cgroup::load(hierarchies::auto(), &path);
+            let cg = Cgroup::load(self.hierarchy(), &path);
             if cg.exists() {
                 remove_tree(&path).map_err(|e| Error {
                     path: path.clone(),
@@ -315,7 +333,7 @@ impl Manager {
             .cpu()
             .shares(self.cpu(shares(burstable)))
             .done()
-            .build(hierarchies::auto())
+            .build(self.hierarchy())
             .map_err(cgroup_error(&path))?;
         Ok(())
     }
