@@ -203,6 +203,10 @@ fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Error> {
     serde_json::from_str(json).map_err(|e| Error::Call(format!("the agent sent a bad object: {e}")))
 }
 
+fn parse_all<T: serde::de::DeserializeOwned>(items: &[String]) -> Result<Vec<T>, Error> {
+    items.iter().map(|i| parse(i)).collect()
+}
+
 fn is_pods(resource: &str) -> Result<(), Error> {
     match resource {
         "pods" | "pod" | "po" => Ok(()),
@@ -223,14 +227,12 @@ async fn run(cli: Cli) -> Result<u8, Error> {
             output,
         } => {
             is_pods(&resource)?;
-            let pods: Vec<Pod> = client
+            let pods = client
                 .list_pods(proto::ListPodsRequest {})
                 .await?
                 .into_inner()
-                .pods
-                .iter()
-                .map(|p| parse(p))
-                .collect::<Result<_, _>>()?;
+                .pods;
+            let pods: Vec<Pod> = parse_all(&pods)?;
             let pods: Vec<Pod> = pods
                 .into_iter()
                 .filter(|p| {
@@ -262,11 +264,7 @@ async fn run(cli: Cli) -> Result<u8, Error> {
                 .await?
                 .into_inner();
             let pod: Pod = parse(&got.pod)?;
-            let events: Vec<Event> = got
-                .events
-                .iter()
-                .map(|e| parse(e))
-                .collect::<Result<_, _>>()?;
+            let events: Vec<Event> = parse_all(&got.events)?;
             let _ = out.write_all(print::describe(&pod, &events).as_bytes());
         }
         Command::Events { scope } => {
@@ -275,14 +273,12 @@ async fn run(cli: Cli) -> Result<u8, Error> {
             } else {
                 scope.namespace
             };
-            let events: Vec<Event> = client
+            let events = client
                 .list_events(proto::ListEventsRequest { namespace })
                 .await?
                 .into_inner()
-                .events
-                .iter()
-                .map(|e| parse(e))
-                .collect::<Result<_, _>>()?;
+                .events;
+            let events: Vec<Event> = parse_all(&events)?;
             if events.is_empty() {
                 eprintln!("No events found.");
             } else {
