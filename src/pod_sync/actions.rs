@@ -54,6 +54,19 @@ pub struct Plan {
     pub stop_sandbox: Option<String>,
 }
 
+impl Plan {
+    /// Whether carrying the plan out changes nothing in the runtime.
+    pub fn is_empty(&self) -> bool {
+        !self.kill_pod
+            && self.create_sandbox.is_none()
+            && self.kill.is_empty()
+            && self.start.is_empty()
+            && self.remove_containers.is_empty()
+            && self.remove_sandboxes.is_empty()
+            && self.stop_sandbox.is_none()
+    }
+}
+
 fn next_restart_count(rt: &PodRuntime, name: &str) -> u32 {
     rt.containers
         .iter()

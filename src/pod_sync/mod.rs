@@ -271,9 +271,14 @@ impl Syncer {
     }
 
     /// Reads the pod's runtime state and records its status.
-    async fn update_status(&self, pod: &Pod) -> Result<(), Error> {
+    /// Records the pod's status from the runtime's view: `known` when the caller's reading is
+    /// still current (a sync that changed nothing), else read afresh.
+    async fn update_status(&self, pod: &Pod, known: Option<PodRuntime>) -> Result<(), Error> {
         let uid = PodUid::of(pod);
-        let mut rt = self.runtime.pod_runtime(&uid).await?;
+        let mut rt = match known {
+            Some(rt) => rt,
+            None => self.runtime.pod_runtime(&uid).await?,
+        };
         for c in rt.containers.iter_mut() {
             if let Some(message) = self.termination_message(pod, c) {
                 c.message = message;
@@ -381,6 +386,7 @@ impl Syncer {
         }
         let plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
+        let quiet = plan.is_empty();
         if plan.kill_pod {
             self.kill_all(pod, &rt, false).await?;
         }
@@ -449,7 +455,12 @@ impl Syncer {
                 id
             }
             (None, Some(id)) => id.clone(),
-            (None, None) => return self.update_status(pod).await.map(|()| None),
+            (None, None) => {
+                return self
+                    .update_status(pod, quiet.then_some(rt))
+                    .await
+                    .map(|()| None);
+            }
         };
         if !plan.kill.is_empty() {
             let host = self.hook_host(pod, &rt).await;
@@ -547,7 +558,8 @@ impl Syncer {
         for id in &plan.remove_sandboxes {
             ignore_not_found(self.runtime.remove_pod_sandbox(id).await)?;
         }
-        self.update_status(pod).await?;
+        // A sync that did nothing (the common resync) reuses its reading of the runtime.
+        self.update_status(pod, quiet.then_some(rt)).await?;
         first_error.map_or(Ok(again), Err)
     }
 
@@ -979,7 +991,7 @@ impl PodSyncer for Syncer {
             Err(e) => {
                 // The pod still gets a status (Pending, ContainerCreating) when it can be read.
                 if self.statuses.get(&PodUid::of(&pod)).is_none() {
-                    let _ = self.update_status(&pod).await;
+                    let _ = self.update_status(&pod, None).await;
                 }
                 Err(display_chain(&e))
             }
