@@ -145,6 +145,8 @@ async fn logs_follow_to_the_end_and_show_the_previous_instance() {
     node.write_manifest("f.yaml", &pod_yaml("f", &[("app", script)], ""));
     node.wait_running("f", 1).await;
     node.wait_log("f", "app", "start-").await;
+    // The agent knows a pod once its first sync has recorded a status.
+    node.wait_status("f", "recorded", |_| true).await;
     let pod = node.pod_name("f");
     let mut follow = node
         .cli(&["logs", "-f", &pod])

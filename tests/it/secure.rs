@@ -245,9 +245,17 @@ async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
     let pod = node.pod_name("l");
     let api = Client::new(&node, port, None);
     let logs = |q: &str| format!("/containerLogs/default/{pod}/app{q}");
-    let (code, all) = eventually("the API to answer", Duration::from_secs(30), || async {
-        api.get(&logs("")).await.ok()
-    })
+    // The pod is known to the API once its first sync has recorded a status.
+    let (code, all) = eventually(
+        "the API to serve the log",
+        Duration::from_secs(30),
+        || async {
+            api.get(&logs(""))
+                .await
+                .ok()
+                .filter(|(code, _)| *code == 200)
+        },
+    )
     .await;
     assert_eq!((code, all.as_str()), (200, "one\ntwo\nthree\n"));
     assert_eq!(
@@ -349,6 +357,8 @@ async fn exec_through_the_api_returns_the_output_and_exit_code() {
     let (node, port) = open_node("secure-exec").await;
     node.write_manifest("e.yaml", &pod_yaml("e", &[("app", FOREVER)], ""));
     node.wait_running("e", 1).await;
+    // The API knows a pod once its first sync has recorded a status.
+    node.wait_status("e", "recorded", |_| true).await;
     let pod = node.pod_name("e");
     let api = Client::new(&node, port, None);
     eventually("the API to answer", Duration::from_secs(30), || async {
