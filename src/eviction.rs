@@ -302,7 +302,7 @@ impl Manager {
     async fn observe(&self) -> BTreeMap<Signal, Observed> {
         let mut out = BTreeMap::new();
         let root = self.config.root_dir.display().to_string();
-        if let Some(used) = cgroups::node_memory_working_set() {
+        if let Some(used) = self.cgroups.node_memory_working_set() {
             out.insert(
                 Signal::MemoryAvailable,
                 Observed {

@@ -150,6 +150,9 @@ pub struct Manager {
     /// Upstream also detects the cgroup subsystems once, at start. On the unified (v2)
     /// hierarchy cpu shares become cpu.weight.
     hierarchy: Hierarchy,
+    /// Where the memory and pids controllers live (for usage), found at start with the rest.
+    memory: Option<usage::Mount>,
+    pids: Option<usage::Mount>,
 }
 
 /// The node's cgroup hierarchy, as found at start.
@@ -173,7 +176,13 @@ impl Manager {
         } else {
             Hierarchy::V1(hierarchies::V1::new())
         };
-        Manager { config, hierarchy }
+        let mounts = usage::host_mounts();
+        Manager {
+            config,
+            hierarchy,
+            memory: usage::mount_of(&mounts, "memory"),
+            pids: usage::mount_of(&mounts, "pids"),
+        }
     }
 
     /// The hierarchy found at start, in the form cgroups-rs takes.
@@ -340,47 +349,32 @@ impl Manager {
 
     /// The pod cgroup's memory working set (bytes), when its cgroup can be read.
     pub fn pod_memory_working_set(&self, pod: &Pod) -> Option<u64> {
-        let (mount, v2) = usage::mount_of("memory")?;
-        usage::working_set(&mount.join(self.pod_path(pod)?), v2)
+        let mount = self.memory.as_ref()?;
+        usage::working_set(&mount.point.join(self.pod_path(pod)?), mount.v2)
     }
 
     /// The number of processes in the pod's cgroup.
     pub fn pod_pids(&self, pod: &Pod) -> Option<u64> {
-        let (mount, _) = usage::mount_of("pids")?;
-        usage::pids(&mount.join(self.pod_path(pod)?))
+        usage::pids(&self.pids.as_ref()?.point.join(self.pod_path(pod)?))
     }
-}
 
-/// The node's memory working set: the root memory cgroup's (v1), or what /proc/meminfo says is
-/// not available (a v2 root cgroup has no usage file).
-pub fn node_memory_working_set() -> Option<u64> {
-    if let Some((mount, false)) = usage::mount_of("memory")
-        && let Some(ws) = usage::working_set(&mount, false)
-    {
-        return Some(ws);
+    /// The node's memory working set: the root memory cgroup's (v1), or what /proc/meminfo
+    /// says is not available (a v2 root cgroup has no usage file).
+    pub fn node_memory_working_set(&self) -> Option<u64> {
+        if let Some(mount) = self.memory.as_ref().filter(|m| !m.v2)
+            && let Some(ws) = usage::working_set(&mount.point, false)
+        {
+            return Some(ws);
+        }
+        usage::meminfo_used(&std::fs::read_to_string("/proc/meminfo").ok()?)
     }
-    usage::meminfo_used(&std::fs::read_to_string("/proc/meminfo").ok()?)
-}
-
-/// The mount points of every cgroup hierarchy (v1 controllers, or the unified v2 mount).
-fn hierarchy_mounts() -> Vec<PathBuf> {
-    // Read as bytes: one mount point that is not UTF-8 must not hide all the others.
-    let info = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
-    let info = String::from_utf8_lossy(&info);
-    info.lines()
-        .filter_map(|l| {
-            let (_, after) = l.split_once(" - ")?;
-            let fs = after.split(' ').next()?;
-            (fs == "cgroup" || fs == "cgroup2").then(|| l.split(' ').nth(4).map(PathBuf::from))?
-        })
-        .collect()
 }
 
 /// Removes `path` (relative to each hierarchy) with any empty child cgroups, deepest first, in
 /// every hierarchy. A cgroup that still has processes stays and is reported.
 pub fn remove_tree(path: &str) -> std::io::Result<()> {
-    for mount in hierarchy_mounts() {
-        let dir = mount.join(path);
+    for mount in usage::host_mounts() {
+        let dir = mount.point.join(path);
         if dir.is_dir() {
             remove_dirs(&dir)?;
         }

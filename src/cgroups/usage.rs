@@ -5,41 +5,61 @@
 
 use std::path::{Path, PathBuf};
 
-/// The mount holding `controller`, and whether it is the unified (v2) hierarchy.
-pub(super) fn controller_mount(
-    mountinfo: &str,
-    controller: &str,
-    v2_lists: impl Fn(&Path) -> bool,
-) -> Option<(PathBuf, bool)> {
-    let mut unified = None;
-    for line in mountinfo.lines() {
-        let Some((before, after)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut fs = after.split(' ');
-        let (Some(kind), _, Some(options)) = (fs.next(), fs.next(), fs.next()) else {
-            continue;
-        };
-        let Some(point) = before.split(' ').nth(4) else {
-            continue;
-        };
-        match kind {
-            "cgroup" if options.split(',').any(|o| o == controller) => {
-                return Some((PathBuf::from(point), false));
-            }
-            "cgroup2" if unified.is_none() && v2_lists(Path::new(point)) => {
-                unified = Some((PathBuf::from(point), true));
-            }
-            _ => {}
-        }
-    }
-    unified
+/// One cgroup hierarchy's mount: where, whether unified (v2), and its options (a v1 mount
+/// names its controllers there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Mount {
+    pub point: PathBuf,
+    pub v2: bool,
+    options: String,
 }
 
-/// Where `controller` lives on this host.
-pub(super) fn mount_of(controller: &str) -> Option<(PathBuf, bool)> {
-    let info = std::fs::read("/proc/self/mountinfo").ok()?;
-    controller_mount(&String::from_utf8_lossy(&info), controller, |dir| {
+/// Every cgroup and cgroup2 mount in a /proc/self/mountinfo text.
+pub(super) fn cgroup_mounts(mountinfo: &str) -> Vec<Mount> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let mut fs = after.split(' ');
+            let (kind, _, options) = (fs.next()?, fs.next(), fs.next()?);
+            let v2 = match kind {
+                "cgroup" => false,
+                "cgroup2" => true,
+                _ => return None,
+            };
+            Some(Mount {
+                point: PathBuf::from(before.split(' ').nth(4)?),
+                v2,
+                options: options.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// This host's cgroup mounts (read as bytes: one mount point that is not UTF-8 must not hide
+/// the others).
+pub(super) fn host_mounts() -> Vec<Mount> {
+    let info = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
+    cgroup_mounts(&String::from_utf8_lossy(&info))
+}
+
+/// The mount holding `controller`: its v1 mount, else the unified one whose
+/// `cgroup.controllers` lists it.
+pub(super) fn controller_mount(
+    mounts: &[Mount],
+    controller: &str,
+    v2_lists: impl Fn(&Path) -> bool,
+) -> Option<Mount> {
+    mounts
+        .iter()
+        .find(|m| !m.v2 && m.options.split(',').any(|o| o == controller))
+        .or_else(|| mounts.iter().find(|m| m.v2 && v2_lists(&m.point)))
+        .cloned()
+}
+
+/// Where `controller` lives among `mounts` on this host.
+pub(super) fn mount_of(mounts: &[Mount], controller: &str) -> Option<Mount> {
+    controller_mount(mounts, controller, |dir| {
         std::fs::read_to_string(dir.join("cgroup.controllers"))
             .is_ok_and(|c| c.split_whitespace().any(|n| n == controller))
     })
@@ -111,18 +131,26 @@ mod tests {
 
     #[test]
     fn controllers_are_found_on_v1_mounts_before_an_unused_v2_one() {
-        let found = controller_mount(HYBRID, "memory", |_| false);
-        assert_eq!(found, Some((PathBuf::from("/sys/fs/cgroup/memory"), false)));
+        let found = |info: &str, controller: &str, v2_lists: bool| {
+            controller_mount(&cgroup_mounts(info), controller, |_| v2_lists)
+                .map(|m| (m.point, m.v2))
+        };
+        let hybrid = cgroup_mounts(HYBRID);
+        assert_eq!(hybrid.len(), 3);
         assert_eq!(
-            controller_mount(HYBRID, "pids", |_| true),
+            found(HYBRID, "memory", false),
+            Some((PathBuf::from("/sys/fs/cgroup/memory"), false))
+        );
+        assert_eq!(
+            found(HYBRID, "pids", true),
             Some((PathBuf::from("/sys/fs/cgroup/pids"), false))
         );
-        assert_eq!(controller_mount(HYBRID, "hugetlb", |_| false), None);
+        assert_eq!(found(HYBRID, "hugetlb", false), None);
         assert_eq!(
-            controller_mount(UNIFIED, "memory", |_| true),
+            found(UNIFIED, "memory", true),
             Some((PathBuf::from("/sys/fs/cgroup"), true))
         );
-        assert_eq!(controller_mount(UNIFIED, "memory", |_| false), None);
+        assert_eq!(found(UNIFIED, "memory", false), None);
     }
 
     #[test]

@@ -297,6 +297,18 @@ impl Reader {
         lines[start..].to_vec()
     }
 
+    /// The output of the whole lines written since the last read: (text, limit reached,
+    /// whether anything new was read); `None` on a read error.
+    fn next_lines(&mut self) -> Option<(Vec<u8>, bool, bool)> {
+        let kept = self.pending.len();
+        let buf = self.read_more()?;
+        let got_any = buf.len() > kept;
+        let data = self.whole_lines(buf);
+        let lines: Vec<&[u8]> = data.split(|b| *b == b'\n').collect();
+        let (out, done) = self.decode(&lines);
+        Some((out, done, got_any))
+    }
+
     async fn send(&self, out: Vec<u8>) -> bool {
         out.is_empty() || self.tx.send(out).await.is_ok()
     }
@@ -315,11 +327,9 @@ impl Reader {
                 _ = tokio::time::sleep(FOLLOW_POLL) => {}
                 _ = self.tx.closed() => return,
             }
-            let Some(buf) = self.read_more() else { return };
-            let got_any = buf.len() > self.pending.len();
-            let data = self.whole_lines(buf);
-            let lines: Vec<&[u8]> = data.split(|b| *b == b'\n').collect();
-            let (out, done) = self.decode(&lines);
+            let Some((out, done, got_any)) = self.next_lines() else {
+                return;
+            };
             if !self.send(out).await || done {
                 return;
             }
@@ -342,10 +352,7 @@ impl Reader {
                     .map(|s| s.state == cri::ContainerState::ContainerRunning as i32);
                 if !matches!(running, Ok(true)) {
                     // One last read: lines written just before the exit.
-                    if let Some(buf) = self.read_more() {
-                        let data = self.whole_lines(buf);
-                        let lines: Vec<&[u8]> = data.split(|b| *b == b'\n').collect();
-                        let (out, _) = self.decode(&lines);
+                    if let Some((out, _, _)) = self.next_lines() {
                         self.send(out).await;
                     }
                     return;
