@@ -16,6 +16,10 @@ use tokio::task::JoinSet;
 
 const IMAGE: &str = "localhost/busybox:local";
 const NODE: &str = "bench";
+/// How often the runtime is asked whether the agent's pods run, and whether they are gone.
+/// Teardown has no timestamp of its own, so it is polled closely.
+const START_POLL: Duration = Duration::from_millis(50);
+const TEARDOWN_POLL: Duration = Duration::from_millis(5);
 /// Exits at once on SIGTERM, so teardown measures the agent, not a grace period.
 const SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
 
@@ -147,7 +151,7 @@ async fn floor(
     image: &str,
     logs: &Path,
 ) -> Result<(f64, f64)> {
-    let started = Instant::now();
+    let started = epoch_ns();
     let mut made = Vec::new();
     for chunk in (0..n).collect::<Vec<_>>().chunks(concurrency) {
         let mut set = JoinSet::new();
@@ -164,7 +168,8 @@ async fn floor(
             made.push(r??);
         }
     }
-    let start = started.elapsed().as_secs_f64();
+    let containers: Vec<String> = made.iter().map(|(_, c)| c.clone()).collect();
+    let start = seconds_since(started, last_started(rt, &containers).await?);
     let started = Instant::now();
     for chunk in made.chunks(concurrency) {
         let mut set = JoinSet::new();
@@ -272,38 +277,65 @@ impl Drop for Agent {
     }
 }
 
-async fn running_count(rt: &RuntimeClient) -> Result<(usize, usize)> {
-    let sandboxes: Vec<_> = rt
+/// The agent's sandboxes and its running containers.
+async fn ours(rt: &RuntimeClient) -> Result<(usize, Vec<String>)> {
+    let ids: std::collections::HashSet<String> = rt
         .list_sandboxes(None)
         .await?
         .into_iter()
         .filter(|s| s.annotations.get(ANNOTATION_NODE_NAME).map(String::as_str) == Some(NODE))
+        .map(|s| s.id)
         .collect();
-    let ids: std::collections::HashSet<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
     let running = rt
         .list_containers(None)
         .await?
         .into_iter()
         .filter(|c| ids.contains(&c.sandbox_id) && c.state == ContainerState::Running)
-        .count();
-    Ok((sandboxes.len(), running))
+        .map(|c| c.id)
+        .collect();
+    Ok((ids.len(), running))
 }
 
+/// Polls the runtime until `done` holds for the agent's (sandboxes, running containers), and
+/// returns the running containers. Polling loads the runtime, which the floor does not pay, so
+/// it is kept sparse: start times come from the runtime's own clock (`last_started`).
 async fn until(
     rt: &RuntimeClient,
     what: &str,
-    done: impl Fn((usize, usize)) -> bool,
-) -> Result<()> {
+    every: Duration,
+    done: impl Fn(usize, usize) -> bool,
+) -> Result<Vec<String>> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        if done(running_count(rt).await?) {
-            return Ok(());
+        let (sandboxes, running) = ours(rt).await?;
+        if done(sandboxes, running.len()) {
+            return Ok(running);
         }
         if Instant::now() > deadline {
             bail!("timed out waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(every).await;
     }
+}
+
+/// Nanoseconds since the epoch, the clock the runtime stamps container starts with.
+fn epoch_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+fn seconds_since(start_ns: i64, end_ns: i64) -> f64 {
+    (end_ns - start_ns) as f64 / 1e9
+}
+
+/// When the last of these containers started, as the runtime recorded it.
+async fn last_started(rt: &RuntimeClient, containers: &[String]) -> Result<i64> {
+    let mut last = 0;
+    for id in containers {
+        last = last.max(rt.container_status(id).await?.started_at);
+    }
+    Ok(last)
 }
 
 /// nodelet for n pods: (start seconds, teardown seconds).
@@ -313,17 +345,20 @@ async fn through_nodelet(
     n: usize,
     host_network: bool,
 ) -> Result<(f64, f64)> {
-    let started = Instant::now();
+    let started = epoch_ns();
     for i in 0..n {
         agent.write(i, host_network)?;
     }
-    until(rt, "pods running", |(_, running)| running == n).await?;
-    let start = started.elapsed().as_secs_f64();
+    let running = until(rt, "pods running", START_POLL, |_, running| running == n).await?;
+    let start = seconds_since(started, last_started(rt, &running).await?);
     let started = Instant::now();
     for i in 0..n {
         agent.remove(i)?;
     }
-    until(rt, "sandboxes gone", |(sandboxes, _)| sandboxes == 0).await?;
+    until(rt, "sandboxes gone", TEARDOWN_POLL, |sandboxes, _| {
+        sandboxes == 0
+    })
+    .await?;
     Ok((start, started.elapsed().as_secs_f64()))
 }
 
@@ -371,7 +406,7 @@ async fn main() -> Result<()> {
     let work = tempfile::tempdir()?;
     let logs = work.path().join("floor-logs");
     let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"))?;
-    until(&rt, "nodelet to start", |_| true).await?;
+    until(&rt, "nodelet to start", START_POLL, |_, _| true).await?;
     let mut report = BTreeMap::new();
     let mut rows = Vec::new();
     for host_network in [false, true] {
@@ -416,13 +451,19 @@ async fn main() -> Result<()> {
         for i in 0..pods {
             agent.write(i, true)?;
         }
-        until(&rt, "pods running", |(_, running)| running == pods).await?;
+        until(&rt, "pods running", START_POLL, |_, running| {
+            running == pods
+        })
+        .await?;
         let f = footprint(pid, a.containerd_pid, a.footprint).await;
         prints.push(serde_json::json!({"pods": pods, "usage": f}));
         for i in 0..pods {
             agent.remove(i)?;
         }
-        until(&rt, "sandboxes gone", |(sandboxes, _)| sandboxes == 0).await?;
+        until(&rt, "sandboxes gone", TEARDOWN_POLL, |sandboxes, _| {
+            sandboxes == 0
+        })
+        .await?;
     }
     report.insert("footprint", serde_json::Value::Array(prints.clone()));
     drop(agent);

@@ -4,9 +4,11 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode, ModifyKind};
+use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -14,8 +16,9 @@ use super::{MAX_MANIFEST_BYTES, Manifest, manifest};
 use crate::pod::StaticOrigin;
 use crate::types::{Source, SourceSnapshot, full_name};
 
-/// Events arriving within this window are handled by one scan, so an editor's save (several
-/// writes, renames and chmods) is read once, after it is done.
+/// A change that may be the first of several (a create, a write, a chmod) is read once no more
+/// come for this long or one of them finishes the write, so an editor's save is read once,
+/// after it is done. A change that finishes a write is read at once.
 const SETTLE: Duration = Duration::from_millis(25);
 
 /// Settings of the file source.
@@ -39,11 +42,13 @@ pub fn is_ignored_name(name: &str) -> bool {
         || name.contains(".dpkg-")
 }
 
-/// Scans the manifest path and remembers what it needs across scans: the last good contents of
+/// Scans the manifest path and remembers what it needs across scans: the bytes each file had
+/// when it was last parsed (an unchanged file is not parsed again), the last good contents of
 /// each file (kept while a file is being rewritten or is broken) and the last error per file (so a
 /// broken file is reported once, not on every relist).
 pub struct Scanner {
     config: Config,
+    parsed: HashMap<PathBuf, Vec<u8>>,
     last_good: HashMap<PathBuf, Manifest>,
     last_error: HashMap<PathBuf, String>,
 }
@@ -52,6 +57,7 @@ impl Scanner {
     pub fn new(config: Config) -> Self {
         Scanner {
             config,
+            parsed: HashMap::new(),
             last_good: HashMap::new(),
             last_error: HashMap::new(),
         }
@@ -109,8 +115,8 @@ impl Scanner {
         Some(files)
     }
 
-    /// What one file describes, or every problem found in it.
-    fn read_file(&self, file: &Path, seen: &str) -> Result<Manifest, Vec<String>> {
+    /// The bytes of one file, or why it cannot be read.
+    fn read_file(file: &Path) -> Result<Vec<u8>, Vec<String>> {
         let size = std::fs::metadata(file)
             .map_err(|e| vec![format!("cannot stat: {e}")])?
             .len();
@@ -119,14 +125,31 @@ impl Scanner {
                 "file is {size} bytes, larger than the {MAX_MANIFEST_BYTES} bytes a manifest may have"
             )]);
         }
-        let bytes = std::fs::read(file).map_err(|e| vec![format!("cannot read: {e}")])?;
+        std::fs::read(file).map_err(|e| vec![format!("cannot read: {e}")])
+    }
+
+    /// What one file describes, or every problem found in it; `None` when its bytes are those
+    /// parsed last time, whose outcome stands.
+    fn read_changed(&mut self, file: &Path, seen: &str) -> Option<Result<Manifest, Vec<String>>> {
+        let bytes = match Self::read_file(file) {
+            Ok(bytes) => bytes,
+            Err(problems) => {
+                self.parsed.remove(file);
+                return Some(Err(problems));
+            }
+        };
+        if self.parsed.get(file) == Some(&bytes) {
+            return None;
+        }
         let origin = file.to_string_lossy();
-        manifest(
+        let found = manifest(
             &bytes,
             &self.config.node_name,
             StaticOrigin::File(&origin),
             seen,
-        )
+        );
+        self.parsed.insert(file.to_path_buf(), bytes);
+        Some(found)
     }
 
     /// Reads every manifest and returns the source's full snapshot, or `None` when the path
@@ -135,21 +158,23 @@ impl Scanner {
         let seen = crate::types::now().to_string();
         let files = self.files()?;
         let present: HashSet<&PathBuf> = files.iter().collect();
+        self.parsed.retain(|f, _| present.contains(f));
         self.last_good.retain(|f, _| present.contains(f));
         self.last_error.retain(|f, _| present.contains(f));
         let mut pods = Vec::new();
         let mut objects = Vec::new();
         let mut names: HashMap<String, PathBuf> = HashMap::new();
         for file in &files {
-            let found = match self.read_file(file, &seen) {
-                Ok(found) => {
+            let found = match self.read_changed(file, &seen) {
+                None => self.last_good.get(file).cloned().unwrap_or_default(),
+                Some(Ok(found)) => {
                     if self.last_error.remove(file).is_some() {
                         tracing::info!(file = %file.display(), "manifest is valid again");
                     }
                     self.last_good.insert(file.clone(), found.clone());
                     found
                 }
-                Err(problems) => {
+                Some(Err(problems)) => {
                     let message = problems.join("; ");
                     let kept = self.last_good.get(file).cloned().unwrap_or_default();
                     if self.last_error.get(file) != Some(&message) {
@@ -193,10 +218,46 @@ impl Scanner {
     }
 }
 
+/// What the watcher has seen since the last scan.
+#[derive(Default)]
+struct Changes {
+    notify: Notify,
+    /// Some change finished a write: the files can be read now.
+    finished: AtomicBool,
+}
+
+impl Changes {
+    /// Waits, after a first change, until the files can be read: at once when a change finished
+    /// its write, else when no change finished one within SETTLE.
+    async fn settled(&self) {
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        while !self.finished.swap(false, Ordering::AcqRel) {
+            if tokio::time::timeout_at(deadline, self.notify.notified())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// A change after which the file it touched is complete: a rename into place (the atomic way
+/// to write a manifest, and how `..data` symlinks are swapped), a writer closing the file, or a
+/// removal.
+fn finishes_a_write(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Modify(ModifyKind::Name(_))
+            | EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Remove(_)
+    )
+}
+
 /// Watches the manifest path and sends a snapshot after every settled change and every relist
 /// period, until `cancel`.
 pub async fn run(config: Config, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
-    let changed = Arc::new(Notify::new());
+    let changed = Arc::new(Changes::default());
     let mut scanner = Scanner::new(config.clone());
     let mut watcher: Option<notify::RecommendedWatcher> = None;
     let mut ticker = tokio::time::interval(config.check_frequency);
@@ -213,10 +274,10 @@ pub async fn run(config: Config, tx: mpsc::Sender<SourceSnapshot>, cancel: Cance
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
-            _ = changed.notified() => {
+            _ = changed.notify.notified() => {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(SETTLE) => {}
+                    _ = changed.settled() => {}
                 }
             }
         }
@@ -226,7 +287,7 @@ pub async fn run(config: Config, tx: mpsc::Sender<SourceSnapshot>, cancel: Cance
 /// An inotify watch on the directory that holds the manifests (the parent, for a single file),
 /// so renames and symlink swaps are seen. `None` when it cannot be set up yet (e.g. the directory
 /// does not exist): the periodic relist retries.
-fn watch(path: &Path, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
+fn watch(path: &Path, changed: Arc<Changes>) -> Option<notify::RecommendedWatcher> {
     let dir = if path.is_dir() {
         path.to_path_buf()
     } else {
@@ -238,13 +299,16 @@ fn watch(path: &Path, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher
         Ok(e)
             if matches!(
                 e.kind,
-                notify::EventKind::Access(
-                    notify::event::AccessKind::Open(_)
-                        | notify::event::AccessKind::Read
-                        | notify::event::AccessKind::Close(notify::event::AccessMode::Read)
+                EventKind::Access(
+                    AccessKind::Open(_) | AccessKind::Read | AccessKind::Close(AccessMode::Read)
                 )
             ) => {}
-        Ok(_) => changed.notify_one(),
+        Ok(e) => {
+            if finishes_a_write(&e.kind) {
+                changed.finished.store(true, Ordering::Release);
+            }
+            changed.notify.notify_one();
+        }
         Err(_) => {}
     };
     let mut watcher = match notify::recommended_watcher(handler) {
@@ -289,5 +353,72 @@ mod tests {
         for name in ["web.yaml", "etcd.json", "pod", "tmp.yaml"] {
             assert!(!is_ignored_name(name), "{name}");
         }
+    }
+
+    fn seen_of(snapshot: &SourceSnapshot) -> Vec<String> {
+        snapshot
+            .pods
+            .iter()
+            .map(|p| {
+                p.metadata.annotations.as_ref().expect("annotations")
+                    [crate::pod::ANNOTATION_CONFIG_SEEN]
+                    .clone()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_unchanged_file_is_not_parsed_again_and_a_changed_one_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pod = |image: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  containers:\n  - {{name: c, image: {image}}}\n"
+            )
+        };
+        std::fs::write(dir.path().join("web.yaml"), pod("a")).expect("write");
+        let mut scanner = Scanner::new(Config {
+            path: dir.path().to_path_buf(),
+            node_name: "n".into(),
+            check_frequency: Duration::from_secs(20),
+        });
+        let first = scanner.scan().expect("scan");
+        std::thread::sleep(Duration::from_millis(2));
+        let again = scanner.scan().expect("scan");
+        // Parsing stamps the time it was seen: the same stamp means the file was not re-parsed.
+        assert_eq!(seen_of(&first), seen_of(&again));
+        std::fs::write(dir.path().join("web.yaml"), pod("b")).expect("write");
+        let changed = scanner.scan().expect("scan");
+        assert_ne!(seen_of(&first), seen_of(&changed));
+        let spec = changed.pods[0].spec.as_ref().expect("spec");
+        assert_eq!(spec.containers[0].image.as_deref(), Some("b"));
+        std::fs::remove_file(dir.path().join("web.yaml")).expect("remove");
+        assert!(scanner.scan().expect("scan").pods.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_write_is_read_at_once_and_others_settle_first() {
+        let changes = Changes::default();
+        let started = tokio::time::Instant::now();
+        changes.finished.store(true, Ordering::Release);
+        changes.settled().await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // A write that is not known to be finished waits out the settle time...
+        changes.settled().await;
+        assert_eq!(started.elapsed(), SETTLE);
+        // ...unless a change finishing it comes first.
+        let started = tokio::time::Instant::now();
+        let finisher = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            changes.finished.store(true, Ordering::Release);
+            changes.notify.notify_one();
+        };
+        tokio::join!(changes.settled(), finisher);
+        assert_eq!(started.elapsed(), Duration::from_millis(5));
+        assert!(finishes_a_write(&EventKind::Modify(ModifyKind::Name(
+            notify::event::RenameMode::To
+        ))));
+        assert!(!finishes_a_write(&EventKind::Modify(ModifyKind::Data(
+            notify::event::DataChange::Any
+        ))));
     }
 }
