@@ -102,6 +102,7 @@ impl RuntimeClient {
             Err(_) => Err(Error::Timeout { call, timeout }),
         };
         crate::metrics::get().runtime_operation(call, started.elapsed(), result.is_err());
+        tracing::trace!(call, took = ?started.elapsed(), failed = result.is_err(), "runtime call");
         result
     }
 
