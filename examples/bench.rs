@@ -16,6 +16,10 @@ use tokio::task::JoinSet;
 
 const IMAGE: &str = "localhost/busybox:local";
 const NODE: &str = "bench";
+/// The agent's cgroup root, and the floor's: like the agent's pods, the floor's share one
+/// parent cgroup (the CPU weight of a busy machine is split between groups, not processes).
+const CGROUP_ROOT: &str = "nodelet-bench";
+const FLOOR_CGROUP_ROOT: &str = "nodelet-bench-floor";
 /// How often the runtime is asked whether the agent's pods run, and whether they are gone.
 /// Teardown has no timestamp of its own, so it is polled closely.
 const START_POLL: Duration = Duration::from_millis(50);
@@ -106,6 +110,7 @@ async fn floor_pod(
         // Marked as another node's, so the nodelet under test leaves the floor's pods alone.
         annotations: [(ANNOTATION_NODE_NAME.to_string(), "bench-floor".to_string())].into(),
         linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: format!("/{FLOOR_CGROUP_ROOT}/pod{uid}"),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(cri::NamespaceOption {
                     network: if host_network {
@@ -246,7 +251,7 @@ impl Agent {
                 "--max-pods",
                 "200",
                 "--cgroup-root",
-                "/nodelet-bench",
+                &format!("/{CGROUP_ROOT}"),
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -482,7 +487,8 @@ async fn main() -> Result<()> {
     }
     report.insert("footprint", serde_json::Value::Array(prints.clone()));
     drop(agent);
-    let _ = nodelet::cgroups::remove_tree("nodelet-bench");
+    let _ = nodelet::cgroups::remove_tree(CGROUP_ROOT);
+    let _ = nodelet::cgroups::remove_tree(FLOOR_CGROUP_ROOT);
 
     println!(
         "{:<12} {:<12} {:>8} {:>9} {:>7} {:>12} {:>11} {:>11} {:>7}",
