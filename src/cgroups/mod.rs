@@ -3,7 +3,9 @@
 //! chosen driver's name for it handed to the runtime as the sandbox's cgroup parent, and node
 //! allocatable arithmetic.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use cgroups_rs::cgroup_builder::CgroupBuilder;
 use cgroups_rs::{Cgroup, hierarchies};
@@ -153,6 +155,10 @@ pub struct Manager {
     /// Where the memory and pids controllers live (for usage), found at start with the rest.
     memory: Option<usage::Mount>,
     pids: Option<usage::Mount>,
+    /// The limits last written to each pod cgroup (by path). A sync finding the cgroup there with
+    /// the same limits writes nothing: every pod sync used to rewrite them, and a write of
+    /// cpu.cfs_quota_us takes a kernel-wide lock that runc's container starts wait on.
+    applied: Arc<Mutex<HashMap<String, PodLimits>>>,
 }
 
 /// The node's cgroup hierarchy, as found at start.
@@ -182,6 +188,7 @@ impl Manager {
             hierarchy,
             memory: usage::mount_of(&mounts, "memory"),
             pids: usage::mount_of(&mounts, "pids"),
+            applied: Arc::default(),
         }
     }
 
@@ -277,12 +284,18 @@ impl Manager {
         }
     }
 
-    /// Creates the pod's cgroup with its limits (idempotent; limits are re-applied).
+    /// Creates the pod's cgroup with its limits, or writes them again when they changed or the
+    /// cgroup went missing.
     pub fn ensure_pod(&self, pod: &Pod) -> Result<()> {
         let Some(path) = self.pod_path(pod) else {
             return Ok(());
         };
         let limits = pod_limits(pod);
+        if self.applied().get(&path) == Some(&limits)
+            && Cgroup::load(self.hierarchy(), path.as_str()).exists()
+        {
+            return Ok(());
+        }
         let mut builder = CgroupBuilder::new(&path)
             .cpu()
             .shares(self.cpu(limits.cpu_shares))
@@ -301,7 +314,12 @@ impl Manager {
         builder
             .build(self.hierarchy())
             .map_err(cgroup_error(&path))?;
+        self.applied().insert(path, limits);
         Ok(())
+    }
+
+    fn applied(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodLimits>> {
+        self.applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Removes the pod's cgroup (after its containers are gone; runc removes only theirs).
@@ -316,6 +334,7 @@ impl Manager {
             vec!["kubepods", name.as_str()],
         ] {
             let path = self.relative(&parts);
+            self.applied().remove(&path);
             let cg = Cgroup::load(self.hierarchy(), &path);
             if cg.exists() {
                 remove_tree(&path).map_err(|e| Error {

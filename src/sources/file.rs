@@ -16,9 +16,9 @@ use super::{MAX_MANIFEST_BYTES, Manifest, manifest};
 use crate::pod::StaticOrigin;
 use crate::types::{Source, SourceSnapshot, full_name};
 
-/// A change that may be the first of several (a create, a write, a chmod) is read once no more
-/// come for this long or one of them finishes the write, so an editor's save is read once,
-/// after it is done. A change that finishes a write is read at once.
+/// A change that may be the first of several (a create, a write, a chmod) is read this long
+/// after it, or sooner when a change that finishes a write comes, so an editor's save is read
+/// once, after it is done. A change that finishes a write is read at once.
 const SETTLE: Duration = Duration::from_millis(25);
 
 /// Settings of the file source.
