@@ -102,16 +102,22 @@ pub struct Syncer {
     events: crate::events::Recorder,
     /// Pods whose containers have all run once (the pod-start metric counts each once).
     started: std::sync::Mutex<std::collections::HashSet<PodUid>>,
-    /// Slots for sandbox and container starts running in the runtime at once.
-    starts: tokio::sync::Semaphore,
+    /// Slots for sandbox starts, and for container starts, running in the runtime at once.
+    sandbox_starts: tokio::sync::Semaphore,
+    container_starts: tokio::sync::Semaphore,
 }
 
-/// Sandbox and container starts the runtime is asked for at once, per CPU. Its start path (runc,
-/// the shim, CNI plugins) is CPU-bound: past a few starts per CPU, more at once only add
-/// contention (on two CPUs, 110 pods started all at once took a fifth longer and a quarter
-/// more CPU than 4 to 16 at a time). Waits that are not the runtime's work (image pulls,
-/// postStart hooks) hold no slot.
+/// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
+/// path (runc, the shim, CNI plugins) is CPU-bound: past a few starts per CPU, more at once only
+/// add contention (on two CPUs, 110 pods started all at once took a fifth longer and a quarter
+/// more CPU than 4 to 16 at a time). Containers have slots of their own so that a pod whose
+/// sandbox is up does not wait behind every other pod's sandbox. Waits that are not the
+/// runtime's work (image pulls, postStart hooks) hold no slot.
 const STARTS_PER_CPU: usize = 4;
+
+fn start_slots() -> usize {
+    STARTS_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 fn display_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -145,9 +151,8 @@ impl Syncer {
             objects: parts.objects,
             images: parts.images,
             started: Default::default(),
-            starts: tokio::sync::Semaphore::new(
-                STARTS_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ),
+            sandbox_starts: tokio::sync::Semaphore::new(start_slots()),
+            container_starts: tokio::sync::Semaphore::new(start_slots()),
             cgroups: parts.cgroups,
             probes: parts.probes,
             events: parts.events,
@@ -452,7 +457,7 @@ impl Syncer {
                         "Pod sandbox changed, it will be killed and re-created.".into(),
                     );
                 }
-                let slot = self.starts.acquire().await;
+                let slot = self.sandbox_starts.acquire().await;
                 let id = self.runtime.run_pod_sandbox(sandbox_config.clone()).await;
                 drop(slot);
                 let id = id.inspect_err(|e| {
@@ -654,7 +659,7 @@ impl Syncer {
             source,
         })?;
         let log_file = convert::pod_log_dir(&self.ctx, pod).join(&config.log_path);
-        let slot = self.starts.acquire().await;
+        let slot = self.container_starts.acquire().await;
         let id = self
             .runtime
             .create_container(sandbox_id, config, sandbox_config.clone())
