@@ -141,47 +141,30 @@ impl<S: PodSyncer> SyncLoop<S> {
             return Some(("Evicted", message));
         }
         if let Some(a) = self.config.allocatable {
-            let used_cpu: f64 = self.admitted.values().map(|r| r.0).sum();
-            let used_mem: f64 = self.admitted.values().map(|r| r.1).sum();
-            let used_storage: f64 = self.admitted.values().map(|r| r.2).sum();
-            let count = self.admitted.len() as u32;
-            if count + 1 > a.pods {
-                return Some((
-                    "OutOfpods",
-                    format!(
-                        "Node didn't have enough resource: pods, requested: 1, used: {count}, capacity: {}",
-                        a.pods
-                    ),
-                ));
-            }
-            if used_cpu + wanted.0 > a.cpu + 1e-9 {
-                return Some((
-                    "OutOfcpu",
-                    format!(
-                        "Node didn't have enough resource: cpu, requested: {}m, used: {}m, capacity: {}m",
-                        (wanted.0 * 1000.0) as i64,
-                        (used_cpu * 1000.0) as i64,
-                        (a.cpu * 1000.0) as i64
-                    ),
-                ));
-            }
-            if used_mem + wanted.1 > a.memory {
-                return Some((
+            let used = |f: fn(&(f64, f64, f64)) -> f64| self.admitted.values().map(f).sum::<f64>();
+            let count = self.admitted.len() as f64;
+            let refusal = [
+                exceeds("OutOfpods", "pods", 1.0, count, f64::from(a.pods), false),
+                exceeds("OutOfcpu", "cpu", wanted.0, used(|r| r.0), a.cpu, true),
+                exceeds(
                     "OutOfmemory",
-                    format!(
-                        "Node didn't have enough resource: memory, requested: {}, used: {}, capacity: {}",
-                        wanted.1 as i64, used_mem as i64, a.memory as i64
-                    ),
-                ));
-            }
-            if used_storage + wanted.2 > a.ephemeral_storage {
-                return Some((
+                    "memory",
+                    wanted.1,
+                    used(|r| r.1),
+                    a.memory,
+                    false,
+                ),
+                exceeds(
                     "OutOfephemeral-storage",
-                    format!(
-                        "Node didn't have enough resource: ephemeral-storage, requested: {}, used: {}, capacity: {}",
-                        wanted.2 as i64, used_storage as i64, a.ephemeral_storage as i64
-                    ),
-                ));
+                    "ephemeral-storage",
+                    wanted.2,
+                    used(|r| r.2),
+                    a.ephemeral_storage,
+                    false,
+                ),
+            ];
+            if let Some(refusal) = refusal.into_iter().flatten().next() {
+                return Some(refusal);
             }
         }
         self.admitted.insert(uid, wanted);
@@ -406,6 +389,37 @@ impl<S: PodSyncer> SyncLoop<S> {
 }
 
 /// A number in [0, 1) for resync jitter; quality does not matter, only spread.
+/// Upstream's refusal when `requested` on top of `used` exceeds `capacity` (cpu is shown in
+/// millicores).
+fn exceeds(
+    reason: &'static str,
+    resource: &str,
+    requested: f64,
+    used: f64,
+    capacity: f64,
+    millicores: bool,
+) -> Option<(&'static str, String)> {
+    if used + requested <= capacity + 1e-9 {
+        return None;
+    }
+    let show = |v: f64| {
+        if millicores {
+            format!("{}m", (v * 1000.0) as i64)
+        } else {
+            (v as i64).to_string()
+        }
+    };
+    Some((
+        reason,
+        format!(
+            "Node didn't have enough resource: {resource}, requested: {}, used: {}, capacity: {}",
+            show(requested),
+            show(used),
+            show(capacity)
+        ),
+    ))
+}
+
 fn fastrand_unit() -> f64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -287,7 +287,6 @@ impl Syncer {
         Some(log_tail(&String::from_utf8_lossy(&bytes)))
     }
 
-    /// Reads the pod's runtime state and records its status.
     /// Records the pod's status from the runtime's view: `known` when the caller's reading is
     /// still current (a sync that changed nothing), else read afresh.
     async fn update_status(&self, pod: &Pod, known: Option<PodRuntime>) -> Result<(), Error> {
