@@ -302,16 +302,8 @@ impl Syncer {
         }
         let pod_ips = match rt.latest_sandbox() {
             Some(sb) if sb.state == runtime::SandboxState::Ready => {
-                match self.runtime.pod_sandbox_status(&sb.id).await {
-                    Ok(st) => st
-                        .network
-                        .map(|n| {
-                            std::iter::once(n.ip)
-                                .chain(n.additional_ips.into_iter().map(|ip| ip.ip))
-                                .filter(|ip| !ip.is_empty())
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                match self.runtime.sandbox_ips(&sb.id).await {
+                    Ok(ips) => ips,
                     Err(e) if e.is_not_found() => Vec::new(),
                     Err(e) => return Err(e.into()),
                 }
@@ -579,8 +571,8 @@ impl Syncer {
     }
 
     async fn pod_ip(&self, sandbox_id: &str) -> Result<String, Error> {
-        let status = self.runtime.pod_sandbox_status(sandbox_id).await?;
-        Ok(status.network.map(|n| n.ip).unwrap_or_default())
+        let ips = self.runtime.sandbox_ips(sandbox_id).await?;
+        Ok(ips.into_iter().next().unwrap_or_default())
     }
 
     async fn start_container(

@@ -1,7 +1,9 @@
 //! A tonic client for the CRI RuntimeService and ImageService over unix sockets, with a timeout
 //! on every call and errors that name the call.
 
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -12,7 +14,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::{ANNOTATION_TERMINATION_MESSAGE_PATH, LABEL_POD_UID};
 use super::{
-    Container, PodRuntime, Sandbox, container_from_cri, cri, sandbox_from_cri, state_from_cri,
+    Container, ContainerState, PodRuntime, Sandbox, SandboxState, container_from_cri, cri,
+    sandbox_from_cri, state_from_cri,
 };
 use crate::types::PodUid;
 
@@ -65,6 +68,63 @@ pub struct RuntimeClient {
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     timeout: Duration,
+    settled: Arc<Mutex<Settled>>,
+}
+
+/// Answers of the runtime that cannot change while a listing shows the same state, so a sync
+/// need not ask again: a running container's status details (fixed from its start until it
+/// exits) and a ready sandbox's IPs (fixed when its network was set up). An entry goes when a
+/// full listing no longer shows its container running, or its sandbox at all. Exited
+/// containers are always asked afresh: a late event (an OOM kill) may still change the reason.
+#[derive(Default)]
+struct Settled {
+    running: HashMap<String, Details>,
+    sandbox_ips: HashMap<String, Vec<String>>,
+}
+
+/// What ContainerStatus adds to a listed container.
+#[derive(Clone)]
+struct Details {
+    state: ContainerState,
+    started_at: i64,
+    finished_at: i64,
+    exit_code: i32,
+    reason: String,
+    message: String,
+    image_ref: String,
+    termination_message_file: Option<String>,
+}
+
+impl Details {
+    fn of(status: cri::ContainerStatus) -> Details {
+        let message_path = status.annotations.get(ANNOTATION_TERMINATION_MESSAGE_PATH);
+        let termination_message_file = status
+            .mounts
+            .iter()
+            .find(|m| Some(&m.container_path) == message_path)
+            .map(|m| m.host_path.clone());
+        Details {
+            state: state_from_cri(status.state),
+            started_at: status.started_at,
+            finished_at: status.finished_at,
+            exit_code: status.exit_code,
+            reason: status.reason,
+            message: status.message,
+            image_ref: status.image_ref,
+            termination_message_file,
+        }
+    }
+
+    fn apply(self, c: &mut Container) {
+        c.state = self.state;
+        c.started_at = self.started_at;
+        c.finished_at = self.finished_at;
+        c.exit_code = self.exit_code;
+        c.reason = self.reason;
+        c.message = self.message;
+        c.image_ref = self.image_ref;
+        c.termination_message_file = self.termination_message_file;
+    }
 }
 
 fn channel(path: &Path) -> Channel {
@@ -86,7 +146,12 @@ impl RuntimeClient {
             runtime: RuntimeServiceClient::new(channel(runtime)),
             images: ImageServiceClient::new(channel(images)),
             timeout,
+            settled: Default::default(),
         }
+    }
+
+    fn settled(&self) -> std::sync::MutexGuard<'_, Settled> {
+        self.settled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn call<T>(
@@ -175,6 +240,28 @@ impl RuntimeClient {
             })
     }
 
+    /// A sandbox's IPs, the pod IP first (none on the node's network), asked of the runtime
+    /// once while the sandbox is ready.
+    pub async fn sandbox_ips(&self, id: &str) -> Result<Vec<String>> {
+        if let Some(ips) = self.settled().sandbox_ips.get(id) {
+            return Ok(ips.clone());
+        }
+        let status = self.pod_sandbox_status(id).await?;
+        let ips: Vec<String> = status
+            .network
+            .map(|n| {
+                std::iter::once(n.ip)
+                    .chain(n.additional_ips.into_iter().map(|ip| ip.ip))
+                    .filter(|ip| !ip.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if status.state == cri::PodSandboxState::SandboxReady as i32 {
+            self.settled().sandbox_ips.insert(id.into(), ips.clone());
+        }
+        Ok(ips)
+    }
+
     /// Every sandbox, or only those carrying the given label.
     pub async fn list_sandboxes(&self, label: Option<(&str, &str)>) -> Result<Vec<Sandbox>> {
         let mut c = self.runtime.clone();
@@ -191,6 +278,16 @@ impl RuntimeClient {
             .await?;
         let mut out: Vec<Sandbox> = resp.items.into_iter().map(sandbox_from_cri).collect();
         out.sort_by_key(|x| std::cmp::Reverse(x.created_at));
+        if label.is_none() {
+            let ready: HashSet<&str> = out
+                .iter()
+                .filter(|s| s.state == SandboxState::Ready)
+                .map(|s| s.id.as_str())
+                .collect();
+            self.settled()
+                .sandbox_ips
+                .retain(|id, _| ready.contains(id.as_str()));
+        }
         Ok(out)
     }
 
@@ -214,6 +311,16 @@ impl RuntimeClient {
             .map(container_from_cri)
             .collect();
         out.sort_by_key(|x| std::cmp::Reverse(x.created_at));
+        if label.is_none() {
+            let running: HashSet<&str> = out
+                .iter()
+                .filter(|c| c.state == ContainerState::Running)
+                .map(|c| c.id.as_str())
+                .collect();
+            self.settled()
+                .running
+                .retain(|id, _| running.contains(id.as_str()));
+        }
         Ok(out)
     }
 
@@ -222,21 +329,20 @@ impl RuntimeClient {
         let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
         let mut containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
         for c in containers.iter_mut() {
+            if c.state == ContainerState::Running {
+                let known = self.settled().running.get(&c.id).cloned();
+                if let Some(details) = known {
+                    details.apply(c);
+                    continue;
+                }
+            }
             match self.container_status(&c.id).await {
                 Ok(status) => {
-                    c.state = state_from_cri(status.state);
-                    c.started_at = status.started_at;
-                    c.finished_at = status.finished_at;
-                    c.exit_code = status.exit_code;
-                    c.reason = status.reason;
-                    c.message = status.message;
-                    c.image_ref = status.image_ref;
-                    let message_path = status.annotations.get(ANNOTATION_TERMINATION_MESSAGE_PATH);
-                    c.termination_message_file = status
-                        .mounts
-                        .iter()
-                        .find(|m| Some(&m.container_path) == message_path)
-                        .map(|m| m.host_path.clone());
+                    let details = Details::of(status);
+                    if details.state == ContainerState::Running {
+                        self.settled().running.insert(c.id.clone(), details.clone());
+                    }
+                    details.apply(c);
                 }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),

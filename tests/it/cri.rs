@@ -1,10 +1,11 @@
 //! The CRI client against the real containerd: a sandbox and a busybox container that echoes a
-//! line, read back from the CRI log file, then stopped and removed.
+//! line, read back from the CRI log file, seen running and then exited, then removed.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use nodelet::runtime::{ContainerState, LABEL_POD_UID, cri};
+use nodelet::types::PodUid;
 
 use crate::bed::{BUSYBOX, eventually, runtime, testbed_dir};
 
@@ -59,7 +60,11 @@ async fn the_cri_client_runs_a_container_whose_output_lands_in_its_log() {
             image: image.id,
             ..Default::default()
         }),
-        command: vec!["sh".into(), "-c".into(), "echo hello from nodelet".into()],
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo hello from nodelet; exec sleep 3600".into(),
+        ],
         log_path: "echo.log".into(),
         labels,
         ..Default::default()
@@ -89,12 +94,34 @@ async fn the_cri_client_runs_a_container_whose_output_lands_in_its_log() {
         "RFC 3339 time: {line}"
     );
 
-    eventually("the container to exit", Duration::from_secs(30), || async {
-        let status = rt.container_status(&id).await.ok()?;
-        (status.state == cri::ContainerState::ContainerExited as i32 && status.exit_code == 0)
-            .then_some(())
-    })
-    .await;
+    // A running container's details are asked once and then reused while the listing shows it
+    // running; once it exits, the pod's view shows the exit, not the remembered run.
+    for _ in 0..2 {
+        let pod = rt
+            .pod_runtime(&PodUid(uid.clone()))
+            .await
+            .expect("pod runtime");
+        assert_eq!(pod.containers.len(), 1);
+        assert_eq!(pod.containers[0].state, ContainerState::Running);
+        assert!(pod.containers[0].started_at > 0);
+        assert_eq!(pod.containers[0].finished_at, 0);
+    }
+    assert!(
+        !rt.sandbox_ips(&sandbox)
+            .await
+            .expect("sandbox IPs")
+            .is_empty(),
+        "a sandbox on the pod network has an IP"
+    );
+    rt.stop_container(&id, 0).await.expect("StopContainer");
+    let pod = rt
+        .pod_runtime(&PodUid(uid.clone()))
+        .await
+        .expect("pod runtime");
+    let exited = &pod.containers[0];
+    assert_eq!(exited.state, ContainerState::Exited);
+    assert!(exited.finished_at >= exited.started_at && exited.finished_at > 0);
+    assert_eq!(exited.exit_code, 137, "killed by SIGKILL");
     let listed = rt
         .list_containers(Some((LABEL_POD_UID, &uid)))
         .await
@@ -102,7 +129,6 @@ async fn the_cri_client_runs_a_container_whose_output_lands_in_its_log() {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].state, ContainerState::Exited);
 
-    rt.stop_container(&id, 0).await.expect("StopContainer");
     rt.remove_container(&id).await.expect("RemoveContainer");
     rt.stop_pod_sandbox(&sandbox).await.expect("StopPodSandbox");
     rt.remove_pod_sandbox(&sandbox)
