@@ -21,8 +21,11 @@ const NODE: &str = "bench";
 const CGROUP_ROOT: &str = "nodelet-bench";
 const FLOOR_CGROUP_ROOT: &str = "nodelet-bench-floor";
 /// How often the runtime is asked whether the agent's pods run, and whether they are gone.
+/// Start times come from the runtime's own clock, so the start poll only decides when the
+/// bench notices, and is sparse: each poll lists every sandbox and container, work the runtime
+/// and the bench do on the machine's CPUs while the agent starts pods (the floor pays none).
 /// Teardown has no timestamp of its own, so it is polled closely.
-const START_POLL: Duration = Duration::from_millis(50);
+const START_POLL: Duration = Duration::from_millis(250);
 const TEARDOWN_POLL: Duration = Duration::from_millis(5);
 /// Exits at once on SIGTERM, so teardown measures the agent, not a grace period.
 const SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
@@ -110,7 +113,7 @@ async fn floor_pod(
         // Marked as another node's, so the nodelet under test leaves the floor's pods alone.
         annotations: [(ANNOTATION_NODE_NAME.to_string(), "bench-floor".to_string())].into(),
         linux: Some(cri::LinuxPodSandboxConfig {
-            cgroup_parent: format!("/{FLOOR_CGROUP_ROOT}/pod{uid}"),
+            cgroup_parent: format!("/{FLOOR_CGROUP_ROOT}/kubepods/besteffort/pod{uid}"),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(cri::NamespaceOption {
                     network: if host_network {
@@ -128,7 +131,35 @@ async fn floor_pod(
         ..Default::default()
     };
     let id = rt.run_pod_sandbox(sandbox.clone()).await?;
-    let container = cri::ContainerConfig {
+    let container = floor_container(&logs.join(&uid), host_network, image, labels)?;
+    let cid = rt.create_container(&id, container, sandbox).await?;
+    rt.start_container(&cid).await?;
+    Ok((id, cid))
+}
+
+/// The floor's container: what nodelet asks of the runtime for the bench's pod (a BestEffort
+/// container with upstream's defaults), so that the floor does the same runtime work and only
+/// the agent's own costs stand between the two: its own PID namespace, /proc and /sys paths
+/// masked and read-only, the termination-log and /etc/hosts files bind-mounted, CPU shares and
+/// oom_score_adj set.
+fn floor_container(
+    dir: &Path,
+    host_network: bool,
+    image: String,
+    labels: std::collections::HashMap<String, String>,
+) -> Result<cri::ContainerConfig> {
+    std::fs::create_dir_all(dir)?;
+    let hosts = dir.join("etc-hosts");
+    std::fs::write(&hosts, "127.0.0.1\tlocalhost\n::1\tlocalhost\n")?;
+    let termination_log = dir.join("termination-log");
+    std::fs::write(&termination_log, "")?;
+    let mount = |container_path: &str, host_path: &Path| cri::Mount {
+        container_path: container_path.into(),
+        host_path: host_path.display().to_string(),
+        ..Default::default()
+    };
+    let to_strings = |paths: &[&str]| paths.iter().map(|p| p.to_string()).collect();
+    Ok(cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: "c".into(),
             attempt: 0,
@@ -140,11 +171,56 @@ async fn floor_pod(
         command: vec!["sh".into(), "-c".into(), SCRIPT.into()],
         log_path: "c/0.log".into(),
         labels,
+        mounts: vec![
+            mount("/dev/termination-log", &termination_log),
+            mount("/etc/hosts", &hosts),
+        ],
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(cri::LinuxContainerResources {
+                cpu_shares: 2,
+                oom_score_adj: 1000,
+                ..Default::default()
+            }),
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: if host_network {
+                        cri::NamespaceMode::Node
+                    } else {
+                        cri::NamespaceMode::Pod
+                    } as i32,
+                    pid: cri::NamespaceMode::Container as i32,
+                    ipc: cri::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                seccomp: Some(cri::SecurityProfile {
+                    profile_type: cri::security_profile::ProfileType::Unconfined as i32,
+                    ..Default::default()
+                }),
+                masked_paths: to_strings(&[
+                    "/proc/asound",
+                    "/proc/acpi",
+                    "/proc/kcore",
+                    "/proc/keys",
+                    "/proc/latency_stats",
+                    "/proc/timer_list",
+                    "/proc/timer_stats",
+                    "/proc/sched_debug",
+                    "/proc/scsi",
+                    "/sys/firmware",
+                    "/sys/devices/virtual/powercap",
+                ]),
+                readonly_paths: to_strings(&[
+                    "/proc/bus",
+                    "/proc/fs",
+                    "/proc/irq",
+                    "/proc/sys",
+                    "/proc/sysrq-trigger",
+                ]),
+                ..Default::default()
+            }),
+        }),
         ..Default::default()
-    };
-    let cid = rt.create_container(&id, container, sandbox).await?;
-    rt.start_container(&cid).await?;
-    Ok((id, cid))
+    })
 }
 
 /// The floor for n pods at a concurrency: (start seconds, teardown seconds).
@@ -156,6 +232,7 @@ async fn floor(
     image: &str,
     logs: &Path,
 ) -> Result<(f64, f64)> {
+    quiesce().await;
     let started = epoch_ns();
     let mut made = Vec::new();
     for chunk in (0..n).collect::<Vec<_>>().chunks(concurrency) {
@@ -346,6 +423,41 @@ async fn last_started(rt: &RuntimeClient, containers: &[String]) -> Result<i64> 
     Ok(last)
 }
 
+/// The machine's (busy, total) CPU time so far, in clock ticks, from /proc/stat.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0);
+    Some((total - idle, total))
+}
+
+/// Waits (up to half a minute) until the machine is quiet: under a tenth of its CPU busy over a
+/// quarter of a second. A run ends when the runtime reports its pods gone, but shims exiting and
+/// snapshots being removed go on for a while; without this the next run, floor or nodelet, pays
+/// for them.
+async fn quiesce() {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let before = cpu_ticks();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        match (before, cpu_ticks()) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                if ((b1 - b0) as f64) < 0.1 * (t1 - t0) as f64 {
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
 /// nodelet for n pods: (start seconds, teardown seconds).
 async fn through_nodelet(
     rt: &RuntimeClient,
@@ -353,6 +465,7 @@ async fn through_nodelet(
     n: usize,
     host_network: bool,
 ) -> Result<(f64, f64)> {
+    quiesce().await;
     let started = epoch_ns();
     for i in 0..n {
         agent.write(i, host_network)?;
