@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use nodelet::pod_sync::convert::{MASKED_PATHS, READONLY_PATHS};
 use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, RuntimeClient, cri};
 use tokio::task::JoinSet;
 
@@ -85,6 +86,22 @@ fn p90(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The bench pod's namespaces, as nodelet sets them: the node's network or the pod's, a PID
+/// namespace per container, the pod's IPC namespace.
+fn namespaces(host_network: bool) -> cri::NamespaceOption {
+    let network = if host_network {
+        cri::NamespaceMode::Node
+    } else {
+        cri::NamespaceMode::Pod
+    };
+    cri::NamespaceOption {
+        network: network as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
+}
+
 /// One pod the way nodelet would make it, made directly over CRI.
 async fn floor_pod(
     rt: RuntimeClient,
@@ -115,15 +132,7 @@ async fn floor_pod(
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent: format!("/{FLOOR_CGROUP_ROOT}/kubepods/besteffort/pod{uid}"),
             security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    network: if host_network {
-                        cri::NamespaceMode::Node
-                    } else {
-                        cri::NamespaceMode::Pod
-                    } as i32,
-                    pid: cri::NamespaceMode::Container as i32,
-                    ..Default::default()
-                }),
+                namespace_options: Some(namespaces(host_network)),
                 ..Default::default()
             }),
             ..Default::default()
@@ -182,40 +191,13 @@ fn floor_container(
                 ..Default::default()
             }),
             security_context: Some(cri::LinuxContainerSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    network: if host_network {
-                        cri::NamespaceMode::Node
-                    } else {
-                        cri::NamespaceMode::Pod
-                    } as i32,
-                    pid: cri::NamespaceMode::Container as i32,
-                    ipc: cri::NamespaceMode::Pod as i32,
-                    ..Default::default()
-                }),
+                namespace_options: Some(namespaces(host_network)),
                 seccomp: Some(cri::SecurityProfile {
                     profile_type: cri::security_profile::ProfileType::Unconfined as i32,
                     ..Default::default()
                 }),
-                masked_paths: to_strings(&[
-                    "/proc/asound",
-                    "/proc/acpi",
-                    "/proc/kcore",
-                    "/proc/keys",
-                    "/proc/latency_stats",
-                    "/proc/timer_list",
-                    "/proc/timer_stats",
-                    "/proc/sched_debug",
-                    "/proc/scsi",
-                    "/sys/firmware",
-                    "/sys/devices/virtual/powercap",
-                ]),
-                readonly_paths: to_strings(&[
-                    "/proc/bus",
-                    "/proc/fs",
-                    "/proc/irq",
-                    "/proc/sys",
-                    "/proc/sysrq-trigger",
-                ]),
+                masked_paths: to_strings(MASKED_PATHS),
+                readonly_paths: to_strings(READONLY_PATHS),
                 ..Default::default()
             }),
         }),

@@ -584,7 +584,7 @@ fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContain
 }
 
 /// procMount Default masks and write-protects these /proc paths, as upstream; Unmasked none.
-const MASKED_PATHS: &[&str] = &[
+pub const MASKED_PATHS: &[&str] = &[
     "/proc/asound",
     "/proc/acpi",
     "/proc/kcore",
@@ -597,7 +597,7 @@ const MASKED_PATHS: &[&str] = &[
     "/sys/firmware",
     "/sys/devices/virtual/powercap",
 ];
-const READONLY_PATHS: &[&str] = &[
+pub const READONLY_PATHS: &[&str] = &[
     "/proc/bus",
     "/proc/fs",
     "/proc/irq",

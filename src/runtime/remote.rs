@@ -74,7 +74,7 @@ pub struct RuntimeClient {
 /// Answers of the runtime that cannot change while a listing shows the same state, so a sync
 /// need not ask again: a running container's status details (fixed from its start until it
 /// exits) and a ready sandbox's IPs (fixed when its network was set up). An entry goes when a
-/// full listing no longer shows its container running, or its sandbox at all. Exited
+/// full listing no longer shows its container running, or its sandbox ready. Exited
 /// containers are always asked afresh: a late event (an OOM kill) may still change the reason.
 #[derive(Default)]
 struct Settled {
