@@ -405,37 +405,23 @@ async fn last_started(rt: &RuntimeClient, containers: &[String]) -> Result<i64> 
     Ok(last)
 }
 
-/// The machine's (busy, total) CPU time so far, in clock ticks, from /proc/stat.
-fn cpu_ticks() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()?
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    let total: u64 = ticks.iter().sum();
-    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0);
-    Some((total - idle, total))
-}
-
 /// Waits (up to half a minute) until the machine is quiet: under a tenth of its CPU busy over a
 /// quarter of a second. A run ends when the runtime reports its pods gone, but shims exiting and
 /// snapshots being removed go on for a while; without this the next run, floor or nodelet, pays
 /// for them.
 async fn quiesce() {
+    const WINDOW: Duration = Duration::from_millis(250);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let before = cpu_ticks();
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        match (before, cpu_ticks()) {
-            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
-                if ((b1 - b0) as f64) < 0.1 * (t1 - t0) as f64 {
-                    return;
-                }
-            }
-            _ => return,
+        let before = nodelet::server::stats::node_cpu_ns();
+        tokio::time::sleep(WINDOW).await;
+        let (Some(before), Some(after)) = (before, nodelet::server::stats::node_cpu_ns()) else {
+            return;
+        };
+        let busy = after.saturating_sub(before) as f64 / 1e9;
+        if busy < 0.1 * cpus * WINDOW.as_secs_f64() {
+            return;
         }
     }
 }

@@ -29,7 +29,7 @@ pub struct Source {
 static LAST_CPU: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
 
 /// The node's busy CPU time in nanoseconds, from /proc/stat (USER_HZ is 100 on Linux).
-fn node_cpu_ns() -> Option<u64> {
+pub fn node_cpu_ns() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let fields: Vec<u64> = stat
         .lines()
