@@ -209,10 +209,12 @@ impl Core {
             },
             recorder.clone(),
         );
+        let cache = crate::runtime::PodCache::default();
         let syncer = Arc::new(Syncer::new(
             runtime.clone(),
             ctx,
             pod_sync::Parts {
+                cache: cache.clone(),
                 status: status_writer,
                 probes: probe_manager,
                 cgroups: cgroups.clone(),
@@ -236,7 +238,7 @@ impl Core {
             cancel.clone(),
         );
         let (events_tx, events) = mpsc::channel(1024);
-        let pleg = pleg::Pleg::new(runtime.clone());
+        let pleg = pleg::Pleg::new(runtime.clone(), cache);
         let pleg_health = pleg.health();
         tracker.spawn(pleg.run(events_tx, cancel.clone()));
         let eviction = eviction::Manager {

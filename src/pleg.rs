@@ -1,6 +1,6 @@
-//! The pod lifecycle event generator: relists the runtime every second, diffs sandbox and
-//! container states into events that wake pod workers, and reports itself unhealthy when a relist
-//! has not completed for three minutes.
+//! The pod lifecycle event generator: relists the runtime every second, keeps what it read as
+//! the pod cache syncs start from, diffs sandbox and container states into events that wake pod
+//! workers, and reports itself unhealthy when a relist has not completed for three minutes.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{ContainerState, RuntimeClient, SandboxState};
+use crate::runtime::{ContainerState, PodCache, PodRuntime, RuntimeClient, SandboxState};
 use crate::types::PodUid;
 
 /// Relist period (upstream: 1 s).
@@ -46,6 +46,30 @@ pub enum State {
 
 /// Everything the runtime holds, by sandbox or container ID.
 pub type Snapshot = HashMap<String, (PodUid, State)>;
+
+/// The states of every sandbox and container of `pods`.
+fn snapshot(pods: &HashMap<PodUid, PodRuntime>) -> Snapshot {
+    let mut now = Snapshot::new();
+    for (uid, rt) in pods {
+        for sb in &rt.sandboxes {
+            let state = match sb.state {
+                SandboxState::Ready => State::Running,
+                SandboxState::NotReady => State::Exited,
+            };
+            now.insert(sb.id.clone(), (uid.clone(), state));
+        }
+        for c in &rt.containers {
+            let state = match c.state {
+                ContainerState::Running => State::Running,
+                ContainerState::Exited => State::Exited,
+                ContainerState::Created => State::Created,
+                ContainerState::Unknown => State::Unknown,
+            };
+            now.insert(c.id.clone(), (uid.clone(), state));
+        }
+    }
+    now
+}
 
 /// The events that turn `old` into `new`, ordered by ID for stable output.
 pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<Event> {
@@ -115,14 +139,17 @@ const FAILURE_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// The relisting task's state.
 pub struct Pleg {
     runtime: RuntimeClient,
+    cache: PodCache,
     last: Snapshot,
     relisted: watch::Sender<Relist>,
 }
 
 impl Pleg {
-    pub fn new(runtime: RuntimeClient) -> Self {
+    /// A PLEG relisting `runtime` into `cache`.
+    pub fn new(runtime: RuntimeClient, cache: PodCache) -> Self {
         Pleg {
             runtime,
+            cache,
             last: Snapshot::new(),
             relisted: watch::channel(Relist {
                 succeeded: Instant::now(),
@@ -137,32 +164,23 @@ impl Pleg {
         Health(self.relisted.subscribe())
     }
 
-    async fn relist(&self) -> crate::runtime::Result<Snapshot> {
-        let mut now = Snapshot::new();
+    /// Every pod the runtime holds for a kubelet-like agent (the pod labels), by UID.
+    async fn relist(&self) -> crate::runtime::Result<HashMap<PodUid, PodRuntime>> {
+        let mut pods: HashMap<PodUid, PodRuntime> = HashMap::new();
+        let mut owners: HashMap<String, PodUid> = HashMap::new();
         for sb in self.runtime.list_sandboxes(None).await? {
-            let state = match sb.state {
-                SandboxState::Ready => State::Running,
-                SandboxState::NotReady => State::Exited,
-            };
-            now.insert(sb.id, (sb.uid, state));
-        }
-        let uids: HashMap<String, PodUid> = now
-            .iter()
-            .map(|(id, (uid, _))| (id.clone(), uid.clone()))
-            .collect();
-        for c in self.runtime.list_containers(None).await? {
-            let Some(uid) = uids.get(&c.sandbox_id) else {
+            if !sb.has_pod_labels {
                 continue;
-            };
-            let state = match c.state {
-                ContainerState::Running => State::Running,
-                ContainerState::Exited => State::Exited,
-                ContainerState::Created => State::Created,
-                ContainerState::Unknown => State::Unknown,
-            };
-            now.insert(c.id, (uid.clone(), state));
+            }
+            owners.insert(sb.id.clone(), sb.uid.clone());
+            pods.entry(sb.uid.clone()).or_default().sandboxes.push(sb);
         }
-        Ok(now)
+        for c in self.runtime.list_containers(None).await? {
+            if let Some(uid) = owners.get(&c.sandbox_id) {
+                pods.entry(uid.clone()).or_default().containers.push(c);
+            }
+        }
+        Ok(pods)
     }
 
     /// Relists every period and sends the events, until `cancel`.
@@ -176,8 +194,8 @@ impl Pleg {
                 _ = tokio::time::sleep(wait) => {}
             }
             let started = Instant::now();
-            let snapshot = match self.relist().await {
-                Ok(s) => s,
+            let pods = match self.relist().await {
+                Ok(pods) => pods,
                 Err(e) => {
                     if self.relisted.borrow().error.is_none() {
                         tracing::warn!(error = %e, "the container runtime does not answer; retrying with backoff");
@@ -199,6 +217,9 @@ impl Pleg {
             });
             failure_backoff = FAILURE_BACKOFF_FIRST;
             wait = RELIST_PERIOD.saturating_sub(started.elapsed());
+            let snapshot = snapshot(&pods);
+            // The syncs these events wake start from this reading.
+            self.cache.install(started, pods);
             for event in diff(&self.last, &snapshot) {
                 tracing::trace!(?event, "pod lifecycle event");
                 if events.send(event).await.is_err() {

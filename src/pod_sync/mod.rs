@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::events::Target;
 use crate::pod::{grace_period_seconds, spec};
 use crate::pod_workers::PodSyncer;
-use crate::runtime::{self, ContainerState, PodRuntime, RuntimeClient, cri};
+use crate::runtime::{self, ContainerState, PodCache, PodRuntime, RuntimeClient, cri};
 use crate::types::{PodUid, full_name};
 use crate::volumes;
 use crate::{images, probe};
@@ -89,6 +89,7 @@ struct Prepared<'a> {
 /// Syncs pods against one runtime and records their status.
 pub struct Syncer {
     runtime: RuntimeClient,
+    cache: PodCache,
     ctx: Context,
     status: crate::status::Writer,
     statuses: crate::status::Reader,
@@ -135,6 +136,8 @@ fn display_chain(e: &dyn std::error::Error) -> String {
 
 /// The components a [`Syncer`] drives besides the runtime.
 pub struct Parts {
+    /// The PLEG's latest reading of the runtime.
+    pub cache: PodCache,
     pub status: crate::status::Writer,
     pub probes: Arc<probe::Manager>,
     pub cgroups: crate::cgroups::Manager,
@@ -148,6 +151,7 @@ impl Syncer {
         let backoff =
             crate::backoff::Backoff::new(ctx.restart_backoff_initial, RESTART_BACKOFF_MAX);
         Syncer {
+            cache: parts.cache,
             objects: parts.objects,
             images: parts.images,
             started: Default::default(),
@@ -287,14 +291,11 @@ impl Syncer {
         Some(log_tail(&String::from_utf8_lossy(&bytes)))
     }
 
-    /// Records the pod's status from the runtime's view: `known` when the caller's reading is
-    /// still current (a sync that changed nothing), else read afresh.
-    async fn update_status(&self, pod: &Pod, known: Option<PodRuntime>) -> Result<(), Error> {
+    /// Records the pod's status from a reading of its runtime state and the failures of its
+    /// latest starts.
+    async fn update_status(&self, pod: &Pod, rt: &PodRuntime) -> Result<(), Error> {
         let uid = PodUid::of(pod);
-        let mut rt = match known {
-            Some(rt) => rt,
-            None => self.runtime.pod_runtime(&uid).await?,
-        };
+        let mut rt = rt.clone();
         for c in rt.containers.iter_mut() {
             if let Some(message) = self.termination_message(pod, c) {
                 c.message = message;
@@ -386,15 +387,30 @@ impl Syncer {
         true
     }
 
+    /// The pod's runtime state: the PLEG's latest reading when it is current, else listed.
+    async fn read(&self, uid: &PodUid) -> runtime::Result<PodRuntime> {
+        match self.cache.get(uid) {
+            Some(listed) => self.runtime.with_details(listed).await,
+            None => self.runtime.pod_runtime(uid).await,
+        }
+    }
+
     async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
         let uid = PodUid::of(pod);
-        let rt = self.runtime.pod_runtime(&uid).await?;
+        let rt = self.read(&uid).await?;
         if self.rejected(pod, &rt) {
             return Ok(None);
         }
         let plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
-        let quiet = plan.is_empty();
+        // A sync that changes the pod records its status from the reading it started from
+        // before (a new pod shows as Pending at once, even while its images are pulled) and
+        // after its changes (their failures); the status of the changes themselves follows
+        // from the next relist, whose events wake the pod's worker again (as upstream).
+        let changing = (!plan.is_empty()).then(|| self.cache.changing(&uid));
+        if changing.is_some() {
+            self.update_status(pod, &rt).await?;
+        }
         if plan.kill_pod {
             self.kill_all(pod, &rt, false).await?;
         }
@@ -462,12 +478,7 @@ impl Syncer {
                 id
             }
             (None, Some(id)) => id.clone(),
-            (None, None) => {
-                return self
-                    .update_status(pod, quiet.then_some(rt))
-                    .await
-                    .map(|()| None);
-            }
+            (None, None) => return self.update_status(pod, &rt).await.map(|()| None),
         };
         if !plan.kill.is_empty() {
             let host = self.hook_host(pod, &rt).await;
@@ -565,8 +576,7 @@ impl Syncer {
         for id in &plan.remove_sandboxes {
             ignore_not_found(self.runtime.remove_pod_sandbox(id).await)?;
         }
-        // A sync that did nothing (the common resync) reuses its reading of the runtime.
-        self.update_status(pod, quiet.then_some(rt)).await?;
+        self.update_status(pod, &rt).await?;
         first_error.map_or(Ok(again), Err)
     }
 
@@ -857,7 +867,8 @@ impl Syncer {
 
     async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
-        let rt = self.runtime.pod_runtime(&uid).await?;
+        let _changing = self.cache.changing(&uid);
+        let rt = self.read(&uid).await?;
         self.kill_all(pod, &rt, true).await?;
         volumes::teardown(&self.ctx.root_dir, &uid.0)?;
         self.cgroups.remove_pod(&uid.0)?;
@@ -999,8 +1010,11 @@ impl PodSyncer for Syncer {
             Ok(again) => Ok(again),
             Err(e) => {
                 // The pod still gets a status (Pending, ContainerCreating) when it can be read.
-                if self.statuses.get(&PodUid::of(&pod)).is_none() {
-                    let _ = self.update_status(&pod, None).await;
+                let uid = PodUid::of(&pod);
+                if self.statuses.get(&uid).is_none()
+                    && let Ok(rt) = self.runtime.pod_runtime(&uid).await
+                {
+                    let _ = self.update_status(&pod, &rt).await;
                 }
                 Err(display_chain(&e))
             }

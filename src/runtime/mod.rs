@@ -1,10 +1,12 @@
 //! The CRI boundary: a client for the runtime and image services, and the runtime's state in our
 //! vocabulary (sandboxes and containers of a pod, keyed by the kubelet's CRI labels).
 
+mod cache;
 mod remote;
 
 use std::collections::HashMap;
 
+pub use cache::{Changing, PodCache};
 pub use k8s_cri::v1 as cri;
 pub use remote::{Error, Result, RuntimeClient, wait_for_runtime};
 

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -74,12 +74,13 @@ pub struct RuntimeClient {
 /// Answers of the runtime that cannot change while a listing shows the same state, so a sync
 /// need not ask again: a running container's status details (fixed from its start until it
 /// exits) and a ready sandbox's IPs (fixed when its network was set up). An entry goes when a
-/// full listing no longer shows its container running, or its sandbox ready. Exited
-/// containers are always asked afresh: a late event (an OOM kill) may still change the reason.
+/// full listing asked after it was learnt no longer shows its container running, or its sandbox
+/// ready. Exited containers are always asked afresh: a late event (an OOM kill) may still
+/// change the reason.
 #[derive(Default)]
 struct Settled {
-    running: HashMap<String, Details>,
-    sandbox_ips: HashMap<String, Vec<String>>,
+    running: HashMap<String, (Instant, Details)>,
+    sandbox_ips: HashMap<String, (Instant, Vec<String>)>,
 }
 
 /// What ContainerStatus adds to a listed container.
@@ -243,9 +244,10 @@ impl RuntimeClient {
     /// A sandbox's IPs, the pod IP first (none on the node's network), asked of the runtime
     /// once while the sandbox is ready.
     pub async fn sandbox_ips(&self, id: &str) -> Result<Vec<String>> {
-        if let Some(ips) = self.settled().sandbox_ips.get(id) {
+        if let Some((_, ips)) = self.settled().sandbox_ips.get(id) {
             return Ok(ips.clone());
         }
+        let asked = Instant::now();
         let status = self.pod_sandbox_status(id).await?;
         let ips: Vec<String> = status
             .network
@@ -257,7 +259,9 @@ impl RuntimeClient {
             })
             .unwrap_or_default();
         if status.state == cri::PodSandboxState::SandboxReady as i32 {
-            self.settled().sandbox_ips.insert(id.into(), ips.clone());
+            self.settled()
+                .sandbox_ips
+                .insert(id.into(), (asked, ips.clone()));
         }
         Ok(ips)
     }
@@ -269,6 +273,7 @@ impl RuntimeClient {
             label_selector: [(k.to_string(), v.to_string())].into(),
             ..Default::default()
         });
+        let asked = Instant::now();
         let resp = self
             .call(
                 "ListPodSandbox",
@@ -286,7 +291,7 @@ impl RuntimeClient {
                 .collect();
             self.settled()
                 .sandbox_ips
-                .retain(|id, _| ready.contains(id.as_str()));
+                .retain(|id, (learnt, _)| ready.contains(id.as_str()) || *learnt >= asked);
         }
         Ok(out)
     }
@@ -298,6 +303,7 @@ impl RuntimeClient {
             label_selector: [(k.to_string(), v.to_string())].into(),
             ..Default::default()
         });
+        let asked = Instant::now();
         let resp = self
             .call(
                 "ListContainers",
@@ -319,7 +325,7 @@ impl RuntimeClient {
                 .collect();
             self.settled()
                 .running
-                .retain(|id, _| running.contains(id.as_str()));
+                .retain(|id, (learnt, _)| running.contains(id.as_str()) || *learnt >= asked);
         }
         Ok(out)
     }
@@ -327,20 +333,33 @@ impl RuntimeClient {
     /// Everything the runtime holds for one pod, with each container's status details.
     pub async fn pod_runtime(&self, uid: &PodUid) -> Result<PodRuntime> {
         let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
-        let mut containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
-        for c in containers.iter_mut() {
+        let containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
+        self.with_details(PodRuntime {
+            sandboxes,
+            containers,
+        })
+        .await
+    }
+
+    /// A pod's listed sandboxes and containers, each container with its status details (and
+    /// its state as the status tells; a container gone since the listing keeps the listing's).
+    pub async fn with_details(&self, mut listed: PodRuntime) -> Result<PodRuntime> {
+        for c in listed.containers.iter_mut() {
             if c.state == ContainerState::Running {
-                let known = self.settled().running.get(&c.id).cloned();
+                let known = self.settled().running.get(&c.id).map(|(_, d)| d.clone());
                 if let Some(details) = known {
                     details.apply(c);
                     continue;
                 }
             }
+            let asked = Instant::now();
             match self.container_status(&c.id).await {
                 Ok(status) => {
                     let details = Details::of(status);
                     if details.state == ContainerState::Running {
-                        self.settled().running.insert(c.id.clone(), details.clone());
+                        self.settled()
+                            .running
+                            .insert(c.id.clone(), (asked, details.clone()));
                     }
                     details.apply(c);
                 }
@@ -348,10 +367,7 @@ impl RuntimeClient {
                 Err(e) => return Err(e),
             }
         }
-        Ok(PodRuntime {
-            sandboxes,
-            containers,
-        })
+        Ok(listed)
     }
 
     pub async fn create_container(

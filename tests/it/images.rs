@@ -337,6 +337,36 @@ async fn pulls_are_serialized_by_default_and_overlap_when_allowed() {
 }
 
 #[tokio::test]
+async fn a_new_pod_shows_container_creating_while_its_image_is_pulled() {
+    let reg = registry(false);
+    let proxy = SlowProxy::start(reg.clone()).await;
+    let repo_tag = format!("{}/app:1", unique_repo("t-creating"));
+    copy_image(
+        &format!("{reg}/library/busybox:1"),
+        &format!("{reg}/{repo_tag}"),
+        None,
+    );
+    let image = format!("{}/{repo_tag}", proxy.addr);
+    let node = Node::start("creating", &[]).await;
+    node.write_manifest("slow.yaml", &pod("slow", &image, "IfNotPresent"));
+    // Each request of the pull takes a second: the pod is Pending while it runs.
+    let pending = node
+        .wait_status("slow", "Pending with its container creating", |st| {
+            st.phase.as_deref() == Some("Pending")
+                && waiting(st).is_some_and(|(reason, _)| reason == "ContainerCreating")
+        })
+        .await;
+    assert!(pending.start_time.is_some(), "{pending:?}");
+    node.wait_log("slow", "c", "stamp=one").await;
+    node.wait_status("slow", "Running", |st| {
+        st.phase.as_deref() == Some("Running")
+    })
+    .await;
+    node.finish().await;
+    forget_images(&image);
+}
+
+#[tokio::test]
 async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
     unsafe { std::env::set_var("NODELET_TEST_IMAGE_GC_PERIOD", "1s") };

@@ -207,6 +207,23 @@ async fn an_edited_manifest_replaces_the_pod_with_a_new_uid() {
 }
 
 #[tokio::test]
+async fn a_manifest_removed_and_put_back_runs_its_pod_afresh() {
+    let node = Node::start("readd", &[]).await;
+    let yaml = pod_yaml("readd", &[("c", FOREVER)], "");
+    node.write_manifest("readd.yaml", &yaml);
+    let (first, _) = node.wait_running("readd", 1).await;
+    node.remove_manifest("readd.yaml");
+    node.wait_gone(&first.uid, Duration::from_secs(30)).await;
+    // The same manifest is the same pod (the same UID) again: it must not be taken for the
+    // one just removed, whatever the latest relist of the runtime still showed of that.
+    node.write_manifest("readd.yaml", &yaml);
+    let (second, _) = node.wait_running("readd", 1).await;
+    assert_eq!(first.uid, second.uid);
+    assert_ne!(first.id, second.id);
+    node.finish().await;
+}
+
+#[tokio::test]
 async fn removal_stops_containers_within_the_grace_period() {
     let node = Node::start("grace", &[]).await;
     let marker = node.path("marker");

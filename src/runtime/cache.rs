@@ -1,0 +1,136 @@
+//! The pod cache: the runtime's pods as the PLEG's latest relist read them, for syncs to start
+//! from instead of listing the runtime again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use super::PodRuntime;
+use crate::types::PodUid;
+
+/// The pods' sandboxes and containers as the latest relist listed them (without status
+/// details), so that a sync need not list the runtime again (upstream's pod cache). A pod's
+/// reading stands until a sync changes the pod; then it is not served until a relist that
+/// began after the change has ended. Every change the agent makes to a pod is made by a sync
+/// (or its termination), one at a time per pod, so no sync starts from a reading older than its
+/// pod's last change. What the runtime does by itself (a container exiting) shows at the next
+/// relist, whose event wakes the pod's worker. Clone freely.
+#[derive(Clone, Default)]
+pub struct PodCache(Arc<Mutex<Cached>>);
+
+#[derive(Default)]
+struct Cached {
+    /// When the latest relist began; `None` before the first ended.
+    began: Option<Instant>,
+    pods: HashMap<PodUid, PodRuntime>,
+    /// When a sync last ended that changed the pod, while that is after `began`.
+    changed: HashMap<PodUid, Instant>,
+}
+
+impl PodCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pod's sandboxes and containers (newest first, without status details), or `None`
+    /// when the latest relist may not show the pod as it is.
+    pub fn get(&self, uid: &PodUid) -> Option<PodRuntime> {
+        let cached = self.lock();
+        let began = cached.began?;
+        if cached.changed.get(uid).is_some_and(|c| *c >= began) {
+            return None;
+        }
+        Some(cached.pods.get(uid).cloned().unwrap_or_default())
+    }
+
+    /// Marks the pod changed when the returned guard is dropped: hold it over a sync's calls
+    /// that change the pod in the runtime, so the mark is as late as the last of them.
+    pub fn changing(&self, uid: &PodUid) -> Changing {
+        Changing {
+            cache: self.clone(),
+            uid: uid.clone(),
+        }
+    }
+
+    /// Installs a relist's reading; `began` is when its first listing was asked.
+    pub fn install(&self, began: Instant, pods: HashMap<PodUid, PodRuntime>) {
+        let mut cached = self.lock();
+        cached.changed.retain(|_, at| *at >= began);
+        cached.began = Some(began);
+        cached.pods = pods;
+    }
+}
+
+/// Marks a pod changed in the [`PodCache`] when dropped.
+pub struct Changing {
+    cache: PodCache,
+    uid: PodUid,
+}
+
+impl Drop for Changing {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        self.cache.lock().changed.insert(self.uid.clone(), now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Sandbox;
+    use std::time::Duration;
+
+    fn pods(uid: &PodUid, sandbox: &str) -> HashMap<PodUid, PodRuntime> {
+        let sb = Sandbox {
+            id: sandbox.into(),
+            uid: uid.clone(),
+            name: "p".into(),
+            namespace: "default".into(),
+            attempt: 0,
+            state: crate::runtime::SandboxState::Ready,
+            created_at: 0,
+            annotations: HashMap::new(),
+            has_pod_labels: true,
+        };
+        let rt = PodRuntime {
+            sandboxes: vec![sb],
+            containers: Vec::new(),
+        };
+        [(uid.clone(), rt)].into()
+    }
+
+    fn sandbox(cache: &PodCache, uid: &PodUid) -> Option<Option<String>> {
+        cache
+            .get(uid)
+            .map(|rt| rt.latest_sandbox().map(|s| s.id.clone()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pods_reading_is_served_until_a_sync_changes_it_and_again_after_a_later_relist() {
+        let cache = PodCache::default();
+        let (a, b) = (PodUid("a".into()), PodUid("b".into()));
+        assert_eq!(sandbox(&cache, &a), None, "nothing before the first relist");
+        let tick = Duration::from_millis(10);
+        cache.install(Instant::now(), pods(&a, "s1"));
+        assert_eq!(sandbox(&cache, &a), Some(Some("s1".into())));
+        assert_eq!(sandbox(&cache, &b), Some(None), "a pod the runtime lacks");
+
+        tokio::time::advance(tick).await;
+        let relist_began = Instant::now();
+        tokio::time::advance(tick).await;
+        drop(cache.changing(&a));
+        assert_eq!(sandbox(&cache, &a), None, "changed since the relist");
+        assert_eq!(sandbox(&cache, &b), Some(None), "other pods are unaffected");
+        cache.install(relist_began, pods(&a, "s2"));
+        assert_eq!(
+            sandbox(&cache, &a),
+            None,
+            "a relist that began before the change"
+        );
+
+        tokio::time::advance(tick).await;
+        cache.install(Instant::now(), pods(&a, "s3"));
+        assert_eq!(sandbox(&cache, &a), Some(Some("s3".into())));
+    }
+}
