@@ -572,7 +572,7 @@ async fn main() -> Result<()> {
     let _ = nodelet::cgroups::remove_tree(FLOOR_CGROUP_ROOT);
 
     println!(
-        "{:<12} {:<12} {:>8} {:>9} {:>7} {:>12} {:>11} {:>11} {:>7}",
+        "{:<12} {:<12} {:>8} {:>9} {:>7} {:>12} {:>11} {:>11} {:>9}",
         "network",
         "scenario",
         "floor s",
@@ -581,11 +581,11 @@ async fn main() -> Result<()> {
         "added ms p50",
         "added p90",
         "teardown x",
-        ""
+        "floor at"
     );
     for r in &rows {
         println!(
-            "{:<12} {:<12} {:>8.3} {:>9.3} {:>7.2} {:>12.1} {:>11.1} {:>11.2}",
+            "{:<12} {:<12} {:>8.3} {:>9.3} {:>7.2} {:>12.1} {:>11.1} {:>11.2} {:>9}",
             r["network"].as_str().unwrap_or(""),
             r["scenario"].as_str().unwrap_or(""),
             r["floor_start_s"].as_f64().unwrap_or(0.0),
@@ -593,7 +593,8 @@ async fn main() -> Result<()> {
             r["start_ratio"].as_f64().unwrap_or(0.0),
             r["added_ms_median"].as_f64().unwrap_or(0.0),
             r["added_ms_p90"].as_f64().unwrap_or(0.0),
-            r["teardown_ratio"].as_f64().unwrap_or(0.0)
+            r["teardown_ratio"].as_f64().unwrap_or(0.0),
+            r["floor_concurrency"].as_u64().unwrap_or(0)
         );
     }
     println!(
