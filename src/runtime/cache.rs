@@ -24,7 +24,7 @@ struct Cached {
     /// When the latest relist began; `None` before the first ended.
     began: Option<Instant>,
     pods: HashMap<PodUid, PodRuntime>,
-    /// When a sync last ended that changed the pod, while that is after `began`.
+    /// When a sync that changed the pod last ended, for changes not older than `began`.
     changed: HashMap<PodUid, Instant>,
 }
 
