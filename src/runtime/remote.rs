@@ -128,6 +128,18 @@ impl Details {
     }
 }
 
+/// Forgets the settled answers a full listing asked at `asked` no longer vouches for: those
+/// about IDs not among `kept` (running containers, ready sandboxes), unless learnt after the
+/// listing was asked.
+fn forget_unlisted<'a, V>(
+    answers: &mut HashMap<String, (Instant, V)>,
+    kept: impl Iterator<Item = &'a str>,
+    asked: Instant,
+) {
+    let kept: HashSet<&str> = kept.collect();
+    answers.retain(|id, (learnt, _)| kept.contains(id.as_str()) || *learnt >= asked);
+}
+
 fn channel(path: &Path) -> Channel {
     let socket = path.to_path_buf();
     // The URI is a placeholder: the connector below always dials the unix socket.
@@ -284,14 +296,11 @@ impl RuntimeClient {
         let mut out: Vec<Sandbox> = resp.items.into_iter().map(sandbox_from_cri).collect();
         out.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         if label.is_none() {
-            let ready: HashSet<&str> = out
+            let ready = out
                 .iter()
                 .filter(|s| s.state == SandboxState::Ready)
-                .map(|s| s.id.as_str())
-                .collect();
-            self.settled()
-                .sandbox_ips
-                .retain(|id, (learnt, _)| ready.contains(id.as_str()) || *learnt >= asked);
+                .map(|s| s.id.as_str());
+            forget_unlisted(&mut self.settled().sandbox_ips, ready, asked);
         }
         Ok(out)
     }
@@ -318,14 +327,11 @@ impl RuntimeClient {
             .collect();
         out.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         if label.is_none() {
-            let running: HashSet<&str> = out
+            let running = out
                 .iter()
                 .filter(|c| c.state == ContainerState::Running)
-                .map(|c| c.id.as_str())
-                .collect();
-            self.settled()
-                .running
-                .retain(|id, (learnt, _)| running.contains(id.as_str()) || *learnt >= asked);
+                .map(|c| c.id.as_str());
+            forget_unlisted(&mut self.settled().running, running, asked);
         }
         Ok(out)
     }
