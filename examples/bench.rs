@@ -3,7 +3,7 @@
 //! one invocation; only ratios are meant to be compared across runs.
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--reps N]
-//!              [--footprint-secs S] [--containerd-pid PID]
+//!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +40,9 @@ struct Args {
     containerd_pid: Option<u32>,
     /// Pod counts of the burst and max-pods scenarios (30 and 110; smaller for a smoke run).
     sizes: (usize, usize),
+    /// Where the agent's directories and the floor's pod files go (a fresh directory inside
+    /// it): the system's temporary directory unless given.
+    work_dir: PathBuf,
 }
 
 fn args() -> Result<Args> {
@@ -51,6 +54,7 @@ fn args() -> Result<Args> {
         footprint: Duration::from_secs(60),
         containerd_pid: None,
         sizes: (30, 110),
+        work_dir: std::env::temp_dir(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -62,6 +66,7 @@ fn args() -> Result<Args> {
             "--reps" => a.reps = value.parse()?,
             "--footprint-secs" => a.footprint = Duration::from_secs(value.parse()?),
             "--containerd-pid" => a.containerd_pid = Some(value.parse()?),
+            "--work-dir" => a.work_dir = PathBuf::from(value),
             "--sizes" => {
                 let (burst, max) = value.split_once(',').context("--sizes BURST,MAX")?;
                 a.sizes = (burst.parse()?, max.parse()?);
@@ -492,7 +497,8 @@ async fn main() -> Result<()> {
         .await?
         .context("busybox image missing: run make images")?
         .id;
-    let work = tempfile::tempdir()?;
+    let work = tempfile::tempdir_in(&a.work_dir)
+        .with_context(|| format!("a work directory in {}", a.work_dir.display()))?;
     let logs = work.path().join("floor-logs");
     let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"))?;
     until(&rt, "nodelet to start", START_POLL, |_, _| true).await?;
