@@ -68,7 +68,7 @@ run: deps runtime-up images build
 		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
 		--hostname-override nodelet-dev --cgroup-root /nodelet-dev
 
-# BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--reps 5 --footprint-secs 60".
+# BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60".
 bench: deps runtime-up images
 	cargo build --release --locked --bin nodelet --example bench
 	@status=0; $(TARGET_DIR)/release/examples/bench \

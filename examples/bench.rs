@@ -1,9 +1,9 @@
 //! `make bench`: pod start-up and teardown through nodelet against the runtime's own floor (the
-//! same CRI calls made directly), and nodelet's footprint. Floor and nodelet runs interleave in
-//! one invocation; only ratios are meant to be compared across runs.
+//! same CRI calls made directly), and nodelet's footprint. Floor and nodelet run in pairs in one
+//! invocation; only ratios are meant to be compared across runs.
 //!
-//! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--reps N]
-//!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR]
+//! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
+//!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,7 +35,8 @@ struct Args {
     endpoint: PathBuf,
     nodelet: PathBuf,
     out: PathBuf,
-    reps: usize,
+    /// Floor-and-nodelet pairs per scenario (the one-pod scenario always has 10).
+    pairs: usize,
     footprint: Duration,
     containerd_pid: Option<u32>,
     /// Pod counts of the burst and max-pods scenarios (30 and 110; smaller for a smoke run).
@@ -50,7 +51,7 @@ fn args() -> Result<Args> {
         endpoint: PathBuf::from("/var/lib/nodelet-testbed/containerd.sock"),
         nodelet: PathBuf::from("target/release/nodelet"),
         out: PathBuf::from("target/bench"),
-        reps: 3,
+        pairs: 5,
         footprint: Duration::from_secs(60),
         containerd_pid: None,
         sizes: (30, 110),
@@ -63,7 +64,7 @@ fn args() -> Result<Args> {
             "--endpoint" => a.endpoint = PathBuf::from(value.trim_start_matches("unix://")),
             "--nodelet" => a.nodelet = PathBuf::from(value),
             "--out" => a.out = PathBuf::from(value),
-            "--reps" => a.reps = value.parse()?,
+            "--pairs" => a.pairs = value.parse()?,
             "--footprint-secs" => a.footprint = Duration::from_secs(value.parse()?),
             "--containerd-pid" => a.containerd_pid = Some(value.parse()?),
             "--work-dir" => a.work_dir = PathBuf::from(value),
@@ -79,7 +80,11 @@ fn args() -> Result<Args> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 0 => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        n => v[n / 2],
+    }
 }
 
 fn p90(mut v: Vec<f64>) -> f64 {
@@ -210,19 +215,22 @@ fn floor_container(
     })
 }
 
-/// The floor for n pods at a concurrency: (start seconds, teardown seconds).
+/// One run's (start seconds, teardown seconds).
+type Run = (f64, f64);
+
+/// The floor for n pods, started and torn down at these concurrencies.
 async fn floor(
     rt: &RuntimeClient,
     n: usize,
     host_network: bool,
-    concurrency: usize,
+    (start_at, teardown_at): (usize, usize),
     image: &str,
     logs: &Path,
-) -> Result<(f64, f64)> {
+) -> Result<Run> {
     quiesce().await;
     let started = epoch_ns();
     let mut made = Vec::new();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(concurrency) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(start_at) {
         let mut set = JoinSet::new();
         for &i in chunk {
             set.spawn(floor_pod(
@@ -240,7 +248,7 @@ async fn floor(
     let containers: Vec<String> = made.iter().map(|(_, c)| c.clone()).collect();
     let start = seconds_since(started, last_started(rt, &containers).await?);
     let started = Instant::now();
-    for chunk in made.chunks(concurrency) {
+    for chunk in made.chunks(teardown_at) {
         let mut set = JoinSet::new();
         for (sandbox, container) in chunk {
             let (rt, sandbox, container) = (rt.clone(), sandbox.clone(), container.clone());
@@ -260,7 +268,7 @@ async fn floor(
 
 /// The concurrency levels the floor is measured at for n pods: sequential, 2 to 16, and all at
 /// once (what the agent does).
-fn levels(n: usize) -> Vec<usize> {
+fn concurrencies(n: usize) -> Vec<usize> {
     let mut levels: Vec<usize> = [1, 2, 4, 8, 16, n]
         .into_iter()
         .filter(|&c| c <= n)
@@ -269,15 +277,66 @@ fn levels(n: usize) -> Vec<usize> {
     levels
 }
 
-/// The floor's level: the one with the fastest median start over the repetitions, so one lucky
-/// sample does not make the floor.
-fn best_level(samples: &BTreeMap<usize, Vec<(f64, f64)>>) -> usize {
-    let start = |c: &usize| median(samples[c].iter().map(|s| s.0).collect());
+/// The floor's level for one measure (start or teardown seconds): the one with the fastest
+/// median over the selection passes.
+fn best_level(samples: &BTreeMap<usize, Vec<Run>>, measure: impl Fn(&Run) -> f64) -> usize {
+    let at = |c: &usize| median(samples[c].iter().map(&measure).collect());
     samples
         .keys()
         .copied()
-        .min_by(|a, b| start(a).total_cmp(&start(b)))
+        .min_by(|a, b| at(a).total_cmp(&at(b)))
         .unwrap_or(1)
+}
+
+/// One scenario's runs. The floor's levels are first measured in two selection passes (in
+/// rising order, then falling, so drift over the passes falls evenly on them) to find the
+/// fastest for starting and for tearing down. Then the floor at those levels and nodelet run
+/// in pairs, which goes first alternating, and each pair gives one ratio. Pairing takes the
+/// machine's drift out of the ratio, and measuring the floor apart from choosing its level
+/// keeps the luckiest of six noisy levels from becoming the floor.
+struct Scenario {
+    /// Floor (start, teardown) seconds by concurrency, from the selection passes.
+    levels: BTreeMap<usize, Vec<Run>>,
+    start_at: usize,
+    teardown_at: usize,
+    /// (floor, nodelet).
+    pairs: Vec<(Run, Run)>,
+}
+
+async fn scenario(
+    rt: &RuntimeClient,
+    agent: &Agent,
+    (n, host_network, pairs): (usize, bool, usize),
+    image: &str,
+    logs: &Path,
+) -> Result<Scenario> {
+    let mut levels: BTreeMap<usize, Vec<Run>> = BTreeMap::new();
+    let mut order = concurrencies(n);
+    for _ in 0..2 {
+        for &c in &order {
+            let sample = floor(rt, n, host_network, (c, c), image, logs).await?;
+            levels.entry(c).or_default().push(sample);
+        }
+        order.reverse();
+    }
+    let at = (best_level(&levels, |s| s.0), best_level(&levels, |s| s.1));
+    let mut out = Scenario {
+        levels,
+        start_at: at.0,
+        teardown_at: at.1,
+        pairs: Vec::new(),
+    };
+    for i in 0..pairs {
+        let pair = if i % 2 == 0 {
+            let f = floor(rt, n, host_network, at, image, logs).await?;
+            (f, through_nodelet(rt, agent, n, host_network).await?)
+        } else {
+            let node = through_nodelet(rt, agent, n, host_network).await?;
+            (floor(rt, n, host_network, at, image, logs).await?, node)
+        };
+        out.pairs.push(pair);
+    }
+    Ok(out)
 }
 
 fn manifest(i: usize, host_network: bool) -> String {
@@ -431,13 +490,13 @@ async fn quiesce() {
     }
 }
 
-/// nodelet for n pods: (start seconds, teardown seconds).
+/// nodelet for n pods.
 async fn through_nodelet(
     rt: &RuntimeClient,
     agent: &Agent,
     n: usize,
     host_network: bool,
-) -> Result<(f64, f64)> {
+) -> Result<Run> {
     quiesce().await;
     let started = epoch_ns();
     for i in 0..n {
@@ -507,45 +566,31 @@ async fn main() -> Result<()> {
     for host_network in [false, true] {
         let net = if host_network { "hostNetwork" } else { "cni" };
         let (burst, max) = a.sizes;
-        for (scenario, n, reps) in [
+        for (name, n, pairs) in [
             ("one pod x10".to_string(), 1usize, 10usize),
-            (format!("burst of {burst}"), burst, a.reps),
-            (format!("{max} pods"), max, a.reps),
+            (format!("burst of {burst}"), burst, a.pairs),
+            (format!("{max} pods"), max, a.pairs),
         ] {
-            let mut samples: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
-            let (mut nodes, mut node_down) = (Vec::new(), Vec::new());
-            for _ in 0..reps {
-                for c in levels(n) {
-                    let sample = floor(&rt, n, host_network, c, &image, &logs).await?;
-                    samples.entry(c).or_default().push(sample);
-                }
-                let (ns, nt) = through_nodelet(&rt, &agent, n, host_network).await?;
-                nodes.push(ns);
-                node_down.push(nt);
-            }
-            let level = best_level(&samples);
-            let floors: Vec<f64> = samples[&level].iter().map(|s| s.0).collect();
-            let floor_down = samples
-                .values()
-                .map(|v| median(v.iter().map(|s| s.1).collect()))
-                .fold(f64::MAX, f64::min);
-            let added: Vec<f64> = nodes
-                .iter()
-                .zip(&floors)
-                .map(|(n, f)| (n - f) * 1000.0)
-                .collect();
-            let by_level: BTreeMap<String, f64> = samples
+            let run = scenario(&rt, &agent, (n, host_network, pairs), &image, &logs).await?;
+            let each =
+                |pick: fn(&(Run, Run)) -> f64| -> Vec<f64> { run.pairs.iter().map(pick).collect() };
+            let added: Vec<f64> = each(|(f, n)| (n.0 - f.0) * 1000.0);
+            let by_level: BTreeMap<String, f64> = run
+                .levels
                 .iter()
                 .map(|(c, v)| (c.to_string(), median(v.iter().map(|s| s.0).collect())))
                 .collect();
             let row = serde_json::json!({
-                "network": net, "scenario": &scenario, "pods": n, "repetitions": reps,
-                "floor_start_s": median(floors.clone()), "nodelet_start_s": median(nodes.clone()),
-                "floor_concurrency": level, "floor_start_s_by_concurrency": by_level,
-                "start_ratio": median(nodes.clone()) / median(floors).max(1e-9),
+                "network": net, "scenario": &name, "pods": n, "pairs": pairs,
+                "floor_start_s": median(each(|(f, _)| f.0)),
+                "nodelet_start_s": median(each(|(_, n)| n.0)),
+                "floor_concurrency": run.start_at, "floor_start_s_by_concurrency": by_level,
+                "start_ratio": median(each(|(f, n)| n.0 / f.0.max(1e-9))),
                 "added_ms_median": median(added.clone()), "added_ms_p90": p90(added),
-                "floor_teardown_s": floor_down, "nodelet_teardown_s": median(node_down.clone()),
-                "teardown_ratio": median(node_down) / floor_down.max(1e-9),
+                "floor_teardown_s": median(each(|(f, _)| f.1)),
+                "floor_teardown_concurrency": run.teardown_at,
+                "nodelet_teardown_s": median(each(|(_, n)| n.1)),
+                "teardown_ratio": median(each(|(f, n)| n.1 / f.1.max(1e-9))),
             });
             eprintln!("{row}");
             rows.push(row);
@@ -600,7 +645,11 @@ async fn main() -> Result<()> {
             r["added_ms_median"].as_f64().unwrap_or(0.0),
             r["added_ms_p90"].as_f64().unwrap_or(0.0),
             r["teardown_ratio"].as_f64().unwrap_or(0.0),
-            r["floor_concurrency"].as_u64().unwrap_or(0)
+            format!(
+                "{}/{}",
+                r["floor_concurrency"].as_u64().unwrap_or(0),
+                r["floor_teardown_concurrency"].as_u64().unwrap_or(0)
+            )
         );
     }
     println!(
