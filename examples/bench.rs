@@ -580,6 +580,8 @@ async fn main() -> Result<()> {
                 .iter()
                 .map(|(c, v)| (c.to_string(), median(v.iter().map(|s| s.0).collect())))
                 .collect();
+            let selection: BTreeMap<String, &Vec<Run>> =
+                run.levels.iter().map(|(c, v)| (c.to_string(), v)).collect();
             let row = serde_json::json!({
                 "network": net, "scenario": &name, "pods": n, "pairs": pairs,
                 "floor_start_s": median(each(|(f, _)| f.0)),
@@ -591,6 +593,7 @@ async fn main() -> Result<()> {
                 "floor_teardown_concurrency": run.teardown_at,
                 "nodelet_teardown_s": median(each(|(_, n)| n.1)),
                 "teardown_ratio": median(each(|(f, n)| n.1 / f.1.max(1e-9))),
+                "floor_selection_s": selection, "pairs_s": run.pairs,
             });
             eprintln!("{row}");
             rows.push(row);
