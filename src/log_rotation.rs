@@ -77,26 +77,21 @@ pub async fn run(runtime: RuntimeClient, config: Config, cancel: CancellationTok
     );
     let mut ticker = tokio::time::interval(config.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // A container's log path never changes: it is asked of the runtime once per container, not
-    // at every pass (with 110 pods that was 11 ContainerStatus calls a second at idle).
-    let mut paths = HashMap::new();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        if let Err(e) = rotate_all(&runtime, &config, &mut paths).await {
+        if let Err(e) = rotate_all(&runtime, &config).await {
             tracing::warn!(error = %e, "cannot list the containers whose logs to rotate; trying again next interval");
         }
     }
 }
 
-/// One pass over the running containers of this node; `paths` remembers each container's log.
-async fn rotate_all(
-    runtime: &RuntimeClient,
-    config: &Config,
-    paths: &mut HashMap<String, PathBuf>,
-) -> runtime::Result<()> {
+/// One pass over the running containers of this node. A running container's log path is the
+/// runtime client's remembered answer, not asked at every pass (with 110 pods that was 11
+/// ContainerStatus calls a second at idle).
+async fn rotate_all(runtime: &RuntimeClient, config: &Config) -> runtime::Result<()> {
     let pods: HashMap<String, String> = runtime
         .list_sandboxes(None)
         .await?
@@ -105,7 +100,6 @@ async fn rotate_all(
         .map(|sb| (sb.id, format!("{}/{}", sb.namespace, sb.name)))
         .collect();
     let containers = runtime.list_containers(None).await?;
-    paths.retain(|id, _| containers.iter().any(|c| c.id == *id));
     // Only running containers: the others write nothing more, so a fresh empty log would be
     // pointless (upstream's rule).
     for c in containers
@@ -115,19 +109,8 @@ async fn rotate_all(
         let Some(pod) = pods.get(&c.sandbox_id) else {
             continue;
         };
-        let known = paths.get(&c.id).cloned();
-        let path = match known {
-            Some(path) => Ok(path),
-            None => runtime
-                .container_status(&c.id)
-                .await
-                .map(|status| PathBuf::from(status.log_path)),
-        };
-        let path = match path {
-            Ok(path) if !path.as_os_str().is_empty() => {
-                paths.insert(c.id.clone(), path.clone());
-                path
-            }
+        let path = match runtime.log_path(&c.id).await {
+            Ok(path) if !path.as_os_str().is_empty() => path,
             Ok(_) => continue,
             // Gone since the listing.
             Err(e) if e.is_not_found() => continue,

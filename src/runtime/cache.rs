@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::PodRuntime;
@@ -17,7 +19,14 @@ use crate::types::PodUid;
 /// pod's last change. What the runtime does by itself (a container exiting) shows at the next
 /// relist, whose event wakes the pod's worker. Clone freely.
 #[derive(Clone, Default)]
-pub struct PodCache(Arc<Mutex<Cached>>);
+pub struct PodCache(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    cached: Mutex<Cached>,
+    /// Told of every installed relist.
+    installed: watch::Sender<()>,
+}
 
 #[derive(Default)]
 struct Cached {
@@ -30,7 +39,7 @@ struct Cached {
 
 impl PodCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.cached.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The pod's sandboxes and containers (newest first, without status details), or `None`
@@ -42,6 +51,22 @@ impl PodCache {
             return None;
         }
         Some(cached.pods.get(uid).cloned().unwrap_or_default())
+    }
+
+    /// The pod's reading as [`get`](Self::get) gives it, waiting for a relist that shows the
+    /// pod as it is when the latest does not (upstream's GetNewerThan), for at most `within`.
+    pub async fn newer(&self, uid: &PodUid, within: Duration) -> Option<PodRuntime> {
+        let deadline = Instant::now() + within;
+        let mut installed = self.0.installed.subscribe();
+        loop {
+            if let Some(rt) = self.get(uid) {
+                return Some(rt);
+            }
+            tokio::time::timeout_at(deadline, installed.changed())
+                .await
+                .ok()?
+                .ok()?;
+        }
     }
 
     /// Marks the pod changed when the returned guard is dropped: hold it over a sync's calls
@@ -59,6 +84,8 @@ impl PodCache {
         cached.changed.retain(|_, at| *at >= began);
         cached.began = Some(began);
         cached.pods = pods;
+        drop(cached);
+        self.0.installed.send_replace(());
     }
 }
 
@@ -132,5 +159,34 @@ mod tests {
         tokio::time::advance(tick).await;
         cache.install(Instant::now(), pods(&a, "s3"));
         assert_eq!(sandbox(&cache, &a), Some(Some("s3".into())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_pod_waits_for_a_relist_that_began_after_the_change() {
+        let cache = PodCache::default();
+        let a = PodUid("a".into());
+        let wait = Duration::from_secs(2);
+        assert!(cache.newer(&a, wait).await.is_none(), "no relist at all");
+
+        cache.install(Instant::now(), pods(&a, "s1"));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        drop(cache.changing(&a));
+        assert!(
+            cache.newer(&a, wait).await.is_none(),
+            "no relist after the change"
+        );
+
+        let waiting = tokio::spawn({
+            let (cache, a) = (cache.clone(), a.clone());
+            async move {
+                cache
+                    .newer(&a, wait)
+                    .await
+                    .map(|rt| rt.latest_sandbox().map(|s| s.id.clone()))
+            }
+        });
+        tokio::time::advance(Duration::from_millis(500)).await;
+        cache.install(Instant::now(), pods(&a, "s2"));
+        assert_eq!(waiting.await.ok(), Some(Some(Some("s2".into()))));
     }
 }

@@ -94,6 +94,7 @@ struct Details {
     message: String,
     image_ref: String,
     termination_message_file: Option<String>,
+    log_path: String,
 }
 
 impl Details {
@@ -113,6 +114,7 @@ impl Details {
             message: status.message,
             image_ref: status.image_ref,
             termination_message_file,
+            log_path: status.log_path,
         }
     }
 
@@ -351,29 +353,37 @@ impl RuntimeClient {
     /// its state as the status tells; a container gone since the listing keeps the listing's).
     pub async fn with_details(&self, mut listed: PodRuntime) -> Result<PodRuntime> {
         for c in listed.containers.iter_mut() {
-            if c.state == ContainerState::Running {
-                let known = self.settled().running.get(&c.id).map(|(_, d)| d.clone());
-                if let Some(details) = known {
-                    details.apply(c);
-                    continue;
-                }
-            }
-            let asked = Instant::now();
-            match self.container_status(&c.id).await {
-                Ok(status) => {
-                    let details = Details::of(status);
-                    if details.state == ContainerState::Running {
-                        self.settled()
-                            .running
-                            .insert(c.id.clone(), (asked, details.clone()));
-                    }
-                    details.apply(c);
-                }
+            match self
+                .details(&c.id, c.state == ContainerState::Running)
+                .await
+            {
+                Ok(details) => details.apply(c),
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
             }
         }
         Ok(listed)
+    }
+
+    /// A container's status details: remembered from the first answer while it runs
+    /// (`listed_running`: the latest listing shows it running), else asked.
+    async fn details(&self, id: &str, listed_running: bool) -> Result<Details> {
+        if listed_running && let Some((_, details)) = self.settled().running.get(id) {
+            return Ok(details.clone());
+        }
+        let asked = Instant::now();
+        let details = Details::of(self.container_status(id).await?);
+        if details.state == ContainerState::Running {
+            self.settled()
+                .running
+                .insert(id.into(), (asked, details.clone()));
+        }
+        Ok(details)
+    }
+
+    /// The log file of a container a listing shows running (empty when it has none).
+    pub async fn log_path(&self, id: &str) -> Result<std::path::PathBuf> {
+        Ok(self.details(id, true).await?.log_path.into())
     }
 
     pub async fn create_container(
