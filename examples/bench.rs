@@ -112,15 +112,26 @@ fn namespaces(host_network: bool) -> cri::NamespaceOption {
     }
 }
 
+/// Floor runs so far: each run's pods are new pods (a UID, files and cgroups of their own), as
+/// the agent's are, rather than finding the previous run's files and pod cgroups in place.
+static FLOOR_RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One floor pod: its sandbox, its container, and its UID.
+struct FloorPod {
+    sandbox: String,
+    container: String,
+    uid: String,
+}
+
 /// One pod the way nodelet would make it, made directly over CRI.
 async fn floor_pod(
     rt: RuntimeClient,
-    i: usize,
+    (run, i): (usize, usize),
     host_network: bool,
     image: String,
     logs: PathBuf,
-) -> Result<(String, String)> {
-    let uid = format!("floor-{}-{i}", std::process::id());
+) -> Result<FloorPod> {
+    let uid = format!("floor-{}-{run}-{i}", std::process::id());
     let labels: std::collections::HashMap<String, String> =
         [(LABEL_POD_UID.to_string(), uid.clone())].into();
     let sandbox = cri::PodSandboxConfig {
@@ -140,7 +151,7 @@ async fn floor_pod(
         // Marked as another node's, so the nodelet under test leaves the floor's pods alone.
         annotations: [(ANNOTATION_NODE_NAME.to_string(), "bench-floor".to_string())].into(),
         linux: Some(cri::LinuxPodSandboxConfig {
-            cgroup_parent: format!("/{FLOOR_CGROUP_ROOT}/kubepods/besteffort/pod{uid}"),
+            cgroup_parent: format!("/{}", floor_pod_cgroup(&uid)),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespaces(host_network)),
                 ..Default::default()
@@ -153,7 +164,16 @@ async fn floor_pod(
     let container = floor_container(&logs.join(&uid), host_network, image, labels)?;
     let cid = rt.create_container(&id, container, sandbox).await?;
     rt.start_container(&cid).await?;
-    Ok((id, cid))
+    Ok(FloorPod {
+        sandbox: id,
+        container: cid,
+        uid,
+    })
+}
+
+/// A floor pod's cgroup, as nodelet lays out a BestEffort pod's.
+fn floor_pod_cgroup(uid: &str) -> String {
+    format!("{FLOOR_CGROUP_ROOT}/kubepods/besteffort/pod{uid}")
 }
 
 /// The floor's container: what nodelet asks of the runtime for the bench's pod (a BestEffort
@@ -227,6 +247,7 @@ async fn floor(
     image: &str,
     logs: &Path,
 ) -> Result<Run> {
+    let run = FLOOR_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     quiesce().await;
     let started = epoch_ns();
     let mut made = Vec::new();
@@ -235,7 +256,7 @@ async fn floor(
         for &i in chunk {
             set.spawn(floor_pod(
                 rt.clone(),
-                i,
+                (run, i),
                 host_network,
                 image.to_string(),
                 logs.to_path_buf(),
@@ -245,18 +266,24 @@ async fn floor(
             made.push(r??);
         }
     }
-    let containers: Vec<String> = made.iter().map(|(_, c)| c.clone()).collect();
+    let containers: Vec<String> = made.iter().map(|p| p.container.clone()).collect();
     let start = seconds_since(started, last_started(rt, &containers).await?);
     let started = Instant::now();
     for chunk in made.chunks(teardown_at) {
         let mut set = JoinSet::new();
-        for (sandbox, container) in chunk {
-            let (rt, sandbox, container) = (rt.clone(), sandbox.clone(), container.clone());
+        for pod in chunk {
+            let (rt, sandbox, container) = (rt.clone(), pod.sandbox.clone(), pod.container.clone());
+            let (files, cgroup) = (logs.join(&pod.uid), floor_pod_cgroup(&pod.uid));
+            // What a pod's removal needs besides the runtime's work: its files (the logs,
+            // etc-hosts, the termination log) and its cgroup go, as the agent's do.
             set.spawn(async move {
                 rt.stop_container(&container, 30).await?;
                 rt.remove_container(&container).await?;
                 rt.stop_pod_sandbox(&sandbox).await?;
-                rt.remove_pod_sandbox(&sandbox).await
+                rt.remove_pod_sandbox(&sandbox).await?;
+                std::fs::remove_dir_all(&files)?;
+                nodelet::cgroups::remove_tree(&cgroup)?;
+                anyhow::Ok(())
             });
         }
         while let Some(r) = set.join_next().await {
