@@ -886,7 +886,7 @@ impl Syncer {
 
     async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
-        let _changing = self.cache.changing(&uid);
+        let _removing = self.cache.removing(&uid);
         let rt = self.read(&uid).await?;
         self.kill_all(pod, &rt, true).await?;
         volumes::teardown(&self.ctx.root_dir, &uid.0)?;

@@ -15,7 +15,7 @@ use crate::types::PodUid;
 /// details), so that a sync need not list the runtime again (upstream's pod cache). A pod's
 /// reading stands until a sync changes the pod; then it is not served until a relist that
 /// began after the change has ended. Every change the agent makes to a pod is made by a sync
-/// (or its termination), one at a time per pod, so no sync starts from a reading older than its
+/// (or its removal), one at a time per pod, so no sync starts from a reading older than its
 /// pod's last change. What the runtime does by itself (a container exiting) shows at the next
 /// relist, whose event wakes the pod's worker. Clone freely.
 #[derive(Clone, Default)]
@@ -33,8 +33,22 @@ struct Cached {
     /// When the latest relist began; `None` before the first ended.
     began: Option<Instant>,
     pods: HashMap<PodUid, PodRuntime>,
-    /// When a sync that changed the pod last ended, for changes not older than `began`.
-    changed: HashMap<PodUid, Instant>,
+    /// The pods' last changes, those not older than `began`.
+    changed: HashMap<PodUid, Change>,
+}
+
+/// When a sync that changed a pod ended, and whether it removed the pod.
+struct Change {
+    at: Instant,
+    removed: bool,
+}
+
+/// Why the latest relist may not show a pod as it is.
+enum Stale {
+    /// No relist has ended since the agent started, or since a sync changed the pod.
+    Pending,
+    /// The pod was removed since: a pod with its UID now is a new one.
+    Removed,
 }
 
 impl PodCache {
@@ -45,22 +59,31 @@ impl PodCache {
     /// The pod's sandboxes and containers (newest first, without status details), or `None`
     /// when the latest relist may not show the pod as it is.
     pub fn get(&self, uid: &PodUid) -> Option<PodRuntime> {
+        self.reading(uid).ok()
+    }
+
+    fn reading(&self, uid: &PodUid) -> Result<PodRuntime, Stale> {
         let cached = self.lock();
-        let began = cached.began?;
-        if cached.changed.get(uid).is_some_and(|c| *c >= began) {
-            return None;
+        let began = cached.began.ok_or(Stale::Pending)?;
+        match cached.changed.get(uid) {
+            Some(change) if change.at >= began && change.removed => Err(Stale::Removed),
+            Some(change) if change.at >= began => Err(Stale::Pending),
+            _ => Ok(cached.pods.get(uid).cloned().unwrap_or_default()),
         }
-        Some(cached.pods.get(uid).cloned().unwrap_or_default())
     }
 
     /// The pod's reading as [`get`](Self::get) gives it, waiting for a relist that shows the
-    /// pod as it is when the latest does not (upstream's GetNewerThan), for at most `within`.
+    /// pod as it is when a sync changed it since the latest (upstream's GetNewerThan), for at
+    /// most `within`. A pod removed since (a new pod with the UID of one just removed, as a
+    /// static pod put back) is not waited for: `None` at once.
     pub async fn newer(&self, uid: &PodUid, within: Duration) -> Option<PodRuntime> {
         let deadline = Instant::now() + within;
         let mut installed = self.0.installed.subscribe();
         loop {
-            if let Some(rt) = self.get(uid) {
-                return Some(rt);
+            match self.reading(uid) {
+                Ok(rt) => return Some(rt),
+                Err(Stale::Removed) => return None,
+                Err(Stale::Pending) => {}
             }
             tokio::time::timeout_at(deadline, installed.changed())
                 .await
@@ -75,13 +98,23 @@ impl PodCache {
         Changing {
             cache: self.clone(),
             uid: uid.clone(),
+            removing: false,
+        }
+    }
+
+    /// Marks the pod removed when the returned guard is dropped, as [`changing`](Self::changing).
+    pub fn removing(&self, uid: &PodUid) -> Changing {
+        Changing {
+            cache: self.clone(),
+            uid: uid.clone(),
+            removing: true,
         }
     }
 
     /// Installs a relist's reading; `began` is when its first listing was asked.
     pub fn install(&self, began: Instant, pods: HashMap<PodUid, PodRuntime>) {
         let mut cached = self.lock();
-        cached.changed.retain(|_, at| *at >= began);
+        cached.changed.retain(|_, change| change.at >= began);
         cached.began = Some(began);
         cached.pods = pods;
         drop(cached);
@@ -89,16 +122,20 @@ impl PodCache {
     }
 }
 
-/// Marks a pod changed in the [`PodCache`] when dropped.
+/// Marks a pod changed (or removed) in the [`PodCache`] when dropped.
 pub struct Changing {
     cache: PodCache,
     uid: PodUid,
+    removing: bool,
 }
 
 impl Drop for Changing {
     fn drop(&mut self) {
-        let now = Instant::now();
-        self.cache.lock().changed.insert(self.uid.clone(), now);
+        let change = Change {
+            at: Instant::now(),
+            removed: self.removing,
+        };
+        self.cache.lock().changed.insert(self.uid.clone(), change);
     }
 }
 
@@ -188,5 +225,11 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         cache.install(Instant::now(), pods(&a, "s2"));
         assert_eq!(waiting.await.ok(), Some(Some(Some("s2".into()))));
+
+        // A pod put back with the UID of one just removed is a new pod: it does not wait.
+        let started = Instant::now();
+        drop(cache.removing(&a));
+        assert!(cache.newer(&a, wait).await.is_none());
+        assert_eq!(Instant::now(), started, "no wait for a removed pod");
     }
 }
