@@ -37,7 +37,7 @@ struct Cached {
     changed: HashMap<PodUid, Change>,
 }
 
-/// When a sync that changed a pod ended, and whether it removed the pod.
+/// When the agent's last change to a pod ended (a sync's changes, or its removal), and which.
 struct Change {
     at: Instant,
     removed: bool,
