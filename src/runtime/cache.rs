@@ -64,11 +64,12 @@ impl PodCache {
 
     fn reading(&self, uid: &PodUid) -> Result<PodRuntime, Stale> {
         let cached = self.lock();
-        let began = cached.began.ok_or(Stale::Pending)?;
+        cached.began.ok_or(Stale::Pending)?;
+        // `changed` keeps only changes since the latest relist began.
         match cached.changed.get(uid) {
-            Some(change) if change.at >= began && change.removed => Err(Stale::Removed),
-            Some(change) if change.at >= began => Err(Stale::Pending),
-            _ => Ok(cached.pods.get(uid).cloned().unwrap_or_default()),
+            Some(change) if change.removed => Err(Stale::Removed),
+            Some(_) => Err(Stale::Pending),
+            None => Ok(cached.pods.get(uid).cloned().unwrap_or_default()),
         }
     }
 
@@ -131,11 +132,13 @@ pub struct Changing {
 
 impl Drop for Changing {
     fn drop(&mut self) {
+        // Timed under the lock, so no change is older than an installed relist's beginning.
+        let mut cached = self.cache.lock();
         let change = Change {
             at: Instant::now(),
             removed: self.removing,
         };
-        self.cache.lock().changed.insert(self.uid.clone(), change);
+        cached.changed.insert(self.uid.clone(), change);
     }
 }
 
