@@ -16,7 +16,10 @@ export NODELET_TESTBED
 
 TESTBED := bash hack/testbed.sh
 
-.PHONY: help deps runtime-up images registries runtime-down build test run bench fuzz clean
+# The upstream control plane's binaries, built from Go modules and cached by version.
+K8S_BIN = $(shell bash hack/k8s/build.sh bin)
+
+.PHONY: help deps runtime-up images registries runtime-down k8s nextest check build test run cluster bench fuzz clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
@@ -24,9 +27,12 @@ help:
 	@echo "make images        build and import localhost/pause:local and localhost/busybox:local"
 	@echo "make registries    start the two loopback image registries (open, basic auth) and push to them"
 	@echo "make runtime-down  stop the test bed and its registries, and clean up after them"
+	@echo "make k8s           build (once per version) etcd, kube-apiserver, controller manager, scheduler, kubectl"
+	@echo "make check         rustfmt, clippy (warnings are errors) and shellcheck"
 	@echo "make build         cargo build --locked (target dir $(TARGET_DIR))"
 	@echo "make test          run the tests against the test bed, then tear it down"
 	@echo "make run           run nodelet in the foreground against the test bed"
+	@echo "make cluster       a control plane plus one nodelet joined to it, in the foreground"
 	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench)"
 	@echo "make fuzz          run the cargo-fuzz target over manifest decoding (FUZZ_SECONDS, default 300)"
 	@echo "make clean         cargo clean"
@@ -49,19 +55,49 @@ runtime-down:
 build:
 	cargo build --locked
 
+# Builds the control plane once per version, and puts its kubectl first on PATH in place of
+# Debian's much older one.
+k8s: deps
+	@bash hack/k8s/build.sh bin >/dev/null
+	@ln -sf "$(K8S_BIN)/kubectl" /usr/local/bin/kubectl
+
+# The suite runs one test per process (tests share nothing); cargo test would not.
+nextest:
+	@cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest
+
+check: deps
+	cargo fmt --check
+	cargo clippy --all-targets --locked -- -D warnings
+	shellcheck hack/*.sh hack/k8s/*.sh
+
 # Always tears the test bed down (also after a failure or Ctrl-C: the trap only
 # keeps the shell alive), and exits with the tests' status (or, when the tests
 # passed, with the tear-down's).
-test: deps runtime-up images registries
-	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1; \
+test: deps nextest k8s runtime-up images registries
+	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1 K8S_BIN="$(K8S_BIN)"; \
 	trap : INT TERM; \
-	if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --locked; else cargo test --locked; fi; \
+	cargo nextest run --locked; \
 	status=$$?; trap - INT TERM; \
 	$(TESTBED) down || { echo "make test: test bed tear-down failed" >&2; [ $$status -ne 0 ] || status=1; }; \
 	exit $$status
 
 run: deps runtime-up images build
 	$(TARGET_DIR)/debug/nodelet --pod-manifest-path $(CURDIR)/manifests \
+		--container-runtime-endpoint unix://$(NODELET_TESTBED)/containerd.sock \
+		--root-dir $(NODELET_TESTBED)/kubelet \
+		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \
+		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
+		--hostname-override nodelet-dev --cgroup-root /nodelet-dev
+
+# The control plane lives in $(NODELET_TESTBED)/clusters/dev until `make runtime-down`.
+CLUSTER_DIR := $(NODELET_TESTBED)/clusters/dev
+cluster: deps k8s runtime-up images build
+	@bash hack/k8s/cluster.sh down $(CLUSTER_DIR)
+	@bash hack/k8s/cluster.sh up $(CLUSTER_DIR) --controllers
+	@bash hack/k8s/cluster.sh node $(CLUSTER_DIR) nodelet-dev >/dev/null
+	@echo "cluster: kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig get nodes,pods -A"
+	$(TARGET_DIR)/debug/nodelet --kubeconfig $(CLUSTER_DIR)/nodes/nodelet-dev.kubeconfig \
+		--pod-manifest-path $(CURDIR)/manifests \
 		--container-runtime-endpoint unix://$(NODELET_TESTBED)/containerd.sock \
 		--root-dir $(NODELET_TESTBED)/kubelet \
 		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \

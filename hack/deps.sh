@@ -4,7 +4,8 @@
 set -euo pipefail
 
 pkgs=(containerd runc containernetworking-plugins busybox-static iptables
-      protobuf-compiler gcc libc6-dev iproute2 python3 openssl skopeo apache2-utils)
+      protobuf-compiler gcc libc6-dev iproute2 python3 openssl skopeo apache2-utils
+      curl shellcheck)
 
 missing=()
 for p in "${pkgs[@]}"; do

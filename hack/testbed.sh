@@ -772,6 +772,8 @@ cmd_up() {
 cmd_down() {
     lock
     bash "$HERE/registry.sh" down || log "warning: the test registries did not stop cleanly"
+    # Control planes that tests (or `make cluster`) left running, before their nodes' pods go.
+    bash "$HERE/k8s/cluster.sh" down-all "$TB/clusters" || log "warning: a control plane did not stop cleanly"
     teardown
     log "down"
 }
