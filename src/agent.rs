@@ -18,7 +18,8 @@ use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
 use crate::sources::{file, http};
 use crate::sync_loop::{self, SyncLoop};
-use crate::{pleg, probe, server, status, types::SourceSnapshot};
+use crate::types::{Source, SourceSnapshot};
+use crate::{pleg, probe, server, status};
 
 /// How long nodelet waits for the runtime at start.
 const RUNTIME_WAIT: Duration = Duration::from_secs(30);
@@ -80,6 +81,11 @@ pub(crate) struct Core {
     events: mpsc::Receiver<pleg::Event>,
     probes: mpsc::UnboundedReceiver<probe::Update>,
     runtime: crate::runtime::RuntimeClient,
+    /// What the node has, and what it gives to pods.
+    capacity: crate::types::Allocatable,
+    allocatable: crate::types::Allocatable,
+    /// The runtime's name and version, as it reports them.
+    runtime_version: (String, String),
 }
 
 impl Core {
@@ -264,6 +270,9 @@ impl Core {
             events,
             probes,
             runtime,
+            capacity,
+            allocatable,
+            runtime_version: (version.runtime_name, version.runtime_version),
         }))
     }
 
@@ -321,7 +330,9 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     let Some(mut core) = Core::connect(&config, &cancel).await? else {
         return Ok(None);
     };
+    let mut pressure_rx = None;
     if let Some((manager, pressure)) = core.eviction.take() {
+        pressure_rx = Some(pressure.subscribe());
         let (evictions, ready) = core.sync_loop.eviction_handles();
         core.tracker
             .spawn(manager.run(ready, pressure, evictions, cancel.clone()));
@@ -455,6 +466,26 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     core.tracker.spawn(return_freed_memory(cancel.clone()));
 
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
+    if let Some(kubeconfig) = &config.kubeconfig {
+        let handles = crate::cluster::Handles {
+            signals: crate::cluster::node::Signals {
+                pleg: core.pleg_health.clone(),
+                pressure: pressure_rx
+                    .unwrap_or_else(|| tokio::sync::watch::channel(Pressure::default()).1),
+            },
+            statuses: core.status.clone(),
+            desired: core.sync_loop.desired(),
+            snapshots: snapshots_tx.clone(),
+        };
+        crate::cluster::start(
+            cluster_config(&config, &core, kubeconfig),
+            handles,
+            &core.tracker,
+            &cancel,
+        )
+        .await
+        .context("cannot join the cluster (--kubeconfig)")?;
+    }
     if let Some(path) = &config.static_pod_path {
         tracing::info!(path = %path.display(), "watching static pod manifests");
         core.tracker.spawn(file::run(
@@ -501,6 +532,44 @@ async fn return_freed_memory(cancel: CancellationToken) {
         unsafe {
             libc::malloc_trim(0);
         }
+    }
+}
+
+fn cluster_config(
+    config: &Config,
+    core: &Core,
+    kubeconfig: &std::path::Path,
+) -> crate::cluster::Config {
+    let static_sources = [
+        config.static_pod_path.as_ref().map(|_| Source::File),
+        config.static_pod_url.as_ref().map(|_| Source::Http),
+    ];
+    crate::cluster::Config {
+        kubeconfig: kubeconfig.to_path_buf(),
+        qps: config.kube_api_qps,
+        burst: config.kube_api_burst,
+        node: crate::cluster::node::Config {
+            name: config.node_name.clone(),
+            labels: config.node_labels.clone(),
+            taints: config.register_with_taints.clone(),
+            register: config.register_node,
+            update_frequency: config.node_status_update_frequency,
+            report_frequency: config.node_status_report_frequency,
+            port: if config.enable_server { config.port } else { 0 },
+            internal_ip: config
+                .node_ip
+                .or_else(detect_node_ip)
+                .map(|ip| ip.to_string()),
+            hostname: config.node_name.clone(),
+            capacity: core.capacity,
+            allocatable: core.allocatable,
+            info: crate::cluster::node::system_info(
+                &core.runtime_version.0,
+                &core.runtime_version.1,
+            ),
+        },
+        lease_duration_seconds: config.node_lease_duration_seconds,
+        static_sources: static_sources.into_iter().flatten().collect(),
     }
 }
 

@@ -12,12 +12,14 @@
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
 //! and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles
 //! only; `agent` and `run_once` are the only places that wire everything together; `cli` is the
-//! client of the agent's admin socket.
+//! client of the agent's admin socket; `cluster` (cluster mode: node registration, lease, the
+//! API pod source, status and mirror pods) holds read handles and feeds the mux like a source.
 
 pub mod agent;
 pub mod backoff;
 pub mod cgroups;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod events;
 pub mod eviction;

@@ -65,8 +65,10 @@ fn main() -> ExitCode {
         },
     };
     init_tracing(loaded.config.verbosity, loaded.config.run_once);
-    if let Some(kubeconfig) = &loaded.config.kubeconfig {
-        tracing::warn!(kubeconfig = %kubeconfig.display(), "cluster mode is not implemented yet; running standalone on the static pod sources");
+    if let Some(kubeconfig) = &loaded.config.kubeconfig
+        && loaded.config.run_once
+    {
+        tracing::warn!(kubeconfig = %kubeconfig.display(), "run-once mode reads only the static pod sources; --kubeconfig is ignored");
     }
     for field in &loaded.ignored_fields {
         tracing::warn!(field = %field, "config file field is accepted but not acted on yet");

@@ -1,4 +1,5 @@
-//! ConfigMaps and Secrets beside static pods: the validated objects sources deliver, a store of
+//! The data sources offer pods: ConfigMaps and Secrets (beside static pods, or from the API
+//! server) and, from the API server, service account tokens. The validated objects, a store of
 //! them per source (one [`Writer`], the sync loop; cloneable [`Reader`]s, the pod sync), and which
 //! objects a pod refers to. Values are never logged: `Debug` shows keys only.
 
@@ -19,6 +20,8 @@ pub const MAX_OBJECT_BYTES: usize = 1024 * 1024;
 pub enum Kind {
     ConfigMap,
     Secret,
+    /// A service account token issued for one pod (see [`token_name`]).
+    ServiceAccountToken,
 }
 
 impl Kind {
@@ -27,6 +30,7 @@ impl Kind {
         match self {
             Kind::ConfigMap => "configmap",
             Kind::Secret => "secret",
+            Kind::ServiceAccountToken => "service account token",
         }
     }
 }
@@ -36,6 +40,7 @@ impl fmt::Display for Kind {
         f.write_str(match self {
             Kind::ConfigMap => "ConfigMap",
             Kind::Secret => "Secret",
+            Kind::ServiceAccountToken => "ServiceAccountToken",
         })
     }
 }
@@ -179,6 +184,71 @@ pub fn secret(secret: Secret) -> Result<Object, Vec<String>> {
     check_keys(&mut p, "stringData", strings.keys());
     data.extend(strings.into_iter().map(|(k, v)| (k, v.into_bytes())));
     finish(Kind::Secret, secret.metadata, data, BTreeSet::new(), p)
+}
+
+/// The key of a service account token's one file.
+pub const TOKEN_KEY: &str = "token";
+
+/// The store name of the token issued for the pod `uid` with this expiry and audience (empty:
+/// the API server's own).
+pub fn token_name(uid: &str, expiration_seconds: i64, audience: &str) -> String {
+    format!("{uid}/{expiration_seconds}/{audience}")
+}
+
+/// A service account token issued to a pod, as an object of its namespace.
+pub fn token(namespace: &str, name: &str, token: &str) -> Object {
+    Object {
+        kind: Kind::ServiceAccountToken,
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        data: BTreeMap::from([(TOKEN_KEY.to_string(), token.as_bytes().to_vec())]),
+        binary: BTreeSet::new(),
+    }
+}
+
+/// A token a pod's projected volumes ask for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TokenRequest {
+    /// The token's name in the store ([`token_name`]).
+    pub name: String,
+    pub service_account: String,
+    /// Empty: the API server's own audiences.
+    pub audience: String,
+    pub expiration_seconds: i64,
+}
+
+/// How long a projected token lives when the pod does not say (the API server's default).
+pub const TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+
+/// The tokens `pod`'s projected volumes ask for.
+pub fn token_requests(pod: &Pod) -> Vec<TokenRequest> {
+    let s = spec(pod);
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let account = s
+        .service_account_name
+        .clone()
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| "default".into());
+    let mut out: Vec<TokenRequest> = s
+        .volumes
+        .iter()
+        .flatten()
+        .flat_map(|v| v.projected.iter().flat_map(|p| p.sources.iter().flatten()))
+        .filter_map(|p| p.service_account_token.as_ref())
+        .map(|t| {
+            let audience = t.audience.clone().unwrap_or_default();
+            let expiration = t.expiration_seconds.unwrap_or(TOKEN_EXPIRATION_SECONDS);
+            TokenRequest {
+                name: token_name(uid, expiration, &audience),
+                service_account: account.clone(),
+                audience,
+                expiration_seconds: expiration,
+            }
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// An object's identity in the store: kind, namespace, name.
@@ -337,6 +407,11 @@ pub fn references(pod: &Pod) -> BTreeSet<(Kind, String)> {
             }
         }
     }
+    out.extend(
+        token_requests(pod)
+            .into_iter()
+            .map(|t| (Kind::ServiceAccountToken, t.name)),
+    );
     out
 }
 

@@ -130,6 +130,18 @@ impl Health {
     pub fn runtime_error(&self) -> Option<String> {
         self.0.borrow().error.clone()
     }
+
+    /// A health that just relisted, for tests of its readers.
+    #[cfg(test)]
+    pub(crate) fn healthy_for_tests() -> Health {
+        Health(
+            watch::channel(Relist {
+                succeeded: Instant::now(),
+                error: None,
+            })
+            .1,
+        )
+    }
 }
 
 /// Delays between relists while the runtime does not answer: 100 ms doubling to 5 s.

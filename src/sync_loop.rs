@@ -51,6 +51,13 @@ impl Default for Config {
     }
 }
 
+/// The pods the sources want, and which sources have delivered their first snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct Desired {
+    pub pods: Vec<Arc<Pod>>,
+    pub ready: Vec<Source>,
+}
+
 /// The loop's state.
 pub struct SyncLoop<S> {
     config: Config,
@@ -75,6 +82,8 @@ pub struct SyncLoop<S> {
     evictions: (mpsc::Sender<Eviction>, mpsc::Receiver<Eviction>),
     /// Becomes true once the sources' first pods are handled (the eviction manager waits).
     ready: watch::Sender<bool>,
+    /// The desired pods after every snapshot (the mirror pod manager reads them).
+    desired: watch::Sender<Desired>,
     tracker: TaskTracker,
 }
 
@@ -98,6 +107,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             evicted: HashMap::new(),
             evictions: mpsc::channel(4),
             ready: watch::channel(false).0,
+            desired: watch::channel(Desired::default()).0,
             tracker,
             syncer,
             next_resync: HashMap::new(),
@@ -110,6 +120,11 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// What the eviction manager needs: where to send evictions, and when to start.
     pub fn eviction_handles(&self) -> (mpsc::Sender<Eviction>, watch::Receiver<bool>) {
         (self.evictions.0.clone(), self.ready.subscribe())
+    }
+
+    /// A handle that sees the desired pods after every snapshot.
+    pub fn desired(&self) -> watch::Receiver<Desired> {
+        self.desired.subscribe()
     }
 
     /// A handle that sees the time of the loop's last iteration, for health checks.
@@ -178,6 +193,19 @@ impl<S: PodSyncer> SyncLoop<S> {
             if !terminate && self.rejected.contains(&uid) {
                 continue;
             }
+            // A pod the API already records as finished (it ran here before a restart, or
+            // elsewhere) never starts again; it stays as it is until it leaves its source.
+            if !terminate && !self.workers.contains(&uid) && is_finished(pod) {
+                self.rejected.insert(uid);
+                continue;
+            }
+            // A pod being deleted is never started (again): its worker, if any, terminates it.
+            if !terminate
+                && !self.workers.contains(&uid)
+                && pod.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
             if !terminate
                 && !self.workers.contains(&uid)
                 && let Some((reason, message)) = self.admit(pod)
@@ -231,6 +259,13 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
         // The pods are admitted before any pressure is observed.
         self.ready.send_replace(true);
+        self.desired.send_replace(Desired {
+            pods: self.mux.desired().cloned().collect(),
+            ready: [Source::File, Source::Http, Source::Api]
+                .into_iter()
+                .filter(|s| self.mux.is_ready(*s))
+                .collect(),
+        });
         if changed.is_empty() {
             return;
         }
@@ -388,7 +423,14 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 }
 
-/// A number in [0, 1) for resync jitter; quality does not matter, only spread.
+/// Is the pod's phase (as its source gives it) Succeeded or Failed?
+fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
 /// Upstream's refusal when `requested` on top of `used` exceeds `capacity` (cpu is shown in
 /// millicores).
 fn exceeds(
@@ -420,6 +462,7 @@ fn exceeds(
     ))
 }
 
+/// A number in [0, 1) for resync jitter; quality does not matter, only spread.
 fn fastrand_unit() -> f64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -96,6 +96,21 @@ pub fn full_name(pod: &Pod) -> String {
     )
 }
 
+/// An error with its causes, each once: `outer: cause: root cause`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        src = s.source();
+    }
+    out
+}
+
 /// The current time as a Kubernetes timestamp (RFC 3339 when displayed).
 pub fn now() -> k8s_openapi::jiff::Timestamp {
     let nanos = std::time::SystemTime::now()

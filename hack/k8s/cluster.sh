@@ -43,11 +43,20 @@ PY
 
 # ---------------------------------------------------------------- PKI
 
-# A key pair (ECDSA P-256) and a certificate signed by the cluster CA.
-issue() { # pki name subject [extension lines]
+# A private key: ECDSA P-256, or RSA 2048 (kubeadm's default) with `rsa`.
+new_key() { # path [rsa]
+    if [[ ${2:-} == rsa ]]; then
+        (umask 077 && openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$1" 2>/dev/null)
+    else
+        (umask 077 && openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null |
+            openssl pkcs8 -topk8 -nocrypt -out "$1")
+    fi
+}
+
+# A key pair and a certificate signed by the cluster CA.
+issue() { # pki name subject extension-lines [rsa]
     local pki=$1 name=$2 subj=$3 ext=$4
-    (umask 077 && openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null |
-        openssl pkcs8 -topk8 -nocrypt -out "$pki/$name.key")
+    new_key "$pki/$name.key" "${5:-}"
     openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
     printf '%b\n' "$ext" > "$pki/$name.ext"
     openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
@@ -62,21 +71,21 @@ make_pki() { # pki
     local pki=$1
     mkdir -p "$pki"
     chmod 0700 "$pki"
-    (umask 077 && openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null |
-        openssl pkcs8 -topk8 -nocrypt -out "$pki/ca.key")
+    new_key "$pki/ca.key"
     openssl req -x509 -new -key "$pki/ca.key" -subj "/CN=nodelet-test-ca" -days 3650 -sha256 \
         -addext "basicConstraints=critical,CA:TRUE" \
         -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
         -out "$pki/ca.crt" 2>/dev/null
+    # RSA, as kubeadm makes it: small TLS clients in test containers (busybox wget) speak no
+    # ECDSA.
     issue "$pki" apiserver "/CN=kube-apiserver" \
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" rsa
     issue "$pki" admin "/O=system:masters/CN=kubernetes-admin" "$client_ext"
     issue "$pki" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client_ext"
     issue "$pki" controller-manager "/CN=system:kube-controller-manager" "$client_ext"
     issue "$pki" scheduler "/CN=system:kube-scheduler" "$client_ext"
     # Signs and verifies service account tokens.
-    (umask 077 && openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null |
-        openssl pkcs8 -topk8 -nocrypt -out "$pki/sa.key")
+    new_key "$pki/sa.key"
     openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
 

@@ -22,7 +22,7 @@ pub enum Kind {
 pub struct Field {
     /// The KubeletConfiguration field name (also the key for flag-only knobs).
     pub name: &'static str,
-    /// The upstream kubelet flag name, without dashes.
+    /// The upstream kubelet flag name, without dashes; empty for knobs of the file only.
     pub flag: &'static str,
     /// Whether the config file may set it (some upstream knobs are flags only).
     pub in_file: bool,
@@ -255,6 +255,62 @@ pub const FIELDS: &[Field] = &[
         "kubeconfig of the API server to join (cluster mode)",
     ),
     field(
+        "kubeAPIQPS",
+        "kube-api-qps",
+        true,
+        Scalar,
+        "Requests per second to the API server [default 50]",
+    ),
+    field(
+        "kubeAPIBurst",
+        "kube-api-burst",
+        true,
+        Scalar,
+        "Requests to the API server allowed at once above kube-api-qps [default 100]",
+    ),
+    field(
+        "contentType",
+        "kube-api-content-type",
+        true,
+        Scalar,
+        "Content type of requests to the API server; nodelet speaks JSON whatever is asked [default application/vnd.kubernetes.protobuf]",
+    ),
+    field(
+        "registerNode",
+        "register-node",
+        true,
+        Bool,
+        "Register the node with the API server [default true]",
+    ),
+    field(
+        "registerWithTaints",
+        "register-with-taints",
+        true,
+        List,
+        "Taints the node registers with (key=value:Effect,...)",
+    ),
+    field(
+        "nodeStatusUpdateFrequency",
+        "node-status-update-frequency",
+        true,
+        Scalar,
+        "How often the node status is computed and sent when it changed [default 10s]",
+    ),
+    field(
+        "nodeStatusReportFrequency",
+        "",
+        true,
+        Scalar,
+        "How often the node status is sent when it did not change [default 5m]",
+    ),
+    field(
+        "nodeLeaseDurationSeconds",
+        "",
+        true,
+        Scalar,
+        "Duration of the node's Lease; it is renewed every quarter of it [default 40]",
+    ),
+    field(
         "runOnce",
         "run-once",
         false,
@@ -471,10 +527,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "featureGates",
     "logging",
     "memorySwap",
-    "nodeLeaseDurationSeconds",
-    "nodeStatusReportFrequency",
-    "nodeStatusUpdateFrequency",
-    "registerNode",
     "rotateCertificates",
     "shutdownGracePeriod",
     "shutdownGracePeriodCriticalPods",

@@ -144,8 +144,26 @@ fn scalar(v: &Value) -> Result<String, String> {
 
 fn string_list(v: &Value) -> Result<Vec<String>, String> {
     match v {
-        Value::Array(items) => items.iter().map(scalar).collect(),
+        Value::Array(items) => items.iter().map(list_item).collect(),
         other => Ok(vec![scalar(other)?]),
+    }
+}
+
+/// A list item: a value, or a taint object (`registerWithTaints`) as its flag text
+/// `key=value:Effect`.
+fn list_item(v: &Value) -> Result<String, String> {
+    let Value::Object(m) = v else {
+        return scalar(v);
+    };
+    let text = |k: &str| m.get(k).and_then(Value::as_str);
+    match (text("key"), text("value"), text("effect")) {
+        (Some(key), Some(value), Some(effect)) if !value.is_empty() => {
+            Ok(format!("{key}={value}:{effect}"))
+        }
+        (Some(key), _, Some(effect)) => Ok(format!("{key}:{effect}")),
+        _ => Err(format!(
+            "expected a value or a taint {{key, value, effect}}, found {v}"
+        )),
     }
 }
 

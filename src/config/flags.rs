@@ -14,7 +14,7 @@ pub fn command() -> Command {
         .disable_help_subcommand(true)
         // Like the kubelet's flag parser: a flag given again overrides the earlier value.
         .args_override_self(true);
-    for f in FIELDS {
+    for f in FIELDS.iter().filter(|f| !f.flag.is_empty()) {
         let mut arg = Arg::new(f.name).long(f.flag).help(f.help);
         arg = match f.kind {
             Kind::Scalar => arg.num_args(1),
@@ -43,7 +43,7 @@ pub fn command() -> Command {
 /// The knobs set on the command line, as raw text; problems found are appended to `errors`.
 pub fn to_raw(matches: &ArgMatches, errors: &mut Vec<String>) -> Raw {
     let mut raw = Raw::new();
-    for f in FIELDS {
+    for f in FIELDS.iter().filter(|f| !f.flag.is_empty()) {
         let Some(values) = matches.get_many::<String>(f.name) else {
             continue;
         };

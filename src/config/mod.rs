@@ -27,6 +27,39 @@ pub enum CgroupDriver {
     Systemd,
 }
 
+/// A taint of `--register-with-taints`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taint {
+    pub key: String,
+    pub value: Option<String>,
+    /// NoSchedule, PreferNoSchedule or NoExecute.
+    pub effect: String,
+}
+
+/// Parses `key=value:Effect` or `key:Effect`, as the kubelet's flag does.
+fn taint(s: &str) -> Result<Taint, String> {
+    let (kv, effect) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not key=value:Effect"))?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return Err(format!(
+            "{s:?}: effect {effect:?} is not NoSchedule, PreferNoSchedule or NoExecute"
+        ));
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (kv, None),
+    };
+    if !crate::pod::is_qualified_name(key) {
+        return Err(format!("{s:?}: key {key:?} is not a qualified name"));
+    }
+    Ok(Taint {
+        key: key.to_string(),
+        value,
+        effect: effect.to_string(),
+    })
+}
+
 /// The report format of run-once mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunOnceOutput {
@@ -70,6 +103,15 @@ pub struct Config {
     pub read_only_port: u16,
     pub address: IpAddr,
     pub kubeconfig: Option<PathBuf>,
+    /// Requests per second to the API server, and the burst above it.
+    pub kube_api_qps: f64,
+    pub kube_api_burst: u32,
+    pub register_node: bool,
+    /// `key=value:Effect` taints the node registers with, checked.
+    pub register_with_taints: Vec<Taint>,
+    pub node_status_update_frequency: Duration,
+    pub node_status_report_frequency: Duration,
+    pub node_lease_duration_seconds: u32,
     pub run_once: bool,
     pub run_once_timeout: Duration,
     pub run_once_output: RunOnceOutput,
@@ -144,6 +186,15 @@ impl Config {
                 "anonymous": {"enabled": self.anonymous_auth},
             },
             "authorization": {"mode": "AlwaysAllow"},
+            "kubeAPIQPS": self.kube_api_qps,
+            "kubeAPIBurst": self.kube_api_burst,
+            "registerNode": self.register_node,
+            "registerWithTaints": self.register_with_taints.iter().map(|t| serde_json::json!({
+                "key": t.key, "value": t.value, "effect": t.effect,
+            })).collect::<Vec<_>>(),
+            "nodeStatusUpdateFrequency": d(self.node_status_update_frequency),
+            "nodeStatusReportFrequency": d(self.node_status_report_frequency),
+            "nodeLeaseDurationSeconds": self.node_lease_duration_seconds,
         });
         let more = serde_json::json!({
             "cgroupRoot": self.cgroup_root,
@@ -273,7 +324,8 @@ struct Reader<'a> {
 impl Reader<'_> {
     fn label(name: &str) -> String {
         match by_name(name) {
-            Some(f) => format!("{name} (--{})", f.flag),
+            Some(f) if !f.flag.is_empty() => format!("{name} (--{})", f.flag),
+            Some(_) => format!("{name} (config file)"),
             None => name.to_string(),
         }
     }
@@ -549,6 +601,37 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         read_only_port: r.port("readOnlyPort", 0),
         address: r.ip("address", None).unwrap_or(IpAddr::from([0, 0, 0, 0])),
         kubeconfig: r.path("kubeconfig"),
+        kube_api_qps: r.parsed("kubeAPIQPS", 50.0, |s| match s.trim().parse::<f64>() {
+            Ok(n) if n > 0.0 && n.is_finite() => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        }),
+        kube_api_burst: r.parsed("kubeAPIBurst", 100, |s| match s.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        }),
+        register_node: r.bool("registerNode", true),
+        register_with_taints: {
+            let mut taints = Vec::new();
+            for s in r.list("registerWithTaints") {
+                match taint(&s) {
+                    Ok(t) => taints.push(t),
+                    Err(msg) => r
+                        .problems
+                        .push(format!("{}: {msg}", Reader::label("registerWithTaints"))),
+                }
+            }
+            taints
+        },
+        node_status_update_frequency: r
+            .positive_duration("nodeStatusUpdateFrequency", Duration::from_secs(10)),
+        node_status_report_frequency: r
+            .positive_duration("nodeStatusReportFrequency", Duration::from_secs(300)),
+        node_lease_duration_seconds: r.parsed("nodeLeaseDurationSeconds", 40, |s| {
+            match s.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{s:?} is not a positive number of seconds")),
+            }
+        }),
         run_once: r.bool("runOnce", false),
         run_once_timeout: r.positive_duration("runOnceTimeout", Duration::from_secs(600)),
         run_once_output: r.parsed("runOnceOutput", RunOnceOutput::Text, |s| match s {
@@ -665,6 +748,17 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             "tlsCertFile (--tls-cert-file) and tlsPrivateKeyFile (--tls-private-key-file): give both or neither"
                 .into(),
         );
+    }
+    if let Some(RawValue::Scalar(t)) = raw.get("contentType")
+        && !matches!(
+            t.as_str(),
+            "application/json" | "application/vnd.kubernetes.protobuf"
+        )
+    {
+        r.problems.push(format!(
+            "{}: {t:?} is not application/json or application/vnd.kubernetes.protobuf",
+            Reader::label("contentType")
+        ));
     }
     if config.exit_on_lock_contention && config.lock_file.is_none() {
         r.problems

@@ -19,6 +19,23 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
         })
 }
 
+/// Is `s` a qualified name (an optional DNS-1123 subdomain prefix and `/`, then 1 to 63
+/// alphanumerics, '-', '_' or '.', starting and ending alphanumeric), as label and taint keys are?
+pub fn is_qualified_name(s: &str) -> bool {
+    let name = match s.split_once('/') {
+        Some((prefix, name)) if is_dns1123_subdomain(prefix) => name,
+        Some(_) => return false,
+        None => s,
+    };
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
 /// Is `key` a valid ConfigMap or Secret key (`[-._a-zA-Z0-9]+`, not `.`, `..` or `..`-prefixed)?
 pub fn is_config_key(key: &str) -> bool {
     !key.is_empty()

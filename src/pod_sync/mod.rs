@@ -124,20 +124,6 @@ fn start_slots() -> usize {
     STARTS_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-fn display_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        src = s.source();
-    }
-    out
-}
-
 /// The components a [`Syncer`] drives besides the runtime.
 pub struct Parts {
     /// The PLEG's latest reading of the runtime.
@@ -447,8 +433,11 @@ impl Syncer {
             resource_field: &resource_field,
         };
         let volumes = volumes::setup(pod, &self.ctx.root_dir, &inputs).inspect_err(|e| {
-            self.events
-                .warning(Target::pod(pod), "FailedMount", display_chain(e))
+            self.events.warning(
+                Target::pod(pod),
+                "FailedMount",
+                crate::types::error_chain(e),
+            )
         })?;
         self.cgroups.ensure_pod(pod)?;
         let host_dns = network::host_dns(self.ctx.resolv_conf.as_deref());
@@ -553,7 +542,7 @@ impl Syncer {
             match result {
                 Ok(()) => self.record_waiting(&uid, &start.name, None),
                 Err(e) => {
-                    let message = display_chain(&e);
+                    let message = crate::types::error_chain(&e);
                     let reason = e.waiting_reason();
                     // A failed pull is retried when its backoff ends; the sync after the
                     // failure (a second later) shows ImagePullBackOff until then.
@@ -1035,13 +1024,15 @@ impl PodSyncer for Syncer {
                 {
                     let _ = self.update_status(&pod, &rt).await;
                 }
-                Err(display_chain(&e))
+                Err(crate::types::error_chain(&e))
             }
         }
     }
 
     async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
-        self.terminate(&pod).await.map_err(|e| display_chain(&e))
+        self.terminate(&pod)
+            .await
+            .map_err(|e| crate::types::error_chain(&e))
     }
 
     async fn reject_pod(&self, pod: Arc<Pod>, reason: &str, message: &str) {
@@ -1066,7 +1057,7 @@ impl PodSyncer for Syncer {
             .runtime
             .list_sandboxes(None)
             .await
-            .map_err(|e| display_chain(&e))?;
+            .map_err(|e| crate::types::error_chain(&e))?;
         let mut seen = std::collections::HashSet::new();
         Ok(sandboxes
             .into_iter()

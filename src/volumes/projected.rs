@@ -1,7 +1,9 @@
 //! The files of configMap, secret, downwardAPI and projected volumes: which keys become which
 //! files with which modes, as upstream computes them.
 
-use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    DownwardAPIVolumeFile, KeyToPath, Pod, ServiceAccountTokenProjection, Volume,
+};
 
 use super::Inputs;
 use super::atomic::{File, Payload};
@@ -111,6 +113,41 @@ fn downward_files(
     Ok(())
 }
 
+/// The token the API server issued for this pod and projection.
+fn token_file(
+    pod: &Pod,
+    projection: &ServiceAccountTokenProjection,
+    mode: i32,
+    view: &View,
+    out: &mut Payload,
+) -> Result<(), String> {
+    let name = crate::objects::token_name(
+        pod.metadata.uid.as_deref().unwrap_or_default(),
+        projection
+            .expiration_seconds
+            .unwrap_or(crate::objects::TOKEN_EXPIRATION_SECONDS),
+        projection.audience.as_deref().unwrap_or_default(),
+    );
+    let token = view
+        .get(Kind::ServiceAccountToken, &name)
+        .and_then(|t| t.data.get(crate::objects::TOKEN_KEY).cloned())
+        .ok_or_else(|| {
+            let account = crate::pod::spec(pod)
+                .service_account_name
+                .as_deref()
+                .unwrap_or("default");
+            format!("the token of service account {account:?} is not issued yet")
+        })?;
+    out.insert(
+        projection.path.clone(),
+        File {
+            bytes: token,
+            mode: mode as u32,
+        },
+    );
+    Ok(())
+}
+
 /// The files of a configMap, secret, downwardAPI or projected volume; `None` for other kinds.
 pub fn payload(pod: &Pod, v: &Volume, inputs: &Inputs<'_>) -> Option<Result<Payload, String>> {
     let mut out = Payload::new();
@@ -157,8 +194,10 @@ pub fn payload(pod: &Pod, v: &Volume, inputs: &Inputs<'_>) -> Option<Result<Payl
             } else if let Some(d) = &source.downward_api {
                 let items = d.items.as_deref().unwrap_or_default();
                 downward_files(pod, items, mode, inputs, &mut out)
+            } else if let Some(t) = &source.service_account_token {
+                token_file(pod, t, mode, view, &mut out)
             } else {
-                Err("only configMap, secret and downwardAPI sources can be projected by a node without an API server".into())
+                Err("only configMap, secret, downwardAPI and serviceAccountToken sources can be projected".into())
             }
         })
     } else {

@@ -401,7 +401,21 @@ impl Node {
 
     /// Waits until the container's log (any restart) contains `needle`, and returns the log.
     pub async fn wait_log(&self, pod: &str, container: &str, needle: &str) -> String {
-        let prefix = format!("default_{}_", self.pod_name(pod));
+        self.wait_log_of("default", &self.pod_name(pod), container, needle)
+            .await
+    }
+
+    /// Waits until the log of `namespace/name`'s container holds `needle` (any pod of this
+    /// node, static or from the API), and returns the log.
+    pub async fn wait_log_of(
+        &self,
+        namespace: &str,
+        name: &str,
+        container: &str,
+        needle: &str,
+    ) -> String {
+        let prefix = format!("{namespace}_{name}_");
+        let pod = format!("{namespace}/{name}");
         let what = format!("{needle:?} in the log of {pod}/{container}");
         eventually(&what, Duration::from_secs(60), || async {
             let text = read_logs(&self.pod_logs(), &prefix, container);

@@ -4,8 +4,10 @@
 mod admin;
 mod bed;
 mod cgroups;
+mod cluster;
 mod config;
 mod config_data;
+mod control_plane;
 mod cri;
 mod eviction;
 mod healthz;

@@ -1,0 +1,158 @@
+//! The API server as a pod source: a watch of the pods bound to this node (list, then watch with
+//! bookmarks; a relist when the watch is too old), fed to the mux as source `api` with the
+//! ConfigMaps, Secrets and tokens those pods use. Mirror pods are not run; they stay in the
+//! shared store for the mirror and status managers.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::objects::Referenced;
+
+use crate::pod::{ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN, ANNOTATION_CONFIG_SOURCE};
+use crate::types::{Source, SourceSnapshot};
+
+/// The pods bound to this node as the API server has them, mirror pods included; and a counter
+/// bumped whenever the store changed.
+#[derive(Clone)]
+pub struct Bound {
+    pub store: Store<Pod>,
+    pub changed: watch::Receiver<u64>,
+}
+
+/// Is this pod a mirror pod (the API's view of a static pod)?
+pub fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ANNOTATION_CONFIG_MIRROR))
+}
+
+/// The events that arrive together are handled as one snapshot: a burst of pods bound at once
+/// is one merge.
+const BATCH: usize = 256;
+
+/// A watch of the pods bound to `node`: returns the shared store and the task that feeds it and
+/// sends a snapshot of the pods to run, with the API data they refer to, whenever either
+/// changes (the first one once the initial list is complete, which makes the source ready).
+pub fn watch(
+    client: kube::Client,
+    node: &str,
+    snapshots: mpsc::Sender<SourceSnapshot>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+) -> (Bound, impl Future<Output = ()> + Send + 'static) {
+    let (store, writer) = reflector::store::<Pod>();
+    let (changed_tx, changed) = watch::channel(0u64);
+    let api: Api<Pod> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let node = node.to_string();
+    let reader = store.clone();
+    let task = async move {
+        let mut stream = watcher(api, config)
+            .default_backoff()
+            .reflect(writer)
+            .ready_chunks(BATCH)
+            .boxed();
+        let mut referenced = Referenced::new(client, tracker, cancel.clone());
+        let objects_changed = referenced.changed();
+        let mut seen: HashMap<String, String> = HashMap::new();
+        let mut listed = false;
+        let mut renew: Option<Instant> = None;
+        loop {
+            let far = Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                batch = stream.next() => match batch {
+                    Some(batch) => {
+                        let pods_changed = handle(batch, &node, &mut listed);
+                        if pods_changed {
+                            changed_tx.send_modify(|n| *n += 1);
+                        } else {
+                            continue;
+                        }
+                    }
+                    None => return,
+                },
+                _ = objects_changed.notified() => {}
+                _ = tokio::time::sleep_until(renew.unwrap_or(far)) => {}
+            }
+            if !listed {
+                continue;
+            }
+            let pods = to_run(&reader, &mut seen);
+            referenced.follow(&pods);
+            renew = referenced.issue_tokens(&pods).await;
+            let snapshot = SourceSnapshot {
+                source: Source::Api,
+                pods,
+                objects: referenced.objects(),
+            };
+            if snapshots.send(snapshot).await.is_err() {
+                return;
+            }
+        }
+    };
+    (Bound { store, changed }, task)
+}
+
+/// Logs the watch's errors; true when the pods changed (or the first list completed).
+fn handle(
+    batch: Vec<Result<watcher::Event<Pod>, watcher::Error>>,
+    node: &str,
+    listed: &mut bool,
+) -> bool {
+    let mut changed = false;
+    for event in batch {
+        match event {
+            Ok(watcher::Event::InitDone) => {
+                *listed = true;
+                changed = true;
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => changed = true,
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Err(e) => {
+                tracing::warn!(node = %node, error = %crate::types::error_chain(&e), "the watch of this node's pods failed; retrying")
+            }
+        }
+    }
+    changed
+}
+
+/// The pods of the store that this node runs (not the mirror pods), with the source's local
+/// annotations: `config.source: api` and the time each was first seen.
+fn to_run(store: &Store<Pod>, seen: &mut HashMap<String, String>) -> Vec<Pod> {
+    let now = crate::types::now().to_string();
+    let pods: Vec<Pod> = store
+        .state()
+        .into_iter()
+        .filter(|p| !is_mirror(p))
+        .map(|p| {
+            let mut pod = (*p).clone();
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let first = seen.entry(uid).or_insert_with(|| now.clone()).clone();
+            let annotations = pod
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            annotations.insert(ANNOTATION_CONFIG_SOURCE.into(), Source::Api.as_str().into());
+            annotations.insert(ANNOTATION_CONFIG_SEEN.into(), first);
+            pod
+        })
+        .collect();
+    let present: HashSet<&str> = pods
+        .iter()
+        .filter_map(|p| p.metadata.uid.as_deref())
+        .collect();
+    seen.retain(|uid, _| present.contains(uid.as_str()));
+    pods
+}

@@ -1,0 +1,219 @@
+//! The status manager: pushes each pod's status to the API server when it changed (an API pod's
+//! own status, a static pod's to its mirror pod), and deletes an API pod that is being deleted
+//! once nothing of it is left on the node.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use tokio_util::sync::CancellationToken;
+
+use super::pods::{Bound, is_mirror};
+use crate::pod::{ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SOURCE};
+use crate::status;
+use crate::types::{PodUid, Source, full_name};
+
+/// How often every status is looked at even without a change (upstream: 10 s).
+const RESYNC: Duration = Duration::from_secs(10);
+
+/// The API pod a status goes to: its namespace, name and UID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Target {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// Where the status of `pod` goes: the pod itself for an API pod, its mirror pod (when there is
+/// one) for a static pod.
+fn target(pod: &Pod, bound: &Bound) -> Option<Target> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    match annotation(pod, ANNOTATION_CONFIG_SOURCE).and_then(Source::parse) {
+        Some(Source::Api) => Some(Target {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            namespace,
+            name,
+        }),
+        Some(Source::File | Source::Http) => {
+            let hash = annotation(pod, ANNOTATION_CONFIG_HASH)?;
+            let mirror = bound.store.find(|m| {
+                is_mirror(m)
+                    && m.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && m.metadata.name.as_deref() == Some(name.as_str())
+                    && annotation(m, ANNOTATION_CONFIG_MIRROR) == Some(hash)
+                    && m.metadata.deletion_timestamp.is_none()
+            })?;
+            Some(Target {
+                uid: mirror.metadata.uid.clone().unwrap_or_default(),
+                namespace,
+                name,
+            })
+        }
+        None => None,
+    }
+}
+
+/// Runs until `cancel`.
+pub async fn run(
+    client: kube::Client,
+    mut statuses: status::Reader,
+    mut bound: Bound,
+    cancel: CancellationToken,
+) {
+    // The status version last pushed to each target (by the target's UID).
+    let mut pushed: HashMap<String, u64> = HashMap::new();
+    loop {
+        let entries = statuses.list();
+        let mut live = std::collections::HashSet::new();
+        for entry in &entries {
+            let Some(target) = target(&entry.pod, &bound) else {
+                continue;
+            };
+            live.insert(target.uid.clone());
+            if pushed.get(&target.uid) == Some(&entry.version) {
+                continue;
+            }
+            if push(&client, &target, &entry.pod).await {
+                pushed.insert(target.uid, entry.version);
+            }
+        }
+        pushed.retain(|uid, _| live.contains(uid));
+        delete_finished(&client, &statuses, &bound).await;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = statuses.changed() => {}
+            Ok(()) = bound.changed.changed() => {}
+            _ = tokio::time::sleep(RESYNC) => {}
+        }
+    }
+}
+
+/// Patches the target's status; true when the API server took it.
+async fn push(client: &kube::Client, target: &Target, pod: &Pod) -> bool {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &target.namespace);
+    // The UID makes the patch fail on a pod of the same name that is not the one meant.
+    let patch = serde_json::json!({
+        "metadata": {"uid": target.uid},
+        "status": with_clears(pod),
+    });
+    match pods
+        .patch_status(
+            &target.name,
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(pod = %full_name(pod), "pushed the pod status");
+            true
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+            tracing::debug!(pod = %full_name(pod), reason = %e.message, "the pod's API object is gone or replaced; its status is not pushed");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(pod = %full_name(pod), error = %crate::types::error_chain(&e), "cannot push the pod status");
+            false
+        }
+    }
+}
+
+/// The status as a strategic merge patch: conditions merge by type, so the fields a condition
+/// no longer has, and the pod's reason and message once they are gone, are cleared explicitly.
+fn with_clears(pod: &Pod) -> serde_json::Value {
+    let mut status = serde_json::to_value(&pod.status).unwrap_or_default();
+    let clear = |object: &mut serde_json::Map<String, serde_json::Value>, keys: &[&str]| {
+        for key in keys {
+            object
+                .entry(key.to_string())
+                .or_insert(serde_json::Value::Null);
+        }
+    };
+    if let Some(object) = status.as_object_mut() {
+        clear(object, &["reason", "message"]);
+        if let Some(conditions) = object
+            .get_mut("conditions")
+            .and_then(serde_json::Value::as_array_mut)
+        {
+            for c in conditions
+                .iter_mut()
+                .filter_map(serde_json::Value::as_object_mut)
+            {
+                clear(c, &["reason", "message"]);
+            }
+        }
+    }
+    status
+}
+
+/// API pods being deleted whose every trace is gone from the node (the pod sync forgot them)
+/// are deleted for good, with grace 0 and their UID as precondition, as upstream.
+async fn delete_finished(client: &kube::Client, statuses: &status::Reader, bound: &Bound) {
+    let finished = bound.store.state_filter(|p| {
+        p.metadata.deletion_timestamp.is_some()
+            && !is_mirror(p)
+            && statuses
+                .get(&PodUid(p.metadata.uid.clone().unwrap_or_default()))
+                .is_none()
+    });
+    for pod in finished {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match pods.delete(&name, &params).await {
+            Ok(_) => {
+                tracing::info!(pod = %full_name(&pod), "pod terminated on the node; deleted it from the API")
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(pod = %full_name(&pod), error = %crate::types::error_chain(&e), "cannot delete the terminated pod from the API")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_a_condition_lost_are_cleared_in_the_patch() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady", "message": "m"}
+            ]}
+        }))
+        .unwrap();
+        let patch = with_clears(&pod);
+        assert_eq!(patch["conditions"][0]["reason"], serde_json::Value::Null);
+        assert!(
+            patch["conditions"][0]
+                .as_object()
+                .unwrap()
+                .contains_key("message")
+        );
+        assert_eq!(patch["conditions"][1]["reason"], "ContainersNotReady");
+        assert!(patch.as_object().unwrap().contains_key("message"));
+        assert_eq!(patch["phase"], "Running");
+    }
+}

@@ -1,0 +1,556 @@
+//! Cluster mode against a real control plane: registration, lease, API pods, status, graceful
+//! deletion, mirror pods, and an API server that goes away.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node as ApiNode, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+
+use crate::bed::{BUSYBOX, FOREVER, Node, eventually, pod_yaml};
+use crate::control_plane::{ControlPlane, client_for, condition, phase};
+
+/// Starts nodelet as node `t-<test>` joined to `cp`, with quick status updates and a short
+/// lease (renewed every second), plus `extra` flags.
+async fn join(cp: &ControlPlane, test: &str, extra: &[&str]) -> Node {
+    let kubeconfig = cp.node_kubeconfig(&format!("t-{test}"));
+    let config = cp.dir.join(format!("{test}-kubelet.yaml"));
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 4\n",
+    )
+    .expect("write the kubelet config");
+    let mut args = vec![
+        "--kubeconfig".to_string(),
+        kubeconfig.display().to_string(),
+        "--config".to_string(),
+        config.display().to_string(),
+        "--node-status-update-frequency=1s".to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Node::start(test, &args).await
+}
+
+/// A pod bound to `node`, from YAML with the node name filled in.
+fn bound_pod(yaml: &str, node: &str) -> Pod {
+    let mut pod: Pod = serde_yaml_ng::from_str(yaml).expect("the test pod parses");
+    pod.spec.as_mut().expect("a spec").node_name = Some(node.to_string());
+    pod
+}
+
+async fn lease_renewed(leases: &Api<Lease>, node: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    let lease = leases.get_opt(node).await.ok().flatten()?;
+    lease.spec?.renew_time.map(|t| t.0)
+}
+
+#[tokio::test]
+async fn a_node_registers_renews_its_lease_and_comes_back_when_deleted() {
+    let cp = ControlPlane::start("register", false).await;
+    let node = join(
+        &cp,
+        "register",
+        &[
+            "--node-labels=team=blue",
+            "--register-with-taints=dedicated=test:NoSchedule",
+        ],
+    )
+    .await;
+    let nodes = cp.nodes();
+    let ready = eventually(
+        "the node registers Ready",
+        Duration::from_secs(60),
+        || async {
+            let n = nodes.get_opt(&node.name).await.ok().flatten()?;
+            let ready = n
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then_some(n)
+        },
+    )
+    .await;
+
+    let json = cp.kubectl_ok(&["get", "node", &node.name, "-o", "json"]);
+    let got: serde_json::Value = serde_json::from_str(&json).expect("node json");
+    let labels = &got["metadata"]["labels"];
+    assert_eq!(labels["kubernetes.io/hostname"], node.name.as_str());
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert!(labels["kubernetes.io/arch"].is_string());
+    assert_eq!(labels["team"], "blue");
+    let taint = &got["spec"]["taints"][0];
+    assert_eq!(
+        (&taint["key"], &taint["value"], &taint["effect"]),
+        (
+            &serde_json::json!("dedicated"),
+            &serde_json::json!("test"),
+            &serde_json::json!("NoSchedule")
+        )
+    );
+    let status = &got["status"];
+    for resource in ["cpu", "memory", "ephemeral-storage", "pods"] {
+        assert!(
+            status["capacity"][resource].is_string(),
+            "capacity {resource}: {status}"
+        );
+        assert!(
+            status["allocatable"][resource].is_string(),
+            "allocatable {resource}"
+        );
+    }
+    assert_eq!(status["capacity"]["pods"], "110");
+    let info = &status["nodeInfo"];
+    assert!(
+        info["containerRuntimeVersion"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("containerd://")
+    );
+    assert!(
+        info["kubeletVersion"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("v1.")
+    );
+    for field in ["bootID", "kernelVersion", "osImage", "machineID"] {
+        assert!(
+            !info[field].as_str().unwrap_or("").is_empty(),
+            "nodeInfo.{field}: {info}"
+        );
+    }
+    assert_eq!(info["operatingSystem"], "linux");
+    assert!(status["daemonEndpoints"]["kubeletEndpoint"]["Port"].is_number());
+    let addresses = status["addresses"].as_array().expect("addresses");
+    assert!(
+        addresses
+            .iter()
+            .any(|a| a["type"] == "Hostname" && a["address"] == node.name.as_str())
+    );
+    assert!(addresses.iter().any(|a| a["type"] == "InternalIP"));
+    let conditions = status["conditions"].as_array().expect("conditions");
+    for (kind, state, reason) in [
+        ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+        ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+        ("PIDPressure", "False", "KubeletHasSufficientPID"),
+        ("Ready", "True", "KubeletReady"),
+    ] {
+        let c = conditions
+            .iter()
+            .find(|c| c["type"] == kind)
+            .unwrap_or_else(|| panic!("condition {kind}"));
+        assert_eq!(
+            (c["status"].as_str(), c["reason"].as_str()),
+            (Some(state), Some(reason))
+        );
+    }
+
+    // The lease is held by the node, owned by it, and renewed.
+    let leases: Api<Lease> = Api::namespaced(cp.admin.clone(), "kube-node-lease");
+    let first = eventually("the lease exists", Duration::from_secs(30), || {
+        lease_renewed(&leases, &node.name)
+    })
+    .await;
+    eventually("the lease is renewed", Duration::from_secs(30), || async {
+        lease_renewed(&leases, &node.name)
+            .await
+            .filter(|t| *t > first)
+    })
+    .await;
+    let uid = ready.metadata.uid.clone().expect("node uid");
+    let lease = leases.get(&node.name).await.expect("the lease");
+    assert_eq!(
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref()),
+        Some(node.name.as_str())
+    );
+    assert_eq!(
+        lease.spec.as_ref().and_then(|s| s.lease_duration_seconds),
+        Some(4)
+    );
+    let owner = &lease.metadata.owner_references.expect("owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Node", uid.as_str())
+    );
+
+    // NodeRestriction: the node's identity may not touch another node or make plain pods.
+    let other = format!("{}-other", node.name);
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value::<ApiNode>(serde_json::json!({"metadata": {"name": other}}))
+                .expect("a node"),
+        )
+        .await
+        .expect("the admin creates another node");
+    let as_node = client_for(&cp.node_kubeconfig(&node.name)).await;
+    let nodes_as_node: Api<ApiNode> = Api::all(as_node.clone());
+    let patch = serde_json::json!({"metadata": {"labels": {"stolen": "yes"}}});
+    match nodes_as_node
+        .patch(&other, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => panic!("patching another node must be forbidden, got {other:?}"),
+    }
+    let plain = bound_pod(&pod_yaml("plain", &[("c", FOREVER)], ""), &node.name);
+    match Api::<Pod>::namespaced(as_node, "default")
+        .create(&PostParams::default(), &plain)
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => panic!("a node creating a plain pod must be forbidden, got {other:?}"),
+    }
+
+    // A deleted Node is registered again.
+    nodes
+        .delete(&node.name, &DeleteParams::default())
+        .await
+        .expect("delete the node");
+    eventually(
+        "the node is registered again",
+        Duration::from_secs(60),
+        || async {
+            let n = nodes.get_opt(&node.name).await.ok().flatten()?;
+            (n.metadata.uid.as_deref() != Some(uid.as_str())).then_some(())
+        },
+    )
+    .await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn api_pods_run_report_their_status_and_are_deleted_gracefully() {
+    let cp = ControlPlane::start("apipods", true).await;
+    let node = join(&cp, "apipods", &[]).await;
+    let marks = node.path("marks");
+    let pods = cp.pods("default");
+    let graceful = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: graceful
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 30
+  volumes:
+  - name: marks
+    hostPath: {{path: {marks}, type: DirectoryOrCreate}}
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command:
+    - sh
+    - -c
+    - trap 'echo > /marks/term; sleep 2; echo > /marks/done; exit 0' TERM; while true; do sleep 1; done
+    lifecycle:
+      preStop:
+        exec: {{command: [sh, -c, "echo > /marks/prestop"]}}
+    volumeMounts: [{{name: marks, mountPath: /marks}}]
+"#,
+        marks = marks.display()
+    );
+    pods.create(&PostParams::default(), &bound_pod(&graceful, &node.name))
+        .await
+        .expect("create the pod");
+    let running = cp
+        .wait_pod("default", "graceful", "Running and Ready", |p| {
+            phase(p) == "Running" && condition(p, "Ready")
+        })
+        .await;
+    let status = running.status.expect("status");
+    assert!(status.pod_ip.is_some_and(|ip| !ip.is_empty()));
+    assert!(status.host_ip.is_some_and(|ip| !ip.is_empty()));
+    assert!(status.start_time.is_some());
+    let c = &status.container_statuses.expect("container statuses")[0];
+    assert!(
+        c.ready
+            && c.container_id
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("containerd://")
+    );
+    let wide = cp.kubectl_ok(&["get", "pod", "graceful", "-o", "wide"]);
+    assert!(
+        wide.contains("Running") && wide.contains(&node.name),
+        "{wide}"
+    );
+
+    // A pod that does not fit is refused, and the API says so.
+    let greedy = pod_yaml(
+        "greedy",
+        &[("c", FOREVER)],
+        "  automountServiceAccountToken: false\n",
+    )
+    .replace(
+        "    command:",
+        "    resources: {requests: {cpu: \"1000\"}}\n    command:",
+    );
+    pods.create(&PostParams::default(), &bound_pod(&greedy, &node.name))
+        .await
+        .expect("create the greedy pod");
+    let refused = cp
+        .wait_pod("default", "greedy", "Failed", |p| phase(p) == "Failed")
+        .await;
+    assert_eq!(
+        refused.status.and_then(|s| s.reason).as_deref(),
+        Some("OutOfcpu")
+    );
+
+    // Deletion: preStop, then SIGTERM with the grace period to finish, then gone from the API.
+    cp.kubectl_ok(&["delete", "pod", "graceful", "--wait=false"]);
+    cp.wait_pod_gone("default", "graceful").await;
+    for mark in ["prestop", "term", "done"] {
+        assert!(
+            marks.join(mark).exists(),
+            "the container never wrote /marks/{mark}"
+        );
+    }
+    cp.kubectl_ok(&["delete", "pod", "greedy", "--wait=false"]);
+    cp.wait_pod_gone("default", "greedy").await;
+    node.finish().await;
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+#[tokio::test]
+async fn static_pods_are_mirrored_in_the_api() {
+    let cp = ControlPlane::start("mirror", false).await;
+    let node = join(&cp, "mirror", &[]).await;
+    node.write_manifest("web.yaml", &pod_yaml("web", &[("c", FOREVER)], ""));
+    let name = node.pod_name("web");
+    let mirror = cp
+        .wait_pod("default", &name, "mirrored and Running", |p| {
+            phase(p) == "Running"
+        })
+        .await;
+    let hash = annotation(&mirror, "kubernetes.io/config.mirror")
+        .expect("the mirror annotation")
+        .to_string();
+    assert_eq!(
+        annotation(&mirror, "kubernetes.io/config.hash"),
+        Some(hash.as_str())
+    );
+    let owner = &mirror.metadata.owner_references.clone().expect("owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Node", node.name.as_str())
+    );
+
+    // Deleted through the API: it comes back, and the static pod keeps running.
+    let uid = mirror.metadata.uid.clone().expect("uid");
+    cp.kubectl_ok(&["delete", "pod", &name, "--wait=false"]);
+    cp.wait_pod("default", &name, "mirrored again", |p| {
+        p.metadata.uid.as_deref() != Some(uid.as_str()) && p.metadata.deletion_timestamp.is_none()
+    })
+    .await;
+    let (sandbox, _) = node.wait_running("web", 1).await;
+
+    // Edited: the mirror follows the new version.
+    node.write_manifest(
+        "web.yaml",
+        &pod_yaml("web", &[("c", &format!("echo v2; {FOREVER}"))], ""),
+    );
+    cp.wait_pod("default", &name, "mirroring the edit", |p| {
+        annotation(p, "kubernetes.io/config.mirror").is_some_and(|h| h != hash)
+            && phase(p) == "Running"
+    })
+    .await;
+    node.wait_gone(&sandbox.uid, Duration::from_secs(60)).await;
+
+    // Removed with the manifest.
+    node.remove_manifest("web.yaml");
+    cp.wait_pod_gone("default", &name).await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn static_pods_keep_running_while_the_api_server_is_away() {
+    let cp = ControlPlane::start("outage", false).await;
+    let node = join(&cp, "outage", &[]).await;
+    node.write_manifest("a.yaml", &pod_yaml("a", &[("c", FOREVER)], ""));
+    let (before, _) = node.wait_running("a", 1).await;
+    cp.wait_pod("default", &node.pod_name("a"), "mirrored", |p| {
+        phase(p) == "Running"
+    })
+    .await;
+
+    cp.stop("kube-apiserver");
+    node.write_manifest("b.yaml", &pod_yaml("b", &[("c", FOREVER)], ""));
+    node.wait_running("b", 1).await;
+    let (still, _) = node.wait_running("a", 1).await;
+    assert_eq!(still.id, before.id, "pod a was restarted during the outage");
+
+    cp.start_again("kube-apiserver");
+    let leases: Api<Lease> = Api::namespaced(cp.admin.clone(), "kube-node-lease");
+    let back = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "the lease is renewed after the outage",
+        Duration::from_secs(60),
+        || async {
+            lease_renewed(&leases, &node.name)
+                .await
+                .filter(|t| *t > back)
+        },
+    )
+    .await;
+    cp.wait_pod(
+        "default",
+        &node.pod_name("b"),
+        "mirrored after the outage",
+        |p| phase(p) == "Running",
+    )
+    .await;
+    node.finish().await;
+}
+
+/// The kubectl the control plane was built with (a static binary, mounted into test pods).
+fn kubectl_binary(cp: &ControlPlane) -> String {
+    let env = std::fs::read_to_string(cp.dir.join("env")).expect("the cluster env");
+    let bin = env
+        .lines()
+        .find_map(|l| l.strip_prefix("BIN="))
+        .expect("BIN in the cluster env");
+    format!("{bin}/kubectl")
+}
+
+#[tokio::test]
+async fn a_deployment_runs_through_the_scheduler_with_its_token_configmap_and_secret() {
+    let cp = ControlPlane::start("deploy", true).await;
+    let node = join(&cp, "deploy", &[]).await;
+    let env = std::fs::read_to_string(cp.dir.join("env")).expect("the cluster env");
+    let server = env
+        .lines()
+        .find_map(|l| l.strip_prefix("SERVER="))
+        .expect("SERVER in the cluster env");
+    let config = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {greeting: hello}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: creds}
+stringData: {password: s3cret}
+"#;
+    let file = cp.dir.join("deploy-objects.yaml");
+    std::fs::write(&file, config).expect("write the objects");
+    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
+    // Every replica asks the API server who it is with its projected token and CA, through a
+    // kubectl mounted from the host, and prints its settings.
+    let deployment = format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      hostNetwork: true
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      terminationGracePeriodSeconds: 5
+      volumes:
+      - name: kubectl
+        hostPath: {{path: {kubectl}, type: File}}
+      - name: settings
+        configMap: {{name: settings}}
+      containers:
+      - name: c
+        image: {BUSYBOX}
+        env:
+        - {{name: PASSWORD, valueFrom: {{secretKeyRef: {{name: creds, key: password}}}}}}
+        volumeMounts:
+        - {{name: kubectl, mountPath: /kubectl}}
+        - {{name: settings, mountPath: /settings}}
+        command:
+        - sh
+        - -c
+        - |
+          sa=/var/run/secrets/kubernetes.io/serviceaccount
+          /kubectl --server={server} --token="$(cat $sa/token)" --certificate-authority=$sa/ca.crt auth whoami -o jsonpath='whoami={{.status.userInfo.username}}{{"\n"}}'
+          echo "password=$PASSWORD"
+          trap 'exit 0' TERM
+          while true; do echo "greeting=$(cat /settings/greeting)"; sleep 1; done
+"#,
+        node = node.name,
+        kubectl = kubectl_binary(&cp),
+    );
+    let file = cp.dir.join("deploy.yaml");
+    std::fs::write(&file, deployment).expect("write the deployment");
+    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
+
+    let pods = cp.pods("default");
+    let running = eventually(
+        "three replicas Running and Ready on the node",
+        Duration::from_secs(120),
+        || async {
+            let list = pods
+                .list(&kube::api::ListParams::default().labels("app=web"))
+                .await
+                .ok()?;
+            let ready: Vec<Pod> = list
+                .items
+                .into_iter()
+                .filter(|p| phase(p) == "Running" && condition(p, "Ready"))
+                .collect();
+            (ready.len() == 3).then_some(ready)
+        },
+    )
+    .await;
+    for pod in &running {
+        let status = pod.status.as_ref().expect("status");
+        assert_eq!(
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            Some(node.name.as_str())
+        );
+        assert!(status.host_ip.is_some() && status.pod_ip.is_some() && status.start_time.is_some());
+    }
+    let wide = cp.kubectl_ok(&["get", "pods", "-l", "app=web", "-o", "wide"]);
+    assert_eq!(wide.matches("Running").count(), 3, "{wide}");
+
+    let name = running[0].metadata.name.clone().expect("a name");
+    let log = node
+        .wait_log_of("default", &name, "c", "greeting=hello")
+        .await;
+    assert!(
+        log.contains("whoami=system:serviceaccount:default:default"),
+        "the token did not authenticate the pod: {log}"
+    );
+    assert!(log.contains("password=s3cret"), "{log}");
+
+    // A ConfigMap update reaches the running pods' volumes.
+    cp.kubectl_ok(&[
+        "patch",
+        "configmap",
+        "settings",
+        "--type=merge",
+        "-p",
+        r#"{"data":{"greeting":"bonjour"}}"#,
+    ]);
+    node.wait_log_of("default", &name, "c", "greeting=bonjour")
+        .await;
+
+    cp.kubectl_ok(&["delete", "deployment", "web", "--wait=false"]);
+    for pod in &running {
+        let name = pod.metadata.name.clone().expect("a name");
+        cp.wait_pod_gone("default", &name).await;
+    }
+    node.finish().await;
+}
