@@ -476,6 +476,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             statuses: core.status.clone(),
             desired: core.sync_loop.desired(),
             snapshots: snapshots_tx.clone(),
+            recorder: core.recorder.clone(),
         };
         crate::cluster::start(
             cluster_config(&config, &core, kubeconfig),
@@ -548,6 +549,8 @@ fn cluster_config(
         kubeconfig: kubeconfig.to_path_buf(),
         qps: config.kube_api_qps,
         burst: config.kube_api_burst,
+        event_qps: config.event_record_qps,
+        event_burst: config.event_burst,
         node: crate::cluster::node::Config {
             name: config.node_name.clone(),
             labels: config.node_labels.clone(),

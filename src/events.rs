@@ -1,7 +1,8 @@
 //! Kubernetes-style events about pods (Pulled, Created, Started, Killing, BackOff, Unhealthy,
 //! Failed, ...): each is logged with an `event=` field and kept in a bounded in-memory store,
 //! where a repeat of the same event bumps its count instead of taking a new slot, as upstream's
-//! event correlator does. The admin API and CLI read them; cluster mode will post them.
+//! event correlator does. The admin API and CLI read them; in cluster mode they also go to the
+//! API server.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -131,6 +132,8 @@ impl Event {
 pub struct Recorder {
     store: Arc<Mutex<VecDeque<Event>>>,
     capacity: usize,
+    /// Bumped on every event recorded (the API sink waits on it).
+    recorded: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Default for Recorder {
@@ -145,7 +148,13 @@ impl Recorder {
         Recorder {
             store: Arc::new(Mutex::new(VecDeque::new())),
             capacity: capacity.max(1),
+            recorded: Arc::new(tokio::sync::watch::channel(0).0),
         }
+    }
+
+    /// Sees a new value whenever an event is recorded.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.recorded.subscribe()
     }
 
     /// A Normal event.
@@ -194,6 +203,8 @@ impl Recorder {
         while store.len() > self.capacity {
             store.pop_front();
         }
+        drop(store);
+        self.recorded.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Every stored event, oldest (by last sighting) first; only a pod's with `Some((ns, name))`.

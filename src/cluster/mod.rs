@@ -1,9 +1,10 @@
 //! Cluster mode: everything that talks to the API server. The node registers and keeps its
 //! status and lease current; the pods bound to it become the `api` source; pod statuses are
-//! pushed; static pods get mirror pods. Every part retries on its own, so an API server that is
+//! pushed; static pods get mirror pods; events are sent. Every part retries on its own, so an API server that is
 //! away never holds up static pods, and each part resumes when it returns.
 
 pub mod client;
+pub mod events;
 pub mod lease;
 pub mod mirror;
 pub mod node;
@@ -26,6 +27,9 @@ pub struct Config {
     pub kubeconfig: PathBuf,
     pub qps: f64,
     pub burst: u32,
+    /// Events' own pacing.
+    pub event_qps: f64,
+    pub event_burst: u32,
     pub node: node::Config,
     pub lease_duration_seconds: u32,
     /// The static sources configured (their mirrors are collected once they are read).
@@ -38,6 +42,7 @@ pub struct Handles {
     pub statuses: crate::status::Reader,
     pub desired: watch::Receiver<Desired>,
     pub snapshots: mpsc::Sender<SourceSnapshot>,
+    pub recorder: crate::events::Recorder,
 }
 
 /// Builds the API client and starts the cluster parts on `tracker`. Fails only on a kubeconfig
@@ -49,9 +54,17 @@ pub async fn start(
     cancel: &CancellationToken,
 ) -> Result<(), client::Error> {
     let client = client::from_kubeconfig(&config.kubeconfig, config.qps, config.burst).await?;
+    let events_client =
+        client::from_kubeconfig(&config.kubeconfig, config.event_qps, config.event_burst).await?;
     tracing::info!(kubeconfig = %config.kubeconfig.display(), node = %config.node.name, "joining the cluster");
     let (uid_tx, uid) = watch::channel(None);
     let name = config.node.name.clone();
+    tracker.spawn(events::run(
+        events_client,
+        handles.recorder,
+        name.clone(),
+        cancel.clone(),
+    ));
     tracker.spawn(node::run(
         client.clone(),
         config.node,

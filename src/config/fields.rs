@@ -276,6 +276,20 @@ pub const FIELDS: &[Field] = &[
         "Content type of requests to the API server; nodelet speaks JSON whatever is asked [default application/vnd.kubernetes.protobuf]",
     ),
     field(
+        "eventRecordQPS",
+        "event-qps",
+        true,
+        Scalar,
+        "Events sent to the API server per second [default 50]",
+    ),
+    field(
+        "eventBurst",
+        "event-burst",
+        true,
+        Scalar,
+        "Events sent at once above event-qps [default 100]",
+    ),
+    field(
         "registerNode",
         "register-node",
         true,

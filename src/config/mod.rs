@@ -106,6 +106,9 @@ pub struct Config {
     /// Requests per second to the API server, and the burst above it.
     pub kube_api_qps: f64,
     pub kube_api_burst: u32,
+    /// Events per second to the API server, and the burst above it.
+    pub event_record_qps: f64,
+    pub event_burst: u32,
     pub register_node: bool,
     /// `key=value:Effect` taints the node registers with, checked.
     pub register_with_taints: Vec<Taint>,
@@ -188,6 +191,8 @@ impl Config {
             "authorization": {"mode": "AlwaysAllow"},
             "kubeAPIQPS": self.kube_api_qps,
             "kubeAPIBurst": self.kube_api_burst,
+            "eventRecordQPS": self.event_record_qps,
+            "eventBurst": self.event_burst,
             "registerNode": self.register_node,
             "registerWithTaints": self.register_with_taints.iter().map(|t| serde_json::json!({
                 "key": t.key, "value": t.value, "effect": t.effect,
@@ -606,6 +611,14 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             _ => Err(format!("{s:?} is not a positive number")),
         }),
         kube_api_burst: r.parsed("kubeAPIBurst", 100, |s| match s.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        }),
+        event_record_qps: r.parsed("eventRecordQPS", 50.0, |s| match s.trim().parse::<f64>() {
+            Ok(n) if n > 0.0 && n.is_finite() => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        }),
+        event_burst: r.parsed("eventBurst", 100, |s| match s.trim().parse::<u32>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("{s:?} is not a positive number")),
         }),

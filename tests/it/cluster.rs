@@ -75,7 +75,9 @@ async fn a_node_registers_renews_its_lease_and_comes_back_when_deleted() {
     )
     .await;
 
-    let json = cp.kubectl_ok(&["get", "node", &node.name, "-o", "json"]);
+    let json = cp
+        .kubectl_ok(&["get", "node", &node.name, "-o", "json"])
+        .await;
     let got: serde_json::Value = serde_json::from_str(&json).expect("node json");
     let labels = &got["metadata"]["labels"];
     assert_eq!(labels["kubernetes.io/hostname"], node.name.as_str());
@@ -277,7 +279,9 @@ spec:
                 .unwrap_or("")
                 .starts_with("containerd://")
     );
-    let wide = cp.kubectl_ok(&["get", "pod", "graceful", "-o", "wide"]);
+    let wide = cp
+        .kubectl_ok(&["get", "pod", "graceful", "-o", "wide"])
+        .await;
     assert!(
         wide.contains("Running") && wide.contains(&node.name),
         "{wide}"
@@ -304,8 +308,31 @@ spec:
         Some("OutOfcpu")
     );
 
+    // The node's events reach the API server.
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cp.admin.clone(), "default");
+    eventually(
+        "the pods' events in the API",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            let has = |pod: &str, reason: &str| {
+                list.items.iter().any(|e| {
+                    e.involved_object.name.as_deref() == Some(pod)
+                        && e.reason.as_deref() == Some(reason)
+                        && e.source.as_ref().and_then(|s| s.host.as_deref())
+                            == Some(node.name.as_str())
+                })
+            };
+            (has("graceful", "Started") && has("graceful", "Created") && has("greedy", "OutOfcpu"))
+                .then_some(())
+        },
+    )
+    .await;
+
     // Deletion: preStop, then SIGTERM with the grace period to finish, then gone from the API.
-    cp.kubectl_ok(&["delete", "pod", "graceful", "--wait=false"]);
+    cp.kubectl_ok(&["delete", "pod", "graceful", "--wait=false"])
+        .await;
     cp.wait_pod_gone("default", "graceful").await;
     for mark in ["prestop", "term", "done"] {
         assert!(
@@ -313,7 +340,8 @@ spec:
             "the container never wrote /marks/{mark}"
         );
     }
-    cp.kubectl_ok(&["delete", "pod", "greedy", "--wait=false"]);
+    cp.kubectl_ok(&["delete", "pod", "greedy", "--wait=false"])
+        .await;
     cp.wait_pod_gone("default", "greedy").await;
     node.finish().await;
 }
@@ -352,7 +380,8 @@ async fn static_pods_are_mirrored_in_the_api() {
 
     // Deleted through the API: it comes back, and the static pod keeps running.
     let uid = mirror.metadata.uid.clone().expect("uid");
-    cp.kubectl_ok(&["delete", "pod", &name, "--wait=false"]);
+    cp.kubectl_ok(&["delete", "pod", &name, "--wait=false"])
+        .await;
     cp.wait_pod("default", &name, "mirrored again", |p| {
         p.metadata.uid.as_deref() != Some(uid.as_str()) && p.metadata.deletion_timestamp.is_none()
     })
@@ -388,13 +417,13 @@ async fn static_pods_keep_running_while_the_api_server_is_away() {
     })
     .await;
 
-    cp.stop("kube-apiserver");
+    cp.stop("kube-apiserver").await;
     node.write_manifest("b.yaml", &pod_yaml("b", &[("c", FOREVER)], ""));
     node.wait_running("b", 1).await;
     let (still, _) = node.wait_running("a", 1).await;
     assert_eq!(still.id, before.id, "pod a was restarted during the outage");
 
-    cp.start_again("kube-apiserver");
+    cp.start_again("kube-apiserver").await;
     let leases: Api<Lease> = Api::namespaced(cp.admin.clone(), "kube-node-lease");
     let back = k8s_openapi::jiff::Timestamp::now();
     eventually(
@@ -449,7 +478,8 @@ stringData: {password: s3cret}
 "#;
     let file = cp.dir.join("deploy-objects.yaml");
     std::fs::write(&file, config).expect("write the objects");
-    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
+    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()])
+        .await;
     // Every replica asks the API server who it is with its projected token and CA, through a
     // kubectl mounted from the host, and prints its settings.
     let deployment = format!(
@@ -494,7 +524,8 @@ spec:
     );
     let file = cp.dir.join("deploy.yaml");
     std::fs::write(&file, deployment).expect("write the deployment");
-    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
+    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()])
+        .await;
 
     let pods = cp.pods("default");
     let running = eventually(
@@ -522,7 +553,9 @@ spec:
         );
         assert!(status.host_ip.is_some() && status.pod_ip.is_some() && status.start_time.is_some());
     }
-    let wide = cp.kubectl_ok(&["get", "pods", "-l", "app=web", "-o", "wide"]);
+    let wide = cp
+        .kubectl_ok(&["get", "pods", "-l", "app=web", "-o", "wide"])
+        .await;
     assert_eq!(wide.matches("Running").count(), 3, "{wide}");
 
     let name = running[0].metadata.name.clone().expect("a name");
@@ -543,14 +576,124 @@ spec:
         "--type=merge",
         "-p",
         r#"{"data":{"greeting":"bonjour"}}"#,
-    ]);
+    ])
+    .await;
     node.wait_log_of("default", &name, "c", "greeting=bonjour")
         .await;
 
-    cp.kubectl_ok(&["delete", "deployment", "web", "--wait=false"]);
+    cp.kubectl_ok(&["delete", "deployment", "web", "--wait=false"])
+        .await;
     for pod in &running {
         let name = pod.metadata.name.clone().expect("a name");
         cp.wait_pod_gone("default", &name).await;
     }
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn kubectl_logs_exec_and_port_forward_reach_pods_through_the_api_server() {
+    let cp = ControlPlane::start("proxy", true).await;
+    let port = crate::bed::free_port().to_string();
+    let ca = cp.dir.join("pki/ca.crt").display().to_string();
+    // The API server dials the node's InternalIP: loopback here, and it presents its
+    // kubelet-client certificate, which the node's CA bundle accepts.
+    let node = join(
+        &cp,
+        "proxy",
+        &[
+            "--port",
+            &port,
+            "--client-ca-file",
+            &ca,
+            "--node-ip",
+            "127.0.0.1",
+        ],
+    )
+    .await;
+    let web = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: web}}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, "echo started-web; mkdir /w; echo page-ok > /w/index.html; exec httpd -f -p 8080 -h /w"]
+"#
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&web, &node.name))
+        .await
+        .expect("create the pod");
+    cp.wait_pod("default", "web", "Running and Ready", |p| {
+        phase(p) == "Running" && condition(p, "Ready")
+    })
+    .await;
+
+    let logs = cp.kubectl_ok(&["logs", "web"]).await;
+    assert!(logs.contains("started-web"), "kubectl logs: {logs}");
+    let out = cp
+        .kubectl_ok(&["exec", "web", "--", "sh", "-c", "echo exec-$((40 + 2))"])
+        .await;
+    assert_eq!(out.trim(), "exec-42");
+
+    // exec -it: a terminal on both ends (script gives kubectl one).
+    let kubectl = kubectl_binary(&cp);
+    let mut tty = tokio::process::Command::new("script")
+        .args(["-qec"])
+        .arg(format!("{kubectl} exec -it web -- sh"))
+        .arg("/dev/null")
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script runs");
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stdin = tty.stdin.take().expect("stdin");
+        stdin
+            .write_all(b"tty && echo tty-$((6 * 7))\nexit\n")
+            .await
+            .expect("type into the terminal");
+    }
+    let out = tty.wait_with_output().await.expect("kubectl exec -it ends");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("/dev/pts/") && text.contains("tty-42"),
+        "exec -it: {text}"
+    );
+
+    // port-forward: a local port reaches the pod's port 8080.
+    let local = crate::bed::free_port();
+    let mut forward = tokio::process::Command::new(&kubectl)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .args(["port-forward", "pod/web", &format!("{local}:8080")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl port-forward runs");
+    let page = eventually(
+        "the page through port-forward",
+        Duration::from_secs(30),
+        || async {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", local))
+                .await
+                .ok()?;
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            stream
+                .write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+                .await
+                .ok()?;
+            let mut body = String::new();
+            stream.read_to_string(&mut body).await.ok()?;
+            body.contains("page-ok").then_some(body)
+        },
+    )
+    .await;
+    assert!(page.contains("200"), "{page}");
+    let _ = forward.kill().await;
     node.finish().await;
 }

@@ -97,33 +97,52 @@ impl ControlPlane {
         )
     }
 
-    /// Stops one component (kube-apiserver, etcd, ...).
-    pub fn stop(&self, component: &str) {
-        cluster_sh(&["stop", &self.dir.display().to_string(), component]);
+    /// Stops one component (kube-apiserver, etcd, ...). Async, as the node under test runs
+    /// on this test's runtime meanwhile.
+    pub async fn stop(&self, component: &str) {
+        self.script(&["stop", component]).await;
     }
 
     /// Starts a stopped component again, waiting until it serves.
-    pub fn start_again(&self, component: &str) {
-        cluster_sh(&["start", &self.dir.display().to_string(), component]);
+    pub async fn start_again(&self, component: &str) {
+        self.script(&["start", component]).await;
     }
 
-    /// Runs the kubectl built with the control plane as the admin; returns its output.
-    pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
+    async fn script(&self, args: &[&str]) {
+        let out = tokio::process::Command::new("bash")
+            .arg(script())
+            .arg(args[0])
+            .arg(&self.dir)
+            .args(&args[1..])
+            .output()
+            .await
+            .expect("bash runs hack/k8s/cluster.sh");
+        assert!(
+            out.status.success(),
+            "hack/k8s/cluster.sh {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs the kubectl built with the control plane as the admin; returns its output. Async:
+    /// the nodelet under test runs on this test's runtime and must answer meanwhile.
+    pub async fn kubectl(&self, args: &[&str]) -> std::process::Output {
         let env = std::fs::read_to_string(self.dir.join("env")).expect("the cluster env");
         let bin = env
             .lines()
             .find_map(|l| l.strip_prefix("BIN="))
             .expect("BIN in the cluster env");
-        Command::new(Path::new(bin).join("kubectl"))
+        tokio::process::Command::new(Path::new(bin).join("kubectl"))
             .env("KUBECONFIG", &self.kubeconfig)
             .args(args)
             .output()
+            .await
             .expect("kubectl runs")
     }
 
     /// Runs kubectl and returns its standard output; panics when it fails.
-    pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
+    pub async fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args).await;
         assert!(
             out.status.success(),
             "kubectl {args:?} failed: {}",

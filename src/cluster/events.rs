@@ -1,0 +1,98 @@
+//! The event sink: every event the recorder keeps goes to the API server, created once and then
+//! patched with its new count and last time when it repeats (upstream's correlation), paced by
+//! a client of its own (`--event-qps`, `--event-burst`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Event as ApiEvent;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
+
+use crate::events::Recorder;
+
+/// How soon events that could not be sent are tried again.
+const RETRY: Duration = Duration::from_secs(5);
+/// How long the sink sleeps when everything was sent and nothing new comes.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// Runs until `cancel`.
+pub async fn run(
+    client: kube::Client,
+    recorder: Recorder,
+    node: String,
+    cancel: CancellationToken,
+) {
+    let mut recorded = recorder.subscribe();
+    // The count the API server has of each event, by namespace and name.
+    let mut sent: HashMap<(String, String), i32> = HashMap::new();
+    loop {
+        let mut failed = false;
+        let events: Vec<ApiEvent> = recorder
+            .list(None)
+            .iter()
+            .map(|e| e.to_api(&node))
+            .collect();
+        for event in &events {
+            let namespace = event.metadata.namespace.clone().unwrap_or_default();
+            let name = event.metadata.name.clone().unwrap_or_default();
+            let key = (namespace.clone(), name.clone());
+            let count = event.count.unwrap_or(1);
+            if sent.get(&key) == Some(&count) {
+                continue;
+            }
+            let api: Api<ApiEvent> = Api::namespaced(client.clone(), &namespace);
+            let result = if sent.contains_key(&key) {
+                let patch = serde_json::json!({
+                    "count": count,
+                    "lastTimestamp": event.last_timestamp,
+                    "message": event.message,
+                });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            } else {
+                match api.create(&PostParams::default(), event).await {
+                    // Sent by an earlier run of this agent: bring its count up to date.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        let patch = serde_json::json!({"count": count, "lastTimestamp": event.last_timestamp});
+                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await
+                            .map(|_| ())
+                    }
+                    other => other.map(|_| ()),
+                }
+            };
+            match result {
+                Ok(()) => {
+                    sent.insert(key, count);
+                }
+                // The namespace is gone, or the event is refused: it is not tried again.
+                Err(kube::Error::Api(e)) if matches!(e.code, 403 | 404 | 422) => {
+                    tracing::debug!(event = %name, reason = %e.message, "the API server refused an event");
+                    sent.insert(key, count);
+                }
+                Err(e) => {
+                    failed = true;
+                    tracing::debug!(event = %name, error = %crate::types::error_chain(&e), "cannot send an event; trying again")
+                }
+            }
+        }
+        let kept: std::collections::HashSet<(String, String)> = events
+            .iter()
+            .map(|e| {
+                (
+                    e.metadata.namespace.clone().unwrap_or_default(),
+                    e.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        sent.retain(|k, _| kept.contains(k));
+        let retry = if failed { RETRY } else { IDLE };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            Ok(()) = recorded.changed() => {}
+            _ = tokio::time::sleep(retry) => {}
+        }
+    }
+}
