@@ -89,7 +89,9 @@ run: deps runtime-up images build
 		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
 		--hostname-override nodelet-dev --cgroup-root /nodelet-dev
 
-# The control plane lives in $(NODELET_TESTBED)/clusters/dev until `make runtime-down`.
+# The control plane lives in $(NODELET_TESTBED)/clusters/dev until `make runtime-down`. The node
+# serves kubectl logs/exec on loopback; its static pod is the job (web.yaml uses a ConfigMap,
+# which static pods may not in a cluster).
 CLUSTER_DIR := $(NODELET_TESTBED)/clusters/dev
 cluster: deps k8s runtime-up images build
 	@bash hack/k8s/cluster.sh down $(CLUSTER_DIR)
@@ -97,7 +99,8 @@ cluster: deps k8s runtime-up images build
 	@bash hack/k8s/cluster.sh node $(CLUSTER_DIR) nodelet-dev >/dev/null
 	@echo "cluster: kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig get nodes,pods -A"
 	$(TARGET_DIR)/debug/nodelet --kubeconfig $(CLUSTER_DIR)/nodes/nodelet-dev.kubeconfig \
-		--pod-manifest-path $(CURDIR)/manifests \
+		--client-ca-file $(CLUSTER_DIR)/pki/ca.crt --node-ip 127.0.0.1 \
+		--pod-manifest-path $(CURDIR)/manifests/job.yaml \
 		--container-runtime-endpoint unix://$(NODELET_TESTBED)/containerd.sock \
 		--root-dir $(NODELET_TESTBED)/kubelet \
 		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \

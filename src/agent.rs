@@ -337,6 +337,16 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         core.tracker
             .spawn(manager.run(ready, pressure, evictions, cancel.clone()));
     }
+    let api = match &config.kubeconfig {
+        Some(kubeconfig) => {
+            let cluster = cluster_config(&config, &core, kubeconfig);
+            let client = crate::cluster::connect(&cluster)
+                .await
+                .context("cannot join the cluster (--kubeconfig)")?;
+            Some((cluster, client))
+        }
+        None => None,
+    };
     let socket = server::admin::socket_path(&config.root_dir);
     let listener = server::admin::bind(&socket).await?;
     let handles = server::admin::Handles {
@@ -401,7 +411,24 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             log_dir: PathBuf::from("/var/log"),
             configz: config.kubelet_configuration(),
         };
-        let router = server::secure::router(read_only, handles, config.anonymous_auth);
+        let reviewer = api.as_ref().map(|(_, client)| {
+            let ttls = crate::cluster::review::Ttls {
+                authenticated: config.authentication_token_webhook_cache_ttl,
+                allowed: config.authorization_webhook_cache_authorized_ttl,
+                denied: config.authorization_webhook_cache_unauthorized_ttl,
+            };
+            Arc::new(crate::cluster::review::Reviewer::new(client.clone(), ttls))
+                as Arc<dyn server::auth::Reviewer>
+        });
+        let auth = server::auth::Auth {
+            anonymous: config.anonymous_auth,
+            node: config.node_name.clone(),
+            token_webhook: config.authentication_token_webhook,
+            authorization_webhook: config.authorization_mode
+                == crate::config::AuthorizationMode::Webhook,
+            reviewer,
+        };
+        let router = server::secure::router(read_only, handles, auth);
         core.tracker
             .spawn(server::secure::serve(listener, tls, router, cancel.clone()));
     }
@@ -466,7 +493,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     core.tracker.spawn(return_freed_memory(cancel.clone()));
 
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
-    if let Some(kubeconfig) = &config.kubeconfig {
+    if let Some((cluster, client)) = api {
         let handles = crate::cluster::Handles {
             signals: crate::cluster::node::Signals {
                 pleg: core.pleg_health.clone(),
@@ -478,14 +505,9 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             snapshots: snapshots_tx.clone(),
             recorder: core.recorder.clone(),
         };
-        crate::cluster::start(
-            cluster_config(&config, &core, kubeconfig),
-            handles,
-            &core.tracker,
-            &cancel,
-        )
-        .await
-        .context("cannot join the cluster (--kubeconfig)")?;
+        crate::cluster::start(cluster, client, handles, &core.tracker, &cancel)
+            .await
+            .context("cannot join the cluster (--kubeconfig)")?;
     }
     if let Some(path) = &config.static_pod_path {
         tracing::info!(path = %path.display(), "watching static pod manifests");
@@ -586,11 +608,22 @@ fn stats_source(config: &Config, core: &Core) -> server::stats::Source {
     }
 }
 
+/// In a cluster (not in run-once mode, which ignores it), static pods may not refer to API
+/// objects, as upstream; standalone, they use the objects beside their manifests.
+fn api_references(config: &Config) -> crate::sources::ApiReferences {
+    if config.kubeconfig.is_some() && !config.run_once {
+        crate::sources::ApiReferences::Refused
+    } else {
+        crate::sources::ApiReferences::Local
+    }
+}
+
 pub(crate) fn file_config(config: &Config, path: &std::path::Path) -> file::Config {
     file::Config {
         path: path.to_path_buf(),
         node_name: config.node_name.clone(),
         check_frequency: config.file_check_frequency,
+        api_references: api_references(config),
     }
 }
 
@@ -600,5 +633,6 @@ pub(crate) fn http_config(config: &Config, url: &str) -> http::Config {
         headers: config.static_pod_url_header.clone(),
         check_frequency: config.http_check_frequency,
         node_name: config.node_name.clone(),
+        api_references: api_references(config),
     }
 }

@@ -407,6 +407,9 @@ pub fn references(pod: &Pod) -> BTreeSet<(Kind, String)> {
             }
         }
     }
+    for secret in s.image_pull_secrets.iter().flatten() {
+        out.insert((Kind::Secret, secret.name.clone()));
+    }
     out.extend(
         token_requests(pod)
             .into_iter()

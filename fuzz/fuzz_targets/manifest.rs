@@ -9,7 +9,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = nodelet::sources::manifest(
         data,
         "node",
-        StaticOrigin::File("/etc/kubernetes/manifests/fuzz.yaml"),
+        (
+            StaticOrigin::File("/etc/kubernetes/manifests/fuzz.yaml"),
+            nodelet::sources::ApiReferences::Refused,
+        ),
         "2026-01-01T00:00:00Z",
     );
 });

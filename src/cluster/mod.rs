@@ -10,6 +10,7 @@ pub mod mirror;
 pub mod node;
 pub mod objects;
 pub mod pods;
+pub mod review;
 pub mod status;
 
 use std::path::PathBuf;
@@ -45,15 +46,21 @@ pub struct Handles {
     pub recorder: crate::events::Recorder,
 }
 
-/// Builds the API client and starts the cluster parts on `tracker`. Fails only on a kubeconfig
-/// that cannot be used; an API server that does not answer is retried by each part.
+/// The API client of the agent, from the kubeconfig, paced at `qps`/`burst`.
+pub async fn connect(config: &Config) -> Result<kube::Client, client::Error> {
+    client::from_kubeconfig(&config.kubeconfig, config.qps, config.burst).await
+}
+
+/// Starts the cluster parts on `tracker` with `client` (and a client of the events' own).
+/// Fails only on a kubeconfig that cannot be used; an API server that does not answer is
+/// retried by each part.
 pub async fn start(
     config: Config,
+    client: kube::Client,
     handles: Handles,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> Result<(), client::Error> {
-    let client = client::from_kubeconfig(&config.kubeconfig, config.qps, config.burst).await?;
     let events_client =
         client::from_kubeconfig(&config.kubeconfig, config.event_qps, config.event_burst).await?;
     tracing::info!(kubeconfig = %config.kubeconfig.display(), node = %config.node.name, "joining the cluster");

@@ -234,6 +234,41 @@ pub const FIELDS: &[Field] = &[
         "Let requests without a client certificate in on --port [default false]",
     ),
     field(
+        "authentication.webhook.enabled",
+        "authentication-token-webhook",
+        true,
+        Bool,
+        "Authenticate bearer tokens on --port with the API server's TokenReview [default: on with --kubeconfig]",
+    ),
+    field(
+        "authentication.webhook.cacheTTL",
+        "authentication-token-webhook-cache-ttl",
+        true,
+        Scalar,
+        "How long TokenReview answers are kept [default 2m]",
+    ),
+    field(
+        "authorization.mode",
+        "authorization-mode",
+        true,
+        Scalar,
+        "AlwaysAllow, or Webhook (SubjectAccessReview on the API server) [default: Webhook with --kubeconfig, else AlwaysAllow]",
+    ),
+    field(
+        "authorization.webhook.cacheAuthorizedTTL",
+        "authorization-webhook-cache-authorized-ttl",
+        true,
+        Scalar,
+        "How long an allowing SubjectAccessReview answer is kept [default 5m]",
+    ),
+    field(
+        "authorization.webhook.cacheUnauthorizedTTL",
+        "authorization-webhook-cache-unauthorized-ttl",
+        true,
+        Scalar,
+        "How long a denying SubjectAccessReview answer is kept [default 30s]",
+    ),
+    field(
         "readOnlyPort",
         "read-only-port",
         true,
@@ -532,8 +567,6 @@ pub const FIELDS: &[Field] = &[
 /// Upstream KubeletConfiguration fields nodelet accepts in a config file but does not act on yet.
 /// They are warned about instead of refused, so a kubeadm-written file keeps working.
 pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
-    "authentication",
-    "authorization",
     "cpuManagerPolicy",
     "cpuManagerReconcilePeriod",
     "evictionSoft",

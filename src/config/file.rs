@@ -67,8 +67,8 @@ fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
         if name == "apiVersion" || name == "kind" {
             continue;
         }
-        if name == "authentication" {
-            authentication(value, origin, out);
+        if name == "authentication" || name == "authorization" {
+            nested(name, value, origin, out);
             continue;
         }
         let Some(field) = by_name(name).filter(|f| f.in_file) else {
@@ -94,34 +94,35 @@ fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
     }
 }
 
-/// The `authentication` block: `x509.clientCAFile` and `anonymous.enabled` are read (as the
-/// dotted fields); the rest (webhook) needs cluster mode and is accepted but not acted on.
-fn authentication(value: &Value, origin: &str, out: &mut FileKnobs) {
-    let Value::Object(kinds) = value else {
+/// The `authentication` and `authorization` blocks: their settings are the dotted fields of the
+/// table (`authentication.x509.clientCAFile`, `authorization.mode`, ...); a setting nodelet
+/// does not know is accepted and reported as not acted on.
+fn nested(block: &str, value: &Value, origin: &str, out: &mut FileKnobs) {
+    let Value::Object(settings) = value else {
         out.errors.push(format!(
-            "config file {origin}: authentication: expected an object, found {}",
+            "config file {origin}: {block}: expected an object, found {}",
             describe(Some(value))
         ));
         return;
     };
-    for (kind, settings) in kinds {
-        let Value::Object(settings) = settings else {
-            out.ignored.push(format!("authentication.{kind}"));
+    for (key, v) in settings {
+        let dotted = format!("{block}.{key}");
+        if let Value::Object(_) = v
+            && by_name(&dotted).is_none()
+        {
+            nested(&dotted, v, origin, out);
             continue;
-        };
-        for (key, v) in settings {
-            let dotted = format!("authentication.{kind}.{key}");
-            match by_name(&dotted) {
-                Some(field) => match scalar(v) {
-                    Ok(text) => {
-                        out.raw.insert(field.name, RawValue::Scalar(text));
-                    }
-                    Err(msg) => out
-                        .errors
-                        .push(format!("config file {origin}: {dotted}: {msg}")),
-                },
-                None => out.ignored.push(dotted),
-            }
+        }
+        match by_name(&dotted) {
+            Some(field) => match scalar(v) {
+                Ok(text) => {
+                    out.raw.insert(field.name, RawValue::Scalar(text));
+                }
+                Err(msg) => out
+                    .errors
+                    .push(format!("config file {origin}: {dotted}: {msg}")),
+            },
+            None => out.ignored.push(dotted),
         }
     }
 }
@@ -234,9 +235,9 @@ mod tests {
     }
 
     #[test]
-    fn the_authentication_block_gives_the_client_ca_and_anonymous_settings() {
+    fn the_authentication_and_authorization_blocks_give_their_dotted_settings() {
         let out = knobs(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: /etc/ca.crt\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: true\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nauthentication:\n  x509:\n    clientCAFile: /etc/ca.crt\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: true\n    cacheTTL: 1m\n  future: {x: 1}\nauthorization:\n  mode: Webhook\n  webhook: {cacheAuthorizedTTL: 1m}\n",
         );
         assert!(out.errors.is_empty(), "{:?}", out.errors);
         assert_eq!(
@@ -248,9 +249,18 @@ mod tests {
             Some(&RawValue::Scalar("true".into()))
         );
         assert_eq!(
-            out.ignored,
-            vec!["authentication.webhook.enabled".to_string()]
+            out.raw.get("authentication.webhook.cacheTTL"),
+            Some(&RawValue::Scalar("1m".into()))
         );
+        assert_eq!(
+            out.raw.get("authorization.mode"),
+            Some(&RawValue::Scalar("Webhook".into()))
+        );
+        assert_eq!(
+            out.raw.get("authorization.webhook.cacheAuthorizedTTL"),
+            Some(&RawValue::Scalar("1m".into()))
+        );
+        assert_eq!(out.ignored, vec!["authentication.future.x".to_string()]);
     }
 
     #[test]

@@ -60,6 +60,14 @@ fn taint(s: &str) -> Result<Taint, String> {
     })
 }
 
+/// Who decides what an authenticated request to `port` may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthorizationMode {
+    AlwaysAllow,
+    /// A SubjectAccessReview on the API server for each request (cached).
+    Webhook,
+}
+
 /// The report format of run-once mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunOnceOutput {
@@ -100,6 +108,13 @@ pub struct Config {
     /// The CA whose client certificates the authenticated API accepts.
     pub client_ca_file: Option<PathBuf>,
     pub anonymous_auth: bool,
+    /// Bearer tokens on `port` are checked with TokenReview, the answers kept this long.
+    pub authentication_token_webhook: bool,
+    pub authentication_token_webhook_cache_ttl: Duration,
+    pub authorization_mode: AuthorizationMode,
+    /// How long SubjectAccessReview answers are kept: allowing, denying.
+    pub authorization_webhook_cache_authorized_ttl: Duration,
+    pub authorization_webhook_cache_unauthorized_ttl: Duration,
     pub read_only_port: u16,
     pub address: IpAddr,
     pub kubeconfig: Option<PathBuf>,
@@ -187,8 +202,21 @@ impl Config {
             "authentication": {
                 "x509": {"clientCAFile": path(&self.client_ca_file)},
                 "anonymous": {"enabled": self.anonymous_auth},
+                "webhook": {
+                    "enabled": self.authentication_token_webhook,
+                    "cacheTTL": d(self.authentication_token_webhook_cache_ttl),
+                },
             },
-            "authorization": {"mode": "AlwaysAllow"},
+            "authorization": {
+                "mode": match self.authorization_mode {
+                    AuthorizationMode::AlwaysAllow => "AlwaysAllow",
+                    AuthorizationMode::Webhook => "Webhook",
+                },
+                "webhook": {
+                    "cacheAuthorizedTTL": d(self.authorization_webhook_cache_authorized_ttl),
+                    "cacheUnauthorizedTTL": d(self.authorization_webhook_cache_unauthorized_ttl),
+                },
+            },
             "kubeAPIQPS": self.kube_api_qps,
             "kubeAPIBurst": self.kube_api_burst,
             "eventRecordQPS": self.event_record_qps,
@@ -567,6 +595,8 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         Some(RawValue::Map(m)) => m.clone(),
         _ => BTreeMap::new(),
     };
+    // Webhook authentication and authorization ask the API server: the defaults in a cluster.
+    let in_cluster = r.path("kubeconfig").is_some();
     let config = Config {
         static_pod_path: r.path("staticPodPath"),
         static_pod_url,
@@ -603,6 +633,30 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         tls_private_key_file: r.path("tlsPrivateKeyFile"),
         client_ca_file: r.path("authentication.x509.clientCAFile"),
         anonymous_auth: r.bool("authentication.anonymous.enabled", false),
+        authentication_token_webhook: r.bool("authentication.webhook.enabled", in_cluster),
+        authentication_token_webhook_cache_ttl: r
+            .positive_duration("authentication.webhook.cacheTTL", Duration::from_secs(120)),
+        authorization_mode: r.parsed(
+            "authorization.mode",
+            if in_cluster {
+                AuthorizationMode::Webhook
+            } else {
+                AuthorizationMode::AlwaysAllow
+            },
+            |s| match s.trim() {
+                "AlwaysAllow" => Ok(AuthorizationMode::AlwaysAllow),
+                "Webhook" => Ok(AuthorizationMode::Webhook),
+                other => Err(format!("{other:?} is not AlwaysAllow or Webhook")),
+            },
+        ),
+        authorization_webhook_cache_authorized_ttl: r.positive_duration(
+            "authorization.webhook.cacheAuthorizedTTL",
+            Duration::from_secs(300),
+        ),
+        authorization_webhook_cache_unauthorized_ttl: r.positive_duration(
+            "authorization.webhook.cacheUnauthorizedTTL",
+            Duration::from_secs(30),
+        ),
         read_only_port: r.port("readOnlyPort", 0),
         address: r.ip("address", None).unwrap_or(IpAddr::from([0, 0, 0, 0])),
         kubeconfig: r.path("kubeconfig"),
@@ -772,6 +826,20 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             "{}: {t:?} is not application/json or application/vnd.kubernetes.protobuf",
             Reader::label("contentType")
         ));
+    }
+    if config.kubeconfig.is_none() {
+        if config.authentication_token_webhook {
+            r.problems.push(
+                "authentication.webhook.enabled (--authentication-token-webhook): needs --kubeconfig to reach the API server"
+                    .into(),
+            );
+        }
+        if config.authorization_mode == AuthorizationMode::Webhook {
+            r.problems.push(
+                "authorization.mode (--authorization-mode): Webhook needs --kubeconfig to reach the API server"
+                    .into(),
+            );
+        }
     }
     if config.exit_on_lock_contention && config.lock_file.is_none() {
         r.problems

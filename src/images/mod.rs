@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use k8s_openapi::api::core::v1::Pod;
+
 use crate::backoff::Backoff;
 use crate::events::{Recorder, Target};
 use crate::runtime::{self, RuntimeClient, cri};
@@ -142,6 +144,41 @@ pub struct Request<'a> {
     /// Always, IfNotPresent or Never.
     pub policy: &'a str,
     pub sandbox: &'a cri::PodSandboxConfig,
+    /// The credentials of the pod's imagePullSecrets, tried before the node's.
+    pub secrets: &'a [Keyring],
+}
+
+/// The docker configs of the pod's imagePullSecrets (`kubernetes.io/dockerconfigjson` or the
+/// legacy `kubernetes.io/dockercfg`). A missing or unreadable one is reported and skipped: the
+/// pull is tried without it, as upstream does.
+pub fn pull_secret_keyrings(pod: &Pod, objects: &crate::objects::View) -> Vec<Keyring> {
+    let names = crate::pod::spec(pod)
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|r| r.name.as_str());
+    let mut out = Vec::new();
+    for name in names {
+        let Some(secret) = objects.get(crate::objects::Kind::Secret, name) else {
+            tracing::warn!(pod = %crate::types::full_name(pod), secret = %name, "the image pull secret is missing; pulling without it");
+            continue;
+        };
+        let parsed = match (
+            secret.data.get(".dockerconfigjson"),
+            secret.data.get(".dockercfg"),
+        ) {
+            (Some(json), _) => Keyring::parse(json, true),
+            (None, Some(cfg)) => Keyring::parse(cfg, false),
+            (None, None) => Err("it has neither .dockerconfigjson nor .dockercfg".into()),
+        };
+        match parsed {
+            Ok(k) => out.push(k),
+            Err(why) => {
+                tracing::warn!(pod = %crate::types::full_name(pod), secret = %name, "cannot use the image pull secret: {why}")
+            }
+        }
+    }
+    out
 }
 
 impl Puller {
@@ -272,7 +309,12 @@ impl Puller {
         let image = req.image;
         let _slot = self.paced().await;
         let keyring = Keyring::load(&self.config.root_dir);
-        let credentials = keyring.lookup(&r.domain, &r.path);
+        let credentials: Vec<Credential> = req
+            .secrets
+            .iter()
+            .chain(std::iter::once(&keyring))
+            .flat_map(|k| k.lookup(&r.domain, &r.path))
+            .collect();
         let mut attempts: Vec<Option<cri::AuthConfig>> =
             credentials.iter().map(|c| Some(c.auth_config())).collect();
         if attempts.is_empty() {

@@ -21,7 +21,8 @@ pub use static_pod::{
     ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,
 };
 pub use validate::{
-    is_config_key, is_dns1123_subdomain, is_qualified_name, is_valid_file_path, validate,
+    api_object_reference, is_config_key, is_dns1123_subdomain, is_qualified_name,
+    is_valid_file_path, validate,
 };
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};

@@ -36,6 +36,87 @@ pub fn is_qualified_name(s: &str) -> bool {
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
+/// The API objects a pod refers to, named as upstream's kubelet names them when it refuses a
+/// static pod that refers to any (`static pods may not reference ...`), in upstream's order;
+/// `None` when it refers to none. (Ephemeral containers cannot be part of a created pod.)
+pub fn api_object_reference(pod: &Pod) -> Option<&'static str> {
+    let spec = pod.spec.as_ref()?;
+    if spec
+        .service_account_name
+        .as_deref()
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Some("serviceaccounts");
+    }
+    let containers = || {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+    };
+    let from_env = |secret: bool| {
+        containers().any(|c| {
+            c.env.iter().flatten().any(|e| {
+                e.value_from.as_ref().is_some_and(|f| {
+                    if secret {
+                        f.secret_key_ref.is_some()
+                    } else {
+                        f.config_map_key_ref.is_some()
+                    }
+                })
+            }) || c.env_from.iter().flatten().any(|e| {
+                if secret {
+                    e.secret_ref.is_some()
+                } else {
+                    e.config_map_ref.is_some()
+                }
+            })
+        })
+    };
+    let volumes = || spec.volumes.iter().flatten();
+    let projections = || {
+        volumes()
+            .filter_map(|v| v.projected.as_ref())
+            .flat_map(|p| p.sources.iter().flatten())
+    };
+    let secrets = spec.image_pull_secrets.iter().flatten().next().is_some()
+        || from_env(true)
+        || volumes().any(|v| v.secret.is_some() || v.azure_file.is_some())
+        || projections().any(|p| p.secret.is_some());
+    if secrets {
+        return Some("secrets");
+    }
+    let config_maps = from_env(false)
+        || volumes().any(|v| v.config_map.is_some())
+        || projections().any(|p| p.config_map.is_some());
+    if config_maps {
+        return Some("configmaps");
+    }
+    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
+        return Some("resourceclaims");
+    }
+    for v in volumes() {
+        if v.csi.is_some() {
+            return Some("csidrivers (via CSI volumes)");
+        }
+        if v.persistent_volume_claim.is_some() {
+            return Some("persistentvolumeclaims");
+        }
+        if v.ephemeral.is_some() {
+            return Some("persistentvolumeclaims (via ephemeral volumes)");
+        }
+    }
+    for p in projections() {
+        if p.service_account_token.is_some() {
+            return Some("serviceaccounts (via projected volumes)");
+        }
+        if p.cluster_trust_bundle.is_some() {
+            return Some("clustertrustbundles");
+        }
+    }
+    None
+}
+
 /// Is `key` a valid ConfigMap or Secret key (`[-._a-zA-Z0-9]+`, not `.`, `..` or `..`-prefixed)?
 pub fn is_config_key(key: &str) -> bool {
     !key.is_empty()

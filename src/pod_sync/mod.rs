@@ -615,12 +615,14 @@ impl Syncer {
             .image_pull_policy
             .as_deref()
             .unwrap_or("IfNotPresent");
+        let secrets = images::pull_secret_keyrings(pod, objects);
         let request = images::Request {
             pod: &PodUid::of(pod),
             target: &Target::container(pod, &start.name),
             image,
             policy,
             sandbox: sandbox_config,
+            secrets: &secrets,
         };
         let image_info = self
             .images

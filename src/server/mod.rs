@@ -2,6 +2,7 @@
 //! only; the logs, exec and stats endpoints also ask the runtime.
 
 pub mod admin;
+pub mod auth;
 pub mod exec;
 pub mod healthz;
 pub mod logs;

@@ -1,6 +1,7 @@
 //! The authenticated API on --port (10250) over TLS, as the upstream kubelet serves it:
-//! client certificates signed by --client-ca-file get in, anonymous requests only with
-//! --anonymous-auth; then everything the read-only API has, plus /containerLogs, /logs/,
+//! client certificates signed by --client-ca-file, bearer tokens the API server vouches for, and
+//! anonymous requests only with --anonymous-auth get in, and are authorized (`auth`); then
+//! everything the read-only API has, plus /containerLogs, /logs/,
 //! /configz, and /exec, /attach, /portForward, which are proxied to the runtime's streaming
 //! server. Without --tls-cert-file a self-signed pair is made in `<root-dir>/pki`.
 
@@ -11,7 +12,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use hyper_util::rt::TokioIo;
@@ -25,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::logs;
+use super::{auth, logs};
 use crate::runtime::{RuntimeClient, cri};
 use crate::status;
 
@@ -132,21 +133,6 @@ pub fn tls_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, Error> {
         .map_err(|e| Error::Tls(format!("{}: {e}", files.cert.display())))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// Whether the connection's client showed a certificate the client CA signed.
-#[derive(Clone, Copy)]
-struct Authenticated(bool);
-
-/// Refuses requests without a verified client certificate unless anonymous requests are allowed.
-/// Authorization is AlwaysAllow, the upstream default without an API server to ask.
-async fn authenticate(State(anonymous): State<bool>, req: Request, next: Next) -> Response {
-    let known = req.extensions().get::<Authenticated>().is_some_and(|a| a.0);
-    if known || anonymous {
-        next.run(req).await
-    } else {
-        (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response()
-    }
 }
 
 /// What the authenticated API's own endpoints read.
@@ -510,9 +496,9 @@ async fn proxy(url: &str, mut req: Request) -> Response {
     Response::from_parts(parts, Body::empty())
 }
 
-/// The authenticated router: the read-only API's routes and the node's own, behind the
-/// client-certificate check.
-pub fn router(read_only: Router, handles: Handles, anonymous: bool) -> Router {
+/// The authenticated router: the read-only API's routes and the node's own, behind
+/// authentication and authorization ([`auth::check`]).
+pub fn router(read_only: Router, handles: Handles, auth: auth::Auth) -> Router {
     let own = Router::new()
         .route(
             "/containerLogs/{namespace}/{pod}/{container}",
@@ -530,7 +516,7 @@ pub fn router(read_only: Router, handles: Handles, anonymous: bool) -> Router {
         .with_state(handles);
     read_only
         .merge(own)
-        .layer(middleware::from_fn_with_state(anonymous, authenticate))
+        .layer(middleware::from_fn_with_state(auth, auth::check))
 }
 
 /// Serves `router` over TLS on `listener` until `cancel`; each connection is told whether its
@@ -565,12 +551,14 @@ pub async fn serve(
                     return;
                 }
             };
-            let verified = tls
+            // The TLS layer only lets certificates the client CA signed through.
+            let user = tls
                 .get_ref()
                 .1
                 .peer_certificates()
-                .is_some_and(|c| !c.is_empty());
-            let app = router.layer(axum::Extension(Authenticated(verified)));
+                .and_then(|c| c.first())
+                .and_then(|leaf| auth::User::from_certificate(leaf));
+            let app = router.layer(axum::Extension(auth::CertificateUser(user)));
             let service = hyper_util::service::TowerToHyperService::new(app);
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), service)

@@ -27,6 +27,7 @@ pub struct Config {
     pub path: PathBuf,
     pub node_name: String,
     pub check_frequency: Duration,
+    pub api_references: super::ApiReferences,
 }
 
 /// Is this directory entry an editor or package-manager artifact rather than a manifest?
@@ -145,7 +146,7 @@ impl Scanner {
         let found = manifest(
             &bytes,
             &self.config.node_name,
-            StaticOrigin::File(&origin),
+            (StaticOrigin::File(&origin), self.config.api_references),
             seen,
         );
         self.parsed.insert(file.to_path_buf(), bytes);
@@ -380,6 +381,7 @@ mod tests {
             path: dir.path().to_path_buf(),
             node_name: "n".into(),
             check_frequency: Duration::from_secs(20),
+            api_references: crate::sources::ApiReferences::Local,
         });
         let first = scanner.scan().expect("scan");
         std::thread::sleep(Duration::from_millis(2));

@@ -30,6 +30,7 @@ pub struct Config {
     pub headers: BTreeMap<String, Vec<String>>,
     pub check_frequency: Duration,
     pub node_name: String,
+    pub api_references: super::ApiReferences,
 }
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
@@ -179,7 +180,7 @@ async fn poll(
         match manifest(
             &body,
             &config.node_name,
-            StaticOrigin::Url(&config.url),
+            (StaticOrigin::Url(&config.url), config.api_references),
             &seen,
         ) {
             Ok(found) => found,

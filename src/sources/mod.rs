@@ -22,13 +22,23 @@ pub struct Manifest {
     pub objects: Vec<Object>,
 }
 
+/// What static pods referring to API objects (ConfigMaps, Secrets, service accounts, ...) get.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ApiReferences {
+    /// Standalone: ConfigMaps and Secrets come from beside the manifests.
+    #[default]
+    Local,
+    /// In a cluster: the pod is refused, as upstream refuses it (its mirror pod could not exist).
+    Refused,
+}
+
 /// Decodes manifest bytes: pods get API defaulting, validation, then the static-pod rules;
 /// ConfigMaps and Secrets are validated. Any problem fails the whole manifest, with every problem
 /// listed.
 pub fn manifest(
     bytes: &[u8],
     node: &str,
-    origin: StaticOrigin<'_>,
+    (origin, references): (StaticOrigin<'_>, ApiReferences),
     seen: &str,
 ) -> Result<Manifest, Vec<String>> {
     let text = std::str::from_utf8(bytes).map_err(|_| vec!["not UTF-8 text".to_string()])?;
@@ -38,6 +48,11 @@ pub fn manifest(
     for (i, pod) in pods.iter_mut().enumerate() {
         apply_defaults(pod);
         let mut found = validate(pod);
+        if references == ApiReferences::Refused
+            && let Some(resource) = crate::pod::api_object_reference(pod)
+        {
+            found.push(format!("static pods may not reference {resource}"));
+        }
         if found.is_empty() {
             make_static(pod, node, origin, seen);
             let name = pod.metadata.name.as_deref().unwrap_or_default();
@@ -129,7 +144,13 @@ mod tests {
         let json =
             serde_json::to_vec(&serde_yaml_ng::from_str::<serde_json::Value>(VALID).unwrap())
                 .unwrap();
-        let objects = manifest(OBJECTS.as_bytes(), "n", StaticOrigin::File("f"), "t").unwrap();
+        let objects = manifest(
+            OBJECTS.as_bytes(),
+            "n",
+            (StaticOrigin::File("f"), ApiReferences::Local),
+            "t",
+        )
+        .unwrap();
         assert_eq!((objects.pods.len(), objects.objects.len()), (1, 2));
         let seeds = [VALID.as_bytes().to_vec(), json, OBJECTS.as_bytes().to_vec()];
         for i in 0..iterations {
@@ -157,8 +178,41 @@ mod tests {
                     break;
                 }
             }
-            let _ = manifest(&bytes, "n", StaticOrigin::File("/m/x.yaml"), "t");
+            let _ = manifest(
+                &bytes,
+                "n",
+                (StaticOrigin::File("/m/x.yaml"), ApiReferences::Local),
+                "t",
+            );
         }
+    }
+
+    #[test]
+    fn in_a_cluster_static_pods_referring_to_api_objects_are_refused() {
+        let origin = StaticOrigin::File("/m/objects.yaml");
+        assert!(manifest(OBJECTS.as_bytes(), "n", (origin, ApiReferences::Local), "t").is_ok());
+        let problems = manifest(
+            OBJECTS.as_bytes(),
+            "n",
+            (origin, ApiReferences::Refused),
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].ends_with("static pods may not reference secrets"),
+            "{problems:?}"
+        );
+        let account = VALID.replace("spec:\n", "spec:\n  serviceAccountName: robot\n");
+        let problems = manifest(
+            account.as_bytes(),
+            "n",
+            (origin, ApiReferences::Refused),
+            "t",
+        )
+        .unwrap_err();
+        assert!(problems[0].ends_with("static pods may not reference serviceaccounts"));
+        assert!(manifest(VALID.as_bytes(), "n", (origin, ApiReferences::Refused), "t").is_ok());
     }
 
     #[test]
@@ -170,8 +224,24 @@ mod tests {
             let prev = format!("*x{}", i - 1);
             bomb += &format!("x{i}: &x{i} [{}]\n", vec![prev; 10].join(", "));
         }
-        assert!(manifest(bomb.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
+        assert!(
+            manifest(
+                bomb.as_bytes(),
+                "n",
+                (StaticOrigin::File("f"), ApiReferences::Local),
+                "t"
+            )
+            .is_err()
+        );
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-        assert!(manifest(deep.as_bytes(), "n", StaticOrigin::File("f"), "t").is_err());
+        assert!(
+            manifest(
+                deep.as_bytes(),
+                "n",
+                (StaticOrigin::File("f"), ApiReferences::Local),
+                "t"
+            )
+            .is_err()
+        );
     }
 }

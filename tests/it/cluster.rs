@@ -697,3 +697,158 @@ spec:
     let _ = forward.kill().await;
     node.finish().await;
 }
+
+#[tokio::test]
+async fn an_api_pod_pulls_a_private_image_with_its_image_pull_secret() {
+    use base64::Engine as _;
+    let reg = crate::bed::registry(true);
+    let (user, password) = crate::bed::registry_login();
+    let image = format!(
+        "{reg}/private/{}:1",
+        crate::bed::unique_repo("t-pullsecret")
+    );
+    crate::bed::copy_image(
+        &format!("{reg}/private/busybox:1"),
+        &image,
+        Some(&format!("{user}:{password}")),
+    );
+    let cp = ControlPlane::start("pullsecret", true).await;
+    let node = join(&cp, "pullsecret", &[]).await;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let config = serde_json::json!({"auths": {reg.clone(): {"auth": auth}}}).to_string();
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "regcred"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": config},
+    }))
+    .expect("a secret");
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cp.admin.clone(), "default")
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the pull secret");
+    let pod = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: private}}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 5
+  imagePullSecrets: [{{name: regcred}}]
+  containers:
+  - name: c
+    image: {image}
+    command: [sh, -c, "trap 'exit 0' TERM; while true; do sleep 1; done"]
+"#
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&pod, &node.name))
+        .await
+        .expect("create the pod");
+    let running = cp
+        .wait_pod(
+            "default",
+            "private",
+            "Running with the private image",
+            |p| phase(p) == "Running",
+        )
+        .await;
+    let status = &running
+        .status
+        .expect("status")
+        .container_statuses
+        .expect("statuses")[0];
+    assert!(status.image_id.contains("sha256:"), "{status:?}");
+    node.finish().await;
+}
+
+/// GET https://127.0.0.1:<port><path> with an optional bearer token: (status, body).
+async fn node_api(port: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut curl = tokio::process::Command::new("curl");
+    curl.args(["-ks", "-w", "\n%{http_code}"]);
+    if let Some(token) = token {
+        curl.arg("-H").arg(format!("Authorization: Bearer {token}"));
+    }
+    let out = curl
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .await
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[tokio::test]
+async fn the_node_api_asks_the_api_server_who_may_do_what() {
+    let cp = ControlPlane::start("webhook", true).await;
+    let port = crate::bed::free_port().to_string();
+    let ca = cp.dir.join("pki/ca.crt").display().to_string();
+    let node = join(
+        &cp,
+        "webhook",
+        &[
+            "--port",
+            &port,
+            "--client-ca-file",
+            &ca,
+            "--node-ip",
+            "127.0.0.1",
+            "--authorization-webhook-cache-unauthorized-ttl=1s",
+        ],
+    )
+    .await;
+    cp.kubectl_ok(&["create", "serviceaccount", "reader"]).await;
+    let token = cp.kubectl_ok(&["create", "token", "reader"]).await;
+    let token = token.trim();
+
+    // No credentials, and a token the API server does not know: not authenticated.
+    assert_eq!(node_api(&port, "/pods", None).await.0, 401);
+    assert_eq!(node_api(&port, "/pods", Some("not-a-token")).await.0, 401);
+    // A known token without RBAC: authenticated, then refused by the SubjectAccessReview.
+    let (code, body) = eventually(
+        "the API server's answer",
+        Duration::from_secs(30),
+        || async {
+            let answer = node_api(&port, "/pods", Some(token)).await;
+            (answer.0 != 0).then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("user=system:serviceaccount:default:reader")
+            && body.contains("subresource(s)=[pods, proxy]"),
+        "{body}"
+    );
+    // Granted nodes/proxy through RBAC: allowed once the denial's short cache has passed.
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "node-reader",
+        "--verb=get",
+        "--resource=nodes/proxy",
+    ])
+    .await;
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "node-reader",
+        "--clusterrole=node-reader",
+        "--serviceaccount=default:reader",
+    ])
+    .await;
+    let body = eventually(
+        "the granted request is allowed",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = node_api(&port, "/pods", Some(token)).await;
+            (code == 200).then_some(body)
+        },
+    )
+    .await;
+    assert!(body.contains("\"kind\":\"PodList\""), "{body}");
+    // Only what was granted: the stats subresource stays closed to it.
+    assert_eq!(node_api(&port, "/stats/summary", Some(token)).await.0, 403);
+    node.finish().await;
+}
