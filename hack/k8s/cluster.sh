@@ -2,7 +2,9 @@
 # A real Kubernetes control plane on loopback: etcd, kube-apiserver and, on request,
 # kube-controller-manager and kube-scheduler, with a PKI of its own.
 #
-#   cluster.sh up DIR [--controllers]   start a control plane in DIR (its own data, ports, PKI)
+#   cluster.sh up DIR [--controllers]   start a control plane in DIR (its own data, ports, PKI);
+#                                       NODE_MONITOR_GRACE sets the controller manager's
+#                                       --node-monitor-grace-period (default 40s)
 #   cluster.sh node DIR NAME            write DIR/nodes/NAME.kubeconfig: the identity of node NAME
 #                                       (CN=system:node:NAME, O=system:nodes)
 #   cluster.sh stop DIR COMPONENT       stop one component (etcd, kube-apiserver, ...)
@@ -158,7 +160,7 @@ component_args() { # dir component
             --use-service-account-credentials=true --leader-elect=false
             --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$CLUSTER_CIDR"
             --allocate-node-cidrs=false --controllers '*,-cloud-node-lifecycle'
-            --node-monitor-grace-period "${NODE_MONITOR_GRACE:-40s}"
+            --node-monitor-grace-period "$NODE_MONITOR_GRACE"
             --profiling=false --v 1) ;;
         kube-scheduler) ARGS=("$BIN/kube-scheduler"
             --kubeconfig "$dir/scheduler.kubeconfig"
@@ -227,6 +229,7 @@ SCHED_PORT=$SCHED_PORT
 SERVER=https://127.0.0.1:$APISERVER_PORT
 KUBECONFIG=$dir/admin.kubeconfig
 CA=$dir/pki/ca.crt
+NODE_MONITOR_GRACE=${NODE_MONITOR_GRACE:-40s}
 EOF
     make_pki "$dir/pki"
     kubeconfig "$dir" admin admin

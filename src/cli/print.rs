@@ -204,7 +204,7 @@ pub fn pods(
                 header.insert(0, "NAMESPACE");
             }
             if wide {
-                header.extend(["IP", "NODE"]);
+                header.extend(["IP", "NODE", "SOURCE"]);
             }
             let mut rows = vec![header.into_iter().map(String::from).collect()];
             for p in pods {
@@ -225,6 +225,14 @@ pub fn pods(
                         p.spec
                             .as_ref()
                             .and_then(|s| s.node_name.clone())
+                            .unwrap_or_else(|| "<none>".into()),
+                    );
+                    row.push(
+                        p.metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(crate::pod::ANNOTATION_CONFIG_SOURCE))
+                            .cloned()
                             .unwrap_or_else(|| "<none>".into()),
                     );
                 }

@@ -40,10 +40,7 @@ pub struct Reviewer {
 }
 
 /// Looks `key` up in a cache of answers with their expiry.
-fn cached<K: std::hash::Hash + Eq, V: Clone>(
-    cache: &Cache<K, V>,
-    key: &K,
-) -> Option<V> {
+fn cached<K: std::hash::Hash + Eq, V: Clone>(cache: &Cache<K, V>, key: &K) -> Option<V> {
     let cache = cache.lock().unwrap_or_else(|e| e.into_inner());
     cache
         .get(key)
@@ -51,12 +48,7 @@ fn cached<K: std::hash::Hash + Eq, V: Clone>(
         .map(|(v, _)| v.clone())
 }
 
-fn remember<K: std::hash::Hash + Eq, V>(
-    cache: &Cache<K, V>,
-    key: K,
-    value: V,
-    ttl: Duration,
-) {
+fn remember<K: std::hash::Hash + Eq, V>(cache: &Cache<K, V>, key: K, value: V, ttl: Duration) {
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
     if cache.len() >= CACHE_LIMIT {
         let now = Instant::now();

@@ -286,6 +286,28 @@ spec:
         wide.contains("Running") && wide.contains(&node.name),
         "{wide}"
     );
+    // The node's own CLI shows the API pod beside the static ones, with its source.
+    node.write_manifest("local.yaml", &pod_yaml("local", &[("c", FOREVER)], ""));
+    node.wait_running("local", 1).await;
+    let out = node
+        .cli(&["get", "pods", "-A", "-o", "wide"])
+        .output()
+        .await
+        .expect("the CLI runs");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let source_of = |pod: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(pod))
+            .and_then(|l| l.split_whitespace().last())
+            .map(String::from)
+    };
+    assert_eq!(source_of("graceful").as_deref(), Some("api"), "{table}");
+    assert_eq!(
+        source_of(&node.pod_name("local")).as_deref(),
+        Some("file"),
+        "{table}"
+    );
 
     // A pod that does not fit is refused, and the API says so.
     let greedy = pod_yaml(
@@ -417,7 +439,12 @@ async fn static_pods_keep_running_while_the_api_server_is_away() {
     })
     .await;
 
+    // History the node's watches have not seen yet is compacted away while the API server is
+    // down: when it returns, their resource versions are too old (410 Gone) and they relist.
+    cp.kubectl_ok(&["create", "configmap", "churn", "--from-literal=a=1"])
+        .await;
     cp.stop("kube-apiserver").await;
+    cp.compact_etcd().await;
     node.write_manifest("b.yaml", &pod_yaml("b", &[("c", FOREVER)], ""));
     node.wait_running("b", 1).await;
     let (still, _) = node.wait_running("a", 1).await;
@@ -443,6 +470,19 @@ async fn static_pods_keep_running_while_the_api_server_is_away() {
         |p| phase(p) == "Running",
     )
     .await;
+    eventually(
+        "the pod watch relisted after 410 Gone",
+        Duration::from_secs(60),
+        || async {
+            crate::bed::logs()
+                .contains("too old resource version")
+                .then_some(())
+        },
+    )
+    .await;
+    let (after, containers) = node.wait_running("a", 1).await;
+    assert_eq!(after.id, before.id, "pod a was restarted by the relist");
+    assert_eq!(containers[0].attempt, 0, "pod a's container was restarted");
     node.finish().await;
 }
 
@@ -851,4 +891,115 @@ async fn the_node_api_asks_the_api_server_who_may_do_what() {
     // Only what was granted: the stats subresource stays closed to it.
     assert_eq!(node_api(&port, "/stats/summary", Some(token)).await.0, 403);
     node.finish().await;
+}
+
+/// The nodes the pods labelled `app=<app>` run on, among those Running.
+async fn placement(cp: &ControlPlane, app: &str) -> Vec<String> {
+    let list = cp
+        .pods("default")
+        .list(&kube::api::ListParams::default().labels(&format!("app={app}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mut nodes: Vec<String> = list
+        .iter()
+        .filter(|p| {
+            phase(p) == "Running"
+                && condition(p, "Ready")
+                && p.metadata.deletion_timestamp.is_none()
+        })
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+#[tokio::test]
+async fn two_nodes_share_a_deployment_drain_and_take_over_from_a_lost_node() {
+    // The node controller marks a node whose lease stopped NotReady after 8 s.
+    let cp = ControlPlane::start_with("multi", true, &[("NODE_MONITOR_GRACE", "8s")]).await;
+    let group = format!(
+        "--node-labels=nodelet-test-group=multi-{}",
+        std::process::id()
+    );
+    let a = join(&cp, "multia", &[&group]).await;
+    let mut b = join(&cp, "multib", &[&group]).await;
+    let deployment = format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: spread}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: spread}}}}
+  template:
+    metadata: {{labels: {{app: spread}}}}
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 5
+      nodeSelector: {{nodelet-test-group: multi-{id}}}
+      tolerations:
+      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}
+      - {{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            podAffinityTerm:
+              labelSelector: {{matchLabels: {{app: spread}}}}
+              topologyKey: kubernetes.io/hostname
+      containers:
+      - name: c
+        image: {BUSYBOX}
+        command: [sh, -c, "trap 'exit 0' TERM; while true; do sleep 1; done"]
+"#,
+        id = std::process::id()
+    );
+    let file = cp.dir.join("spread.yaml");
+    std::fs::write(&file, deployment).expect("write the deployment");
+    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()])
+        .await;
+    let both = vec![a.name.clone(), b.name.clone()];
+    eventually(
+        "one replica on each node",
+        Duration::from_secs(90),
+        || async { (placement(&cp, "spread").await == both).then_some(()) },
+    )
+    .await;
+
+    // kubectl drain evicts a's replica through the Eviction API; it comes back on b.
+    cp.kubectl_ok(&["drain", &a.name, "--ignore-daemonsets", "--timeout=90s"])
+        .await;
+    let on_b = vec![b.name.clone(), b.name.clone()];
+    eventually(
+        "both replicas on b after the drain",
+        Duration::from_secs(90),
+        || async { (placement(&cp, "spread").await == on_b).then_some(()) },
+    )
+    .await;
+    cp.kubectl_ok(&["uncordon", &a.name]).await;
+
+    // b's agent stops: its lease expires, the node controller marks it NotReady and evicts its
+    // pods by taint, and they come back Running on a.
+    b.stop_agent().await;
+    let nodes = cp.nodes();
+    eventually("b is NotReady", Duration::from_secs(90), || async {
+        let node = nodes.get_opt(&b.name).await.ok().flatten()?;
+        let ready = node
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status != "True").then_some(())
+    })
+    .await;
+    let on_a = vec![a.name.clone(), a.name.clone()];
+    eventually(
+        "both replicas on a after b was lost",
+        Duration::from_secs(120),
+        || async { (placement(&cp, "spread").await == on_a).then_some(()) },
+    )
+    .await;
+    a.finish().await;
+    b.finish().await;
 }

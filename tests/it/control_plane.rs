@@ -18,10 +18,11 @@ fn script() -> PathBuf {
 }
 
 /// Runs `cluster.sh args...` and returns its standard output; panics with its output on failure.
-fn cluster_sh(args: &[&str]) -> String {
+fn cluster_sh(args: &[&str], env: &[(&str, &str)]) -> String {
     let out = Command::new("bash")
         .arg(script())
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("bash runs hack/k8s/cluster.sh");
     assert!(
@@ -57,17 +58,22 @@ impl ControlPlane {
     /// Starts a control plane for test `test`; with `controllers`, also the controller manager
     /// and the scheduler.
     pub async fn start(test: &str, controllers: bool) -> ControlPlane {
+        ControlPlane::start_with(test, controllers, &[]).await
+    }
+
+    /// [`ControlPlane::start`] with variables for hack/k8s/cluster.sh (`NODE_MONITOR_GRACE`).
+    pub async fn start_with(test: &str, controllers: bool, env: &[(&str, &str)]) -> ControlPlane {
         let base = testbed_dir().join("clusters");
         std::fs::create_dir_all(&base).expect("the clusters dir");
         let dir = base.join(format!("{test}-{}", std::process::id()));
         // What a killed run of this test left behind.
-        cluster_sh(&["down", &dir.display().to_string()]);
+        cluster_sh(&["down", &dir.display().to_string()], &[]);
         let mut args = vec!["up".to_string(), dir.display().to_string()];
         if controllers {
             args.push("--controllers".into());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        cluster_sh(&args);
+        cluster_sh(&args, env);
         let kubeconfig = dir.join("admin.kubeconfig");
         let admin = client_for(&kubeconfig).await;
         if controllers {
@@ -91,10 +97,46 @@ impl ControlPlane {
     /// the path of its kubeconfig.
     pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
         PathBuf::from(
-            cluster_sh(&["node", &self.dir.display().to_string(), node])
+            cluster_sh(&["node", &self.dir.display().to_string(), node], &[])
                 .trim()
                 .to_string(),
         )
+    }
+
+    /// Compacts etcd's history up to its latest revision, so watches older than now get 410 Gone.
+    pub async fn compact_etcd(&self) {
+        let env = std::fs::read_to_string(self.dir.join("env")).expect("the cluster env");
+        let port = env
+            .lines()
+            .find_map(|l| l.strip_prefix("ETCD_PORT="))
+            .expect("ETCD_PORT in the cluster env");
+        let post = |path: &str, body: String| {
+            let url = format!("http://127.0.0.1:{port}{path}");
+            async move {
+                let out = tokio::process::Command::new("curl")
+                    .args(["-fsS", "-X", "POST", "-d", &body, &url])
+                    .output()
+                    .await
+                    .expect("curl runs");
+                assert!(
+                    out.status.success(),
+                    "etcd {url}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("etcd answers JSON")
+            }
+        };
+        // Any range read tells the current revision.
+        let answer = post("/v3/kv/range", r#"{"key":"AA=="}"#.into()).await;
+        let revision = answer["header"]["revision"]
+            .as_str()
+            .expect("a revision")
+            .to_string();
+        post(
+            "/v3/kv/compaction",
+            format!(r#"{{"revision":"{revision}","physical":true}}"#),
+        )
+        .await;
     }
 
     /// Stops one component (kube-apiserver, etcd, ...). Async, as the node under test runs
