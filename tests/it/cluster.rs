@@ -1003,3 +1003,27 @@ spec:
     a.finish().await;
     b.finish().await;
 }
+
+#[tokio::test]
+async fn nodelet_starts_its_static_pods_while_the_api_server_is_not_there_yet() {
+    let cp = ControlPlane::start("latestart", false).await;
+    cp.stop("kube-apiserver").await;
+    let node = join(&cp, "latestart", &[]).await;
+    node.write_manifest("a.yaml", &pod_yaml("a", &[("c", FOREVER)], ""));
+    let (sandbox, _) = node.wait_running("a", 1).await;
+    cp.start_again("kube-apiserver").await;
+    let nodes = cp.nodes();
+    eventually(
+        "the node registers once the API server is there",
+        Duration::from_secs(60),
+        || async { nodes.get_opt(&node.name).await.ok().flatten() },
+    )
+    .await;
+    cp.wait_pod("default", &node.pod_name("a"), "mirrored", |p| {
+        phase(p) == "Running"
+    })
+    .await;
+    let (still, _) = node.wait_running("a", 1).await;
+    assert_eq!(still.id, sandbox.id);
+    node.finish().await;
+}
