@@ -108,7 +108,7 @@ cluster: deps k8s runtime-up images build
 		--hostname-override nodelet-dev --cgroup-root /nodelet-dev
 
 # BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60".
-bench: deps runtime-up images
+bench: deps k8s runtime-up images
 	cargo build --release --locked --bin nodelet --example bench
 	@status=0; $(TARGET_DIR)/release/examples/bench \
 		--endpoint unix://$(NODELET_TESTBED)/containerd.sock \

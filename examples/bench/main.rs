@@ -2,8 +2,13 @@
 //! same CRI calls made directly), and nodelet's footprint. Floor and nodelet run in pairs in one
 //! invocation; only ratios are meant to be compared across runs.
 //!
+//! Then cluster mode (`cluster.rs`): pods through the API beside static pods, API requests per
+//! pod, and the footprint joined to a control plane.
+//!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
 //!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
+
+mod cluster;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -653,6 +658,15 @@ async fn main() -> Result<()> {
     drop(agent);
     let _ = nodelet::cgroups::remove_tree(CGROUP_ROOT);
     let _ = nodelet::cgroups::remove_tree(FLOOR_CGROUP_ROOT);
+    let in_cluster = cluster::run(
+        &a.nodelet,
+        &a.endpoint,
+        work.path(),
+        a.sizes,
+        (a.pairs, a.footprint),
+    )
+    .await?;
+    report.insert("cluster", in_cluster.clone());
 
     println!(
         "{:<12} {:<12} {:>8} {:>9} {:>7} {:>12} {:>11} {:>11} {:>9}",
@@ -697,6 +711,37 @@ async fn main() -> Result<()> {
             u["nodelet"]["peak_rss_mib"].as_f64().unwrap_or(0.0),
             u["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0),
             u["containerd"]["rss_mib"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "\ncluster mode: {:<12} {:>12} {:>12} {:>10} {:>14}",
+        "scenario", "API s", "static s", "API/static", "API req/pod"
+    );
+    for r in in_cluster["scenarios"].as_array().into_iter().flatten() {
+        println!(
+            "              {:<12} {:>12.3} {:>12.3} {:>10.2} {:>14.1}",
+            format!("{} x{}", r["scenario"].as_str().unwrap_or(""), r["pods"]),
+            r["api_start_s"].as_f64().unwrap_or(0.0),
+            r["static_start_s"].as_f64().unwrap_or(0.0),
+            r["api_over_static"].as_f64().unwrap_or(0.0),
+            r["api_requests_per_pod"].as_f64().unwrap_or(0.0),
+        );
+    }
+    let standalone = |pods: u64, key: &str| {
+        prints
+            .iter()
+            .find(|p| p["pods"] == pods)
+            .and_then(|p| p["usage"]["nodelet"][key].as_f64())
+            .unwrap_or(0.0)
+    };
+    for p in in_cluster["footprint"].as_array().into_iter().flatten() {
+        let pods = p["pods"].as_u64().unwrap_or(0);
+        let rss = p["usage"]["nodelet"]["rss_mib"].as_f64().unwrap_or(0.0);
+        let cpu = p["usage"]["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0);
+        println!(
+            "cluster mode, {pods} API pods: RSS {rss:.1} MiB ({:.2}x standalone), CPU {cpu:.2}% ({:.2}x standalone)",
+            rss / standalone(pods, "rss_mib").max(1e-9),
+            cpu / standalone(pods, "cpu_percent").max(1e-9),
         );
     }
     std::fs::create_dir_all(&a.out)?;

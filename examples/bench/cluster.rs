@@ -1,0 +1,329 @@
+//! Cluster mode in `make bench`: a control plane of its own (hack/k8s/cluster.sh), nodelet
+//! joined to it, and pods started through the API beside the same pods as static pods, each
+//! timed from its creation to Running as a watch of the API sees it; the API requests per pod;
+//! and nodelet's idle footprint in cluster mode.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{WatchStreamExt as _, watcher};
+
+/// The node name, also its identity's CN.
+const NODE: &str = "bench-cluster";
+const CGROUP_ROOT: &str = "nodelet-bench-cluster";
+const LABEL: &str = "nodelet-bench";
+
+/// A control plane in `dir`, stopped (and its directory removed) on drop.
+struct ControlPlane {
+    script: PathBuf,
+    dir: PathBuf,
+}
+
+impl ControlPlane {
+    fn up(dir: &Path) -> Result<ControlPlane> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/k8s/cluster.sh");
+        let cp = ControlPlane {
+            script,
+            dir: dir.to_path_buf(),
+        };
+        cp.run(&["up", &dir.display().to_string()])?;
+        Ok(cp)
+    }
+
+    fn run(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new("bash").arg(&self.script).args(args).output()?;
+        if !out.status.success() {
+            bail!(
+                "hack/k8s/cluster.sh {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = self.run(&["down", &self.dir.display().to_string()]);
+    }
+}
+
+/// nodelet in cluster mode.
+struct Agent {
+    child: Child,
+    manifests: PathBuf,
+}
+
+impl Agent {
+    fn start(binary: &Path, endpoint: &Path, dir: &Path, kubeconfig: &str) -> Result<Agent> {
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests)?;
+        let child = Command::new(binary)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--pod-manifest-path")
+            .arg(&manifests)
+            .arg(format!(
+                "--container-runtime-endpoint=unix://{}",
+                endpoint.display()
+            ))
+            .arg("--root-dir")
+            .arg(dir.join("root"))
+            .arg("--pod-logs-dir")
+            .arg(dir.join("pods"))
+            .arg("--container-logs-dir")
+            .arg(dir.join("containers"))
+            .args([
+                "--hostname-override",
+                NODE,
+                "--healthz-port",
+                "0",
+                "--port",
+                "0",
+            ])
+            .args([
+                "--max-pods",
+                "200",
+                "--cgroup-root",
+                &format!("/{CGROUP_ROOT}"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start nodelet in cluster mode")?;
+        Ok(Agent { child, manifests })
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A bench pod bound to the node; the footprint's pods use the host's network, as the
+/// standalone footprint's do.
+fn pod_yaml(name: &str, host_network: bool) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{LABEL}: x}}}}\nspec:\n  nodeName: {NODE}\n  hostNetwork: {host_network}\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: c\n    image: {}\n    command: [sh, -c, \"{}\"]\n",
+        super::IMAGE,
+        super::SCRIPT
+    )
+}
+
+/// When a watch of the API first saw each pod (by name) Running, and whether it is gone.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<HashMap<String, Option<Instant>>>>);
+
+impl Seen {
+    fn running(&self, names: &[String]) -> Option<Instant> {
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        names
+            .iter()
+            .map(|n| seen.get(n).copied().flatten())
+            .collect::<Option<Vec<Instant>>>()
+            .and_then(|t| t.into_iter().max())
+    }
+
+    fn gone(&self, names: &[String]) -> bool {
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        names.iter().all(|n| !seen.contains_key(n))
+    }
+}
+
+fn watch(client: kube::Client) -> Seen {
+    let seen = Seen::default();
+    let record = seen.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default().labels(LABEL))
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let mut seen = record.0.lock().unwrap_or_else(|e| e.into_inner());
+            let (pod, deleted) = match event {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                Ok(watcher::Event::Delete(p)) => (p, true),
+                _ => continue,
+            };
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            if deleted {
+                seen.remove(&name);
+                continue;
+            }
+            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            let entry = seen.entry(name).or_insert(None);
+            if running && entry.is_none() {
+                *entry = Some(Instant::now());
+            }
+        }
+    });
+    seen
+}
+
+async fn wait(what: &str, check: impl Fn() -> bool) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !check() {
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Seconds from the first create to the last pod Running, for `n` pods through the API.
+async fn through_api(pods: &Api<Pod>, seen: &Seen, n: usize, round: usize) -> Result<f64> {
+    let names: Vec<String> = (0..n).map(|i| format!("a{round}-{i}")).collect();
+    let started = Instant::now();
+    for name in &names {
+        let pod: Pod = serde_yaml_ng::from_str(&pod_yaml(name, false))?;
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    wait("API pods Running", || seen.running(&names).is_some()).await?;
+    let took = seen
+        .running(&names)
+        .map_or(0.0, |t| t.duration_since(started).as_secs_f64());
+    for name in &names {
+        pods.delete(name, &DeleteParams::default()).await?;
+    }
+    wait("API pods gone", || seen.gone(&names)).await?;
+    Ok(took)
+}
+
+/// Seconds from the first manifest written to the last mirror pod Running, for `n` static pods.
+async fn through_files(agent: &Agent, seen: &Seen, n: usize, round: usize) -> Result<f64> {
+    let names: Vec<String> = (0..n).map(|i| format!("s{round}-{i}")).collect();
+    let started = Instant::now();
+    for name in &names {
+        let tmp = agent.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(
+            &tmp,
+            pod_yaml(name, false).replace(&format!("  nodeName: {NODE}\n"), ""),
+        )?;
+        std::fs::rename(&tmp, agent.manifests.join(format!("{name}.yaml")))?;
+    }
+    let mirrors: Vec<String> = names.iter().map(|n| format!("{n}-{NODE}")).collect();
+    wait("mirror pods Running", || seen.running(&mirrors).is_some()).await?;
+    let took = seen
+        .running(&mirrors)
+        .map_or(0.0, |t| t.duration_since(started).as_secs_f64());
+    for name in &names {
+        std::fs::remove_file(agent.manifests.join(format!("{name}.yaml")))?;
+    }
+    wait("mirror pods gone", || seen.gone(&mirrors)).await?;
+    Ok(took)
+}
+
+/// The API server's request count so far (every verb and resource).
+async fn requests(client: &kube::Client) -> Result<f64> {
+    let text = client
+        .request_text(axum::http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// The cluster-mode measurements, as JSON rows.
+pub async fn run(
+    nodelet: &Path,
+    endpoint: &Path,
+    work: &Path,
+    (burst, max): (usize, usize),
+    (pairs, window): (usize, Duration),
+) -> Result<serde_json::Value> {
+    let cp = ControlPlane::up(&work.join("cluster"))?;
+    let kubeconfig = cp.run(&["node", &cp.dir.display().to_string(), NODE])?;
+    let admin = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(cp.dir.join("admin.kubeconfig"))?,
+            &KubeConfigOptions::default(),
+        )
+        .await?,
+    )?;
+    // Without a controller manager, the namespace's service account is made here: pods need it.
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}}))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &account)
+        .await?;
+    let agent = Agent::start(nodelet, endpoint, &work.join("cluster-agent"), &kubeconfig)?;
+    let seen = watch(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mut rows = Vec::new();
+    let mut round = 0;
+    for (name, n, count) in [
+        ("one pod x10", 1usize, 10usize),
+        ("burst", burst, 2 * pairs),
+    ] {
+        let (mut api, mut files) = (Vec::new(), Vec::new());
+        let mut per_pod = Vec::new();
+        for i in 0..count {
+            round += 1;
+            // Which goes first alternates, as the floor pairs do.
+            if i % 2 == 1 {
+                super::quiesce().await;
+                files.push(through_files(&agent, &seen, n, round).await?);
+            }
+            super::quiesce().await;
+            let before = requests(&admin).await?;
+            api.push(through_api(&pods, &seen, n, round).await?);
+            // The bench's own requests: n creates, n deletes and one metrics read.
+            let mine = 2.0 * n as f64 + 1.0;
+            per_pod.push(((requests(&admin).await? - before - mine) / n as f64).max(0.0));
+            if i % 2 == 0 {
+                super::quiesce().await;
+                files.push(through_files(&agent, &seen, n, round).await?);
+            }
+        }
+        let row = serde_json::json!({
+            "scenario": name, "pods": n, "runs": count,
+            "api_start_s": super::median(api.clone()),
+            "static_start_s": super::median(files.clone()),
+            "api_over_static": super::median(api.iter().zip(&files).map(|(a, f)| a / f.max(1e-9)).collect()),
+            "api_requests_per_pod": super::median(per_pod),
+            "api_s": api, "static_s": files,
+        });
+        eprintln!("{row}");
+        rows.push(row);
+    }
+    let pid = agent.child.id();
+    let mut prints = Vec::new();
+    for n in [0usize, max] {
+        round += 1;
+        let names: Vec<String> = (0..n).map(|i| format!("f{round}-{i}")).collect();
+        for name in &names {
+            let pod: Pod = serde_yaml_ng::from_str(&pod_yaml(name, true))?;
+            pods.create(&PostParams::default(), &pod).await?;
+        }
+        wait("footprint pods Running", || {
+            seen.running(&names).is_some() || n == 0
+        })
+        .await?;
+        prints.push(
+            serde_json::json!({"pods": n, "usage": super::footprint(pid, None, window).await}),
+        );
+        for name in &names {
+            pods.delete(name, &DeleteParams::default()).await?;
+        }
+        wait("footprint pods gone", || seen.gone(&names)).await?;
+    }
+    drop(agent);
+    drop(cp);
+    let _ = nodelet::cgroups::remove_tree(CGROUP_ROOT);
+    Ok(serde_json::json!({"scenarios": rows, "footprint": prints}))
+}
