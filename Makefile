@@ -59,7 +59,8 @@ build:
 # Debian's much older one.
 k8s: deps
 	@bash hack/k8s/build.sh bin >/dev/null
-	@ln -sf "$(K8S_BIN)/kubectl" /usr/local/bin/kubectl
+	@bin="$(K8S_BIN)"; test -x "$$bin/kubectl" || { echo "k8s: no kubectl in '$$bin'" >&2; exit 1; }; \
+	ln -sf "$$bin/kubectl" /usr/local/bin/kubectl
 
 # The suite runs one test per process (tests share nothing); cargo test would not.
 nextest:

@@ -340,10 +340,10 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     let api = match &config.kubeconfig {
         Some(kubeconfig) => {
             let cluster = cluster_config(&config, &core, kubeconfig);
-            let client = crate::cluster::connect(&cluster)
+            let clients = crate::cluster::connect(&cluster)
                 .await
                 .context("cannot join the cluster (--kubeconfig)")?;
-            Some((cluster, client))
+            Some((cluster, clients))
         }
         None => None,
     };
@@ -411,14 +411,16 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             log_dir: PathBuf::from("/var/log"),
             configz: config.kubelet_configuration(),
         };
-        let reviewer = api.as_ref().map(|(_, client)| {
+        let reviewer = api.as_ref().map(|(_, clients)| {
             let ttls = crate::cluster::review::Ttls {
                 authenticated: config.authentication_token_webhook_cache_ttl,
                 allowed: config.authorization_webhook_cache_authorized_ttl,
                 denied: config.authorization_webhook_cache_unauthorized_ttl,
             };
-            Arc::new(crate::cluster::review::Reviewer::new(client.clone(), ttls))
-                as Arc<dyn server::auth::Reviewer>
+            Arc::new(crate::cluster::review::Reviewer::new(
+                clients.reviews.clone(),
+                ttls,
+            )) as Arc<dyn server::auth::Reviewer>
         });
         let auth = server::auth::Auth {
             anonymous: config.anonymous_auth,
@@ -493,7 +495,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     core.tracker.spawn(return_freed_memory(cancel.clone()));
 
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
-    if let Some((cluster, client)) = api {
+    if let Some((cluster, clients)) = api {
         let handles = crate::cluster::Handles {
             signals: crate::cluster::node::Signals {
                 pleg: core.pleg_health.clone(),
@@ -505,9 +507,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             snapshots: snapshots_tx.clone(),
             recorder: core.recorder.clone(),
         };
-        crate::cluster::start(cluster, client, handles, &core.tracker, &cancel)
-            .await
-            .context("cannot join the cluster (--kubeconfig)")?;
+        crate::cluster::start(cluster, clients, handles, &core.tracker, &cancel);
     }
     if let Some(path) = &config.static_pod_path {
         tracing::info!(path = %path.display(), "watching static pod manifests");

@@ -19,8 +19,14 @@ pub struct Entry {
 #[derive(Default)]
 struct State {
     pods: HashMap<PodUid, Entry>,
+    /// Pods whose termination finished (nothing of them is left on the node), and when; kept
+    /// for [`TERMINATED_KEPT`] so the cluster status manager can delete their API objects.
+    terminated: HashMap<PodUid, std::time::Instant>,
     generation: u64,
 }
+
+/// How long a finished termination is remembered.
+const TERMINATED_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Writes statuses; there is one.
 pub struct Writer {
@@ -76,6 +82,19 @@ impl Writer {
         true
     }
 
+    /// Forgets a pod whose termination finished: nothing of it is left on the node.
+    pub fn terminated(&self, uid: &PodUid) {
+        {
+            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            state
+                .terminated
+                .retain(|_, at| now.duration_since(*at) < TERMINATED_KEPT);
+            state.terminated.insert(uid.clone(), now);
+        }
+        self.remove(uid);
+    }
+
     /// Forgets a pod that is gone.
     pub fn remove(&self, uid: &PodUid) {
         let generation = {
@@ -126,6 +145,15 @@ impl Reader {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Did the pod's termination finish lately (nothing of it is left on the node)?
+    pub fn was_terminated(&self, uid: &PodUid) -> bool {
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .terminated
+            .contains_key(uid)
     }
 
     /// Waits until anything in the store changes.

@@ -193,17 +193,26 @@ impl<S: PodSyncer> SyncLoop<S> {
             if !terminate && self.rejected.contains(&uid) {
                 continue;
             }
-            // A pod the API already records as finished (it ran here before a restart, or
-            // elsewhere) never starts again; it stays as it is until it leaves its source.
-            if !terminate && !self.workers.contains(&uid) && is_finished(pod) {
-                self.rejected.insert(uid);
-                continue;
-            }
-            // A pod being deleted is never started (again): its worker, if any, terminates it.
+            // A pod being deleted that has no worker (it arrived deleted, after a restart, or
+            // its worker finished) is terminated, once: whatever it left on the node goes, with
+            // its grace period, before its API object may be deleted.
             if !terminate
                 && !self.workers.contains(&uid)
                 && pod.metadata.deletion_timestamp.is_some()
             {
+                if self.rejected.insert(uid.clone()) {
+                    self.admitted.remove(&uid);
+                    self.next_resync.remove(&uid);
+                    if self.workers.update(Work::Terminate(pod.clone())) {
+                        self.terminating_names.insert(name, uid);
+                    }
+                }
+                continue;
+            }
+            // A pod the API already records as finished (it ran here before a restart, or
+            // elsewhere) never starts again; it stays as it is until it leaves its source.
+            if !terminate && !self.workers.contains(&uid) && is_finished(pod) {
+                self.rejected.insert(uid);
                 continue;
             }
             if !terminate
@@ -252,8 +261,14 @@ impl<S: PodSyncer> SyncLoop<S> {
         let objects = std::mem::take(&mut snapshot.objects);
         let changed = self.objects.replace(snapshot.source, objects);
         for update in self.mux.merge(snapshot) {
-            tracing::info!(op = ?update.op, source = %update.source,
-                pods = ?update.pods.iter().map(|p| full_name(p)).collect::<Vec<_>>(), "pod update");
+            let pods = || update.pods.iter().map(|p| full_name(p)).collect::<Vec<_>>();
+            // Only the API's copy of the status changed (mostly our own status writes coming
+            // back): the pods keep running as they are, as upstream's reconcile leaves them.
+            if update.op == PodOperation::Reconcile {
+                tracing::debug!(source = %update.source, pods = ?pods(), "pod status changed in the source");
+                continue;
+            }
+            tracing::info!(op = ?update.op, source = %update.source, pods = ?pods(), "pod update");
             let terminate = matches!(update.op, PodOperation::Remove | PodOperation::Delete);
             self.dispatch(&update.pods, terminate);
         }
@@ -393,6 +408,14 @@ impl<S: PodSyncer> SyncLoop<S> {
                 Some(snapshot) = snapshots.recv() => self.handle_snapshot(snapshot),
                 Some(uid) = self.done.recv() => {
                     self.workers.forget(&uid);
+                    // A deleted pod whose termination finished stays done until it leaves.
+                    if self
+                        .mux
+                        .desired()
+                        .any(|p| PodUid::of(p) == uid && p.metadata.deletion_timestamp.is_some())
+                    {
+                        self.rejected.insert(uid.clone());
+                    }
                     if let Some((pod, message)) = self.evicted.remove(&uid) {
                         let syncer = self.syncer.clone();
                         self.tracker.spawn(async move {

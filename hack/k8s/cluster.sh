@@ -186,8 +186,8 @@ stop_component() { # dir component
     pid=$(cat "$dir/$c.pid" 2>/dev/null || true)
     rm -f "$dir/$c.pid"
     alive "$pid" || return 0
-    # Only our own process: its command line names this cluster's dir or ports.
-    grep -qa -- "$dir" "/proc/$pid/cmdline" 2>/dev/null || grep -qa -- "$c" "/proc/$pid/cmdline" || return 0
+    # Only our own process: every component's command line names this cluster's dir.
+    grep -qa -- "$dir" "/proc/$pid/cmdline" 2>/dev/null || return 0
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true

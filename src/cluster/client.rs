@@ -37,8 +37,9 @@ pub enum Error {
     },
 }
 
-/// A client for the API server the kubeconfig names, paced at `qps` with bursts of `burst`.
-pub async fn from_kubeconfig(path: &Path, qps: f64, burst: u32) -> Result<Client, Error> {
+/// A client for the API server the kubeconfig names, paced at `qps` with bursts of `burst`
+/// (`None`: not paced, as upstream's heartbeat client).
+pub async fn from_kubeconfig(path: &Path, pace: Option<(f64, u32)>) -> Result<Client, Error> {
     let shown = path.display().to_string();
     let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Read {
         path: shown.clone(),
@@ -54,7 +55,10 @@ pub async fn from_kubeconfig(path: &Path, qps: f64, burst: u32) -> Result<Client
         path: shown,
         source,
     })?;
-    Ok(builder.with_layer(&PaceLayer::new(qps, burst)).build())
+    Ok(match pace {
+        Some((qps, burst)) => builder.with_layer(&PaceLayer::new(qps, burst)).build(),
+        None => builder.build(),
+    })
 }
 
 /// A token bucket: `burst` tokens at most, refilled at `qps` per second.

@@ -48,9 +48,16 @@ pub async fn run(
                     "lastTimestamp": event.last_timestamp,
                     "message": event.message,
                 });
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                match api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
-                    .map(|_| ())
+                {
+                    // Expired on the API server (events live an hour): sent again whole.
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        api.create(&PostParams::default(), event).await.map(|_| ())
+                    }
+                    other => other.map(|_| ()),
+                }
             } else {
                 match api.create(&PostParams::default(), event).await {
                     // Sent by an earlier run of this agent: bring its count up to date.

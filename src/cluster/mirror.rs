@@ -13,26 +13,15 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::pods::{Bound, is_mirror};
-use crate::pod::{ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SOURCE};
+use crate::pod::{ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, annotation, source};
 use crate::sync_loop::Desired;
 use crate::types::{Source, full_name};
 
 /// How often the mirrors are checked even without a change.
 const RESYNC: Duration = Duration::from_secs(10);
 
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
-}
-
 fn is_static(pod: &Pod) -> bool {
-    matches!(
-        annotation(pod, ANNOTATION_CONFIG_SOURCE).and_then(Source::parse),
-        Some(Source::File | Source::Http)
-    )
+    matches!(source(pod), Some(Source::File | Source::Http))
 }
 
 /// The mirror pod of `pod`, owned by the node `node` (UID `node_uid`).
@@ -209,6 +198,7 @@ async fn delete(client: &kube::Client, pod: &Pod, uid: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pod::ANNOTATION_CONFIG_SOURCE;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn static_pod(hash: &str) -> Pod {

@@ -46,41 +46,60 @@ pub struct Handles {
     pub recorder: crate::events::Recorder,
 }
 
-/// The API client of the agent, from the kubeconfig, paced at `qps`/`burst`.
-pub async fn connect(config: &Config) -> Result<kube::Client, client::Error> {
-    client::from_kubeconfig(&config.kubeconfig, config.qps, config.burst).await
+/// The agent's API clients, each from the kubeconfig and paced on its own, as upstream keeps
+/// them apart: a flood of one kind of request never holds up another.
+#[derive(Clone)]
+pub struct Clients {
+    /// Pods, their status, mirrors, objects and tokens (`--kube-api-qps`, `--kube-api-burst`).
+    pub main: kube::Client,
+    /// The node's status and lease, not paced.
+    pub heartbeat: kube::Client,
+    /// Events (`--event-qps`, `--event-burst`).
+    pub events: kube::Client,
+    /// TokenReview and SubjectAccessReview for the node's API, paced like the main client.
+    pub reviews: kube::Client,
 }
 
-/// Starts the cluster parts on `tracker` with `client` (and a client of the events' own).
-/// Fails only on a kubeconfig that cannot be used; an API server that does not answer is
-/// retried by each part.
-pub async fn start(
+/// The clients, from the kubeconfig. Nothing is asked of the API server yet.
+pub async fn connect(config: &Config) -> Result<Clients, client::Error> {
+    let path = &config.kubeconfig;
+    let paced = Some((config.qps, config.burst));
+    Ok(Clients {
+        main: client::from_kubeconfig(path, paced).await?,
+        heartbeat: client::from_kubeconfig(path, None).await?,
+        events: client::from_kubeconfig(path, Some((config.event_qps, config.event_burst))).await?,
+        reviews: client::from_kubeconfig(path, paced).await?,
+    })
+}
+
+/// Starts the cluster parts on `tracker`. An API server that does not answer is retried by
+/// each part.
+pub fn start(
     config: Config,
-    client: kube::Client,
+    clients: Clients,
     handles: Handles,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
-) -> Result<(), client::Error> {
-    let events_client =
-        client::from_kubeconfig(&config.kubeconfig, config.event_qps, config.event_burst).await?;
+) {
+    let client = clients.main;
     tracing::info!(kubeconfig = %config.kubeconfig.display(), node = %config.node.name, "joining the cluster");
     let (uid_tx, uid) = watch::channel(None);
     let name = config.node.name.clone();
     tracker.spawn(events::run(
-        events_client,
+        clients.events,
         handles.recorder,
         name.clone(),
         cancel.clone(),
     ));
     tracker.spawn(node::run(
-        client.clone(),
+        clients.heartbeat.clone(),
         config.node,
         handles.signals,
         uid_tx,
         cancel.clone(),
     ));
     tracker.spawn(lease::run(
-        client.clone(),
+        clients.heartbeat,
         name.clone(),
         config.lease_duration_seconds,
         uid.clone(),
@@ -109,5 +128,4 @@ pub async fn start(
         bound,
         cancel.clone(),
     ));
-    Ok(())
 }

@@ -22,8 +22,10 @@ use crate::objects::{Key, Kind, Object, token_requests};
 
 /// A failed token request is tried again after this long.
 const TOKEN_RETRY: Duration = Duration::from_secs(5);
-/// A token is renewed once 80 % of its life has passed, or after a day, as upstream.
+/// A token is renewed once 80 % of its life has passed, or after a day, as upstream; never
+/// sooner than a minute after it was issued.
 const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+const TOKEN_MIN_AGE: Duration = Duration::from_secs(60);
 
 /// An issued token, and when to ask for a new one.
 struct Issued {
@@ -68,7 +70,8 @@ impl Referenced {
         self.changed.clone()
     }
 
-    /// Watches what `pods` refer to, and stops watching what they no longer do.
+    /// Watches the ConfigMaps and Secrets `pods` refer to, and stops watching what they no
+    /// longer do (tokens are issued, not watched: see [`Referenced::issue_tokens`]).
     pub fn follow(&mut self, pods: &[Pod]) {
         let wanted: HashSet<Key> = pods
             .iter()
@@ -76,7 +79,6 @@ impl Referenced {
                 let namespace = p.metadata.namespace.clone().unwrap_or_default();
                 crate::objects::references(p)
                     .into_iter()
-                    .filter(|(kind, _)| *kind != Kind::ServiceAccountToken)
                     .map(move |(kind, name)| (kind, namespace.clone(), name))
             })
             .collect();
@@ -95,31 +97,32 @@ impl Referenced {
                 continue;
             }
             let stop = self.cancel.child_token();
-            self.watches.insert(key.clone(), stop.clone());
             let (client, values, changed) = (
                 self.client.clone(),
                 self.values.clone(),
                 self.changed.clone(),
             );
+            let watch = stop.clone();
             match key.0 {
                 Kind::ConfigMap => self.tracker.spawn(watch_one::<ConfigMap>(
                     client,
-                    key,
+                    key.clone(),
                     crate::objects::config_map,
                     values,
                     changed,
-                    stop,
+                    watch,
                 )),
                 Kind::Secret => self.tracker.spawn(watch_one::<Secret>(
                     client,
-                    key,
+                    key.clone(),
                     crate::objects::secret,
                     values,
                     changed,
-                    stop,
+                    watch,
                 )),
                 Kind::ServiceAccountToken => continue,
             };
+            self.watches.insert(key, stop);
         }
     }
 
@@ -158,9 +161,11 @@ impl Referenced {
                 }
             }
         }
+        // A failed renewal waits for its retry, not for the refresh time that already passed.
         self.tokens
-            .values()
-            .map(|t| t.refresh_at)
+            .iter()
+            .filter(|(k, _)| !self.failed.contains_key(*k))
+            .map(|(_, t)| t.refresh_at)
             .chain(self.failed.values().copied())
             .min()
     }
@@ -192,13 +197,10 @@ impl Referenced {
                 "the API server's TokenRequest answer has no status".into(),
             ));
         };
-        let life = status
-            .expiration_timestamp
-            .0
-            .duration_since(crate::types::now())
-            .as_secs_f64()
-            .max(0.0);
-        let refresh = Duration::from_secs_f64(life * 0.8).min(TOKEN_MAX_AGE);
+        // From the life asked for, on this node's clock (as upstream), so a skewed clock never
+        // makes it renew at once.
+        let life = Duration::from_secs(r.expiration_seconds.max(0) as u64);
+        let refresh = life.mul_f64(0.8).clamp(TOKEN_MIN_AGE, TOKEN_MAX_AGE);
         tracing::debug!(pod = %format!("{namespace}/{pod}"), account = %r.service_account, refresh_in = ?refresh, "issued a service account token");
         Ok(Issued {
             token: status.token,

@@ -31,10 +31,7 @@ pub struct Bound {
 
 /// Is this pod a mirror pod (the API's view of a static pod)?
 pub fn is_mirror(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(ANNOTATION_CONFIG_MIRROR))
+    crate::pod::annotation(pod, ANNOTATION_CONFIG_MIRROR).is_some()
 }
 
 /// The events that arrive together are handled as one snapshot: a burst of pods bound at once

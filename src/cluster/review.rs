@@ -1,7 +1,9 @@
 //! The API server's reviews for the node's authenticated API: TokenReview for bearer tokens and
 //! SubjectAccessReview for each request, with upstream's caches (answers kept for
 //! `authentication.webhook.cacheTTL`, and `authorization.webhook.cacheAuthorizedTTL` /
-//! `cacheUnauthorizedTTL`). Tokens are cached by their SHA-256, never kept in the clear.
+//! `cacheUnauthorizedTTL`). Tokens are cached by their SHA-256, never kept in the clear, and
+//! only when the API server knew them. Reviews use a client of their own, so requests with
+//! made-up tokens cannot hold up the node's heartbeat or its pods' status.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -102,7 +104,10 @@ impl Reviewer {
                 return None;
             }
         };
-        remember(&self.tokens, key, user.clone(), self.ttls.authenticated);
+        // Only known tokens are kept: a flood of made-up ones must not push them out.
+        if user.is_some() {
+            remember(&self.tokens, key, user.clone(), self.ttls.authenticated);
+        }
         user
     }
 

@@ -10,7 +10,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tokio_util::sync::CancellationToken;
 
 use super::pods::{Bound, is_mirror};
-use crate::pod::{ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SOURCE};
+use crate::pod::{ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, annotation, source};
 use crate::status;
 use crate::types::{PodUid, Source, full_name};
 
@@ -25,20 +25,12 @@ struct Target {
     uid: String,
 }
 
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
-}
-
 /// Where the status of `pod` goes: the pod itself for an API pod, its mirror pod (when there is
 /// one) for a static pod.
 fn target(pod: &Pod, bound: &Bound) -> Option<Target> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
-    match annotation(pod, ANNOTATION_CONFIG_SOURCE).and_then(Source::parse) {
+    match source(pod) {
         Some(Source::Api) => Some(Target {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             namespace,
@@ -157,15 +149,13 @@ fn with_clears(pod: &Pod) -> serde_json::Value {
     status
 }
 
-/// API pods being deleted whose every trace is gone from the node (the pod sync forgot them)
+/// API pods being deleted whose termination on the node finished (nothing of them is left)
 /// are deleted for good, with grace 0 and their UID as precondition, as upstream.
 async fn delete_finished(client: &kube::Client, statuses: &status::Reader, bound: &Bound) {
     let finished = bound.store.state_filter(|p| {
         p.metadata.deletion_timestamp.is_some()
             && !is_mirror(p)
-            && statuses
-                .get(&PodUid(p.metadata.uid.clone().unwrap_or_default()))
-                .is_none()
+            && statuses.was_terminated(&PodUid(p.metadata.uid.clone().unwrap_or_default()))
     });
     for pod in finished {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();

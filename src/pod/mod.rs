@@ -43,6 +43,20 @@ pub fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
         .chain(spec.containers.iter())
 }
 
+/// The value of one of the pod's annotations.
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// The source a pod came from (its `kubernetes.io/config.source` annotation).
+pub fn source(pod: &Pod) -> Option<crate::types::Source> {
+    annotation(pod, ANNOTATION_CONFIG_SOURCE).and_then(crate::types::Source::parse)
+}
+
 /// Is this init container a sidecar (`restartPolicy: Always`)?
 pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")

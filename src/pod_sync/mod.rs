@@ -892,7 +892,7 @@ impl Syncer {
             }
             _ => {}
         }
-        self.status.remove(&uid);
+        self.status.terminated(&uid);
         self.probes.remove_pod(&uid);
         self.started
             .lock()
@@ -1044,7 +1044,7 @@ impl PodSyncer for Syncer {
     }
 
     async fn forget_pod(&self, pod: Arc<Pod>) {
-        self.status.remove(&PodUid::of(&pod));
+        self.status.terminated(&PodUid::of(&pod));
     }
 
     async fn housekeep(&self, desired: Vec<Arc<Pod>>) {

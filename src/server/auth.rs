@@ -145,10 +145,14 @@ pub async fn check(State(auth): State<Auth>, req: Request, next: Next) -> Respon
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim().to_string());
     let user = match (from_certificate, bearer, &auth.reviewer) {
         (Some(user), _, _) => user,
+        (None, Some(token), _) if token.is_empty() => {
+            return refuse(StatusCode::UNAUTHORIZED, "Unauthorized");
+        }
         (None, Some(token), Some(reviewer)) if auth.token_webhook => {
             match reviewer.authenticate(&token).await {
                 Some(user) => user,

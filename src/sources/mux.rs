@@ -16,10 +16,25 @@ pub struct Mux {
     sources: HashMap<Source, BTreeMap<PodUid, Arc<Pod>>>,
 }
 
-/// A pod without the parts that do not make it "changed": local annotations and status.
+/// A pod with only what makes it "changed", as upstream compares pods: its spec, labels,
+/// annotations (but the agent's local ones) and deletion; not its status, nor the metadata the
+/// API server bumps on every write (resourceVersion, managedFields).
 fn comparable(pod: &Pod) -> Pod {
-    let mut p = pod.clone();
-    p.status = None;
+    let m = &pod.metadata;
+    let mut p = Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            uid: m.uid.clone(),
+            labels: m.labels.clone(),
+            annotations: m.annotations.clone(),
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            ..Default::default()
+        },
+        spec: pod.spec.clone(),
+        status: None,
+    };
     if let Some(a) = p.metadata.annotations.as_mut() {
         for local in [
             ANNOTATION_CONFIG_SEEN,
@@ -236,6 +251,19 @@ mod tests {
         assert_eq!(
             kept.metadata.annotations.as_ref().unwrap()[ANNOTATION_CONFIG_SEEN],
             "t0"
+        );
+    }
+
+    #[test]
+    fn a_new_resource_version_alone_is_no_update() {
+        let mut mux = Mux::default();
+        set(&mut mux, vec![pod("a", "1", "i")]);
+        let mut written = pod("a", "1", "i");
+        written.metadata.resource_version = Some("42".into());
+        written.status = Some(Default::default());
+        assert_eq!(
+            set(&mut mux, vec![written]),
+            vec![(PodOperation::Reconcile, vec!["1".into()])]
         );
     }
 

@@ -10,6 +10,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 use crate::bed::{BUSYBOX, FOREVER, Node, eventually, pod_yaml};
 use crate::control_plane::{ControlPlane, client_for, condition, phase};
+use nodelet::pod::annotation;
 
 /// Starts nodelet as node `t-<test>` joined to `cp`, with quick status updates and a short
 /// lease (renewed every second), plus `extra` flags.
@@ -366,14 +367,6 @@ spec:
         .await;
     cp.wait_pod_gone("default", "greedy").await;
     node.finish().await;
-}
-
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
 }
 
 #[tokio::test]
@@ -1025,5 +1018,60 @@ async fn nodelet_starts_its_static_pods_while_the_api_server_is_not_there_yet() 
     .await;
     let (still, _) = node.wait_running("a", 1).await;
     assert_eq!(still.id, sandbox.id);
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_pod_deleted_while_nodelet_was_down_still_stops_gracefully_before_it_leaves_the_api() {
+    let cp = ControlPlane::start("downdelete", true).await;
+    let mut node = join(&cp, "downdelete", &[]).await;
+    let marks = node.path("marks");
+    let yaml = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: late
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 30
+  volumes:
+  - name: marks
+    hostPath: {{path: {marks}, type: DirectoryOrCreate}}
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, "trap 'echo > /marks/term; exit 0' TERM; while true; do sleep 1; done"]
+    lifecycle:
+      preStop:
+        exec: {{command: [sh, -c, "echo > /marks/prestop"]}}
+    volumeMounts: [{{name: marks, mountPath: /marks}}]
+"#,
+        marks = marks.display()
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&yaml, &node.name))
+        .await
+        .expect("create the pod");
+    cp.wait_pod("default", "late", "Running", |p| phase(p) == "Running")
+        .await;
+    node.stop_agent().await;
+    cp.kubectl_ok(&["delete", "pod", "late", "--wait=false"])
+        .await;
+    // Back up, nodelet finds the pod already being deleted: it stops it with its hook and
+    // grace period first, and only then lets the API object go.
+    let extra = [
+        "--kubeconfig".to_string(),
+        cp.node_kubeconfig(&node.name).display().to_string(),
+    ];
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    node.restart(&extra).await;
+    cp.wait_pod_gone("default", "late").await;
+    for mark in ["prestop", "term"] {
+        assert!(
+            marks.join(mark).exists(),
+            "the container never wrote /marks/{mark}"
+        );
+    }
     node.finish().await;
 }
