@@ -266,6 +266,19 @@ impl<S: PodSyncer> SyncLoop<S> {
             // back): the pods keep running as they are, as upstream's reconcile leaves them.
             if update.op == PodOperation::Reconcile {
                 tracing::debug!(source = %update.source, pods = ?pods(), "pod status changed in the source");
+                // Pods with readiness gates are synced: others set the gates' conditions.
+                let gated: Vec<Arc<Pod>> = update
+                    .pods
+                    .iter()
+                    .filter(|p| {
+                        p.spec
+                            .as_ref()
+                            .and_then(|s| s.readiness_gates.as_ref())
+                            .is_some_and(|g| !g.is_empty())
+                    })
+                    .cloned()
+                    .collect();
+                self.dispatch(&gated, false);
                 continue;
             }
             tracing::info!(op = ?update.op, source = %update.source, pods = ?pods(), "pod update");

@@ -249,6 +249,34 @@ fn condition(
     }
 }
 
+/// Why each of the pod's readiness gates is not passed, as upstream words it: the gates'
+/// conditions are set by others on the pod's status in its source (the API server).
+fn unready_gates(pod: &Pod) -> Vec<String> {
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    spec(pod)
+        .readiness_gates
+        .iter()
+        .flatten()
+        .filter_map(|gate| {
+            let kind = &gate.condition_type;
+            match conditions.iter().find(|c| &c.type_ == kind) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {kind:?} does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {kind:?} is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect()
+}
+
 /// Computes the pod's status.
 pub fn generate(input: &Input<'_>) -> PodStatus {
     let s = spec(input.pod);
@@ -322,8 +350,11 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .filter(|c| !c.ready)
         .map(|c| c.name.as_str())
         .collect();
+    let gates = unready_gates(input.pod);
     let (ready_reason, ready_message) = if terminal {
         ("PodCompleted", None)
+    } else if unready.is_empty() && !gates.is_empty() {
+        ("ReadinessGatesNotReady", Some(gates.join(", ")))
     } else {
         (
             "ContainersNotReady",
@@ -363,7 +394,7 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
             old,
             now,
             "Ready",
-            unready.is_empty() && !terminal,
+            unready.is_empty() && gates.is_empty() && !terminal,
             Some(ready_reason),
             ready_message.clone(),
         ),
@@ -372,8 +403,12 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
             now,
             "ContainersReady",
             unready.is_empty() && !terminal,
-            Some(ready_reason),
-            ready_message,
+            Some(if terminal {
+                "PodCompleted"
+            } else {
+                "ContainersNotReady"
+            }),
+            (!terminal).then(|| format!("containers with unready status: [{}]", unready.join(" "))),
         ),
         condition(old, now, "PodScheduled", true, None, None),
     ];

@@ -1075,3 +1075,55 @@ spec:
     }
     node.finish().await;
 }
+
+#[tokio::test]
+async fn a_readiness_gate_holds_ready_until_its_condition_is_true() {
+    let cp = ControlPlane::start("gates", true).await;
+    let node = join(&cp, "gates", &[]).await;
+    let gated = pod_yaml(
+        "gated",
+        &[("c", FOREVER)],
+        "  automountServiceAccountToken: false\n  readinessGates: [{conditionType: example.com/lb-ready}]\n",
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&gated, &node.name))
+        .await
+        .expect("create the pod");
+    let held = cp
+        .wait_pod(
+            "default",
+            "gated",
+            "Running, its containers ready, held by its gate",
+            |p| {
+                phase(p) == "Running"
+                    && condition(p, "ContainersReady")
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| {
+                                c.type_ == "Ready"
+                                    && c.reason.as_deref() == Some("ReadinessGatesNotReady")
+                            })
+                        })
+            },
+        )
+        .await;
+    assert!(!condition(&held, "Ready"));
+    // A load balancer controller, say, passes the gate.
+    cp.kubectl_ok(&[
+        "patch",
+        "pod",
+        "gated",
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"example.com/lb-ready","status":"True"}]}}"#,
+    ])
+    .await;
+    cp.wait_pod("default", "gated", "Ready once its gate passed", |p| {
+        condition(p, "Ready") && condition(p, "example.com/lb-ready")
+    })
+    .await;
+    node.finish().await;
+}
