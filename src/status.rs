@@ -19,9 +19,10 @@ pub struct Entry {
 #[derive(Default)]
 struct State {
     pods: HashMap<PodUid, Entry>,
-    /// Pods whose termination finished (nothing of them is left on the node), and when; kept
-    /// for [`TERMINATED_KEPT`] so the cluster status manager can delete their API objects.
-    terminated: HashMap<PodUid, std::time::Instant>,
+    /// Pods whose termination finished (nothing of them is left on the node): when, and their
+    /// last entry (the final status); kept for [`TERMINATED_KEPT`] so the cluster status
+    /// manager can send that status and delete their API objects.
+    terminated: HashMap<PodUid, (std::time::Instant, Option<Entry>)>,
     generation: u64,
 }
 
@@ -89,8 +90,9 @@ impl Writer {
             let now = std::time::Instant::now();
             state
                 .terminated
-                .retain(|_, at| now.duration_since(*at) < TERMINATED_KEPT);
-            state.terminated.insert(uid.clone(), now);
+                .retain(|_, (at, _)| now.duration_since(*at) < TERMINATED_KEPT);
+            let last = state.pods.get(uid).cloned();
+            state.terminated.insert(uid.clone(), (now, last));
         }
         self.remove(uid);
     }
@@ -154,6 +156,16 @@ impl Reader {
             .unwrap_or_else(|e| e.into_inner())
             .terminated
             .contains_key(uid)
+    }
+
+    /// The last entry of a pod whose termination finished lately (its final status).
+    pub fn final_entry(&self, uid: &PodUid) -> Option<Entry> {
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .terminated
+            .get(uid)
+            .and_then(|(_, last)| last.clone())
     }
 
     /// Waits until anything in the store changes.

@@ -160,6 +160,18 @@ async fn delete_finished(client: &kube::Client, statuses: &status::Reader, bound
     for pod in finished {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = PodUid(pod.metadata.uid.clone().unwrap_or_default());
+        // Its final status first (the phase its containers ended in), as upstream.
+        if let Some(last) = statuses.final_entry(&uid) {
+            let target = Target {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                uid: uid.0.clone(),
+            };
+            if !push(client, &target, &last.pod).await {
+                continue;
+            }
+        }
         let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(0),

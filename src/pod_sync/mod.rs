@@ -360,6 +360,26 @@ impl Syncer {
         Ok(())
     }
 
+    /// Records the status of a pod whose containers are all stopped, in a terminal phase.
+    async fn record_final_status(&self, pod: &Pod, rt: &PodRuntime) -> Result<(), Error> {
+        self.update_status(pod, rt).await?;
+        let Some(entry) = self.statuses.get(&PodUid::of(pod)) else {
+            return Ok(());
+        };
+        let mut status = entry.pod.status.clone().unwrap_or_default();
+        let all_succeeded = status.container_statuses.iter().flatten().all(|c| {
+            c.state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0)
+        });
+        if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            status.phase = Some(if all_succeeded { "Succeeded" } else { "Failed" }.into());
+        }
+        self.status.set(pod, status);
+        Ok(())
+    }
+
     /// Admission: a pod that asks for forbidden sysctls is rejected (Failed, SysctlForbidden)
     /// before anything of it runs, as upstream.
     fn rejected(&self, pod: &Pod, rt: &PodRuntime) -> bool {
@@ -878,7 +898,15 @@ impl Syncer {
     async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let _removing = self.cache.removing(&uid);
-        let rt = self.read(&uid).await?;
+        let mut rt = self.read(&uid).await?;
+        // A pod deleted through the API ends with a final status from its stopped containers
+        // (Succeeded when every one exited 0, else Failed), as upstream's, which the API
+        // server gets before the pod's deletion completes.
+        if pod.metadata.deletion_timestamp.is_some() && !rt.containers.is_empty() {
+            self.kill_all(pod, &rt, false).await?;
+            rt = self.runtime.pod_runtime(&uid).await?;
+            self.record_final_status(pod, &rt).await?;
+        }
         self.kill_all(pod, &rt, true).await?;
         volumes::teardown(&self.ctx.root_dir, &uid.0)?;
         self.cgroups.remove_pod(&uid.0)?;

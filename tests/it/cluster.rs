@@ -353,10 +353,31 @@ spec:
     )
     .await;
 
-    // Deletion: preStop, then SIGTERM with the grace period to finish, then gone from the API.
+    // Deletion: preStop, then SIGTERM with the grace period to finish, then the final status
+    // (Succeeded: the container exited 0), then gone from the API.
+    let phases = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = phases.clone();
+    let watched = cp.pods("default");
+    let watch = tokio::spawn(async move {
+        use futures_util::StreamExt as _;
+        let config = kube::runtime::watcher::Config::default().fields("metadata.name=graceful");
+        let mut events = kube::runtime::watcher(watched, config).boxed();
+        while let Some(Ok(event)) = events.next().await {
+            if let kube::runtime::watcher::Event::Apply(p) = event {
+                seen.lock().unwrap().push(phase(&p).to_string());
+            }
+        }
+    });
     cp.kubectl_ok(&["delete", "pod", "graceful", "--wait=false"])
         .await;
     cp.wait_pod_gone("default", "graceful").await;
+    watch.abort();
+    let phases = phases.lock().unwrap().clone();
+    assert_eq!(
+        phases.last().map(String::as_str),
+        Some("Succeeded"),
+        "{phases:?}"
+    );
     for mark in ["prestop", "term", "done"] {
         assert!(
             marks.join(mark).exists(),
