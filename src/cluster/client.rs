@@ -61,6 +61,9 @@ pub async fn from_kubeconfig(path: &Path, pace: Option<(f64, u32)>) -> Result<Cl
     })
 }
 
+/// The longest a request waits for a token, whatever the pacing says.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// A token bucket: `burst` tokens at most, refilled at `qps` per second.
 #[derive(Debug)]
 struct Bucket {
@@ -92,7 +95,8 @@ impl Bucket {
         } else if self.qps <= 0.0 {
             Err(Duration::from_secs(1))
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.qps))
+            let wait = (1.0 - self.tokens) / self.qps;
+            Err(Duration::try_from_secs_f64(wait).map_or(MAX_WAIT, |d| d.min(MAX_WAIT)))
         }
     }
 }

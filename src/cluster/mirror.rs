@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -145,8 +145,14 @@ async fn reconcile(
                         refused.remove(&name);
                         tracing::info!(pod = %name, "created the mirror pod");
                     }
-                    // A pod of that name that is not our mirror, or ours not yet in the store.
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    // Ours, not yet in the store; or a pod of that name that is not a mirror.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        let why = "a pod of this name exists that is not its mirror".to_string();
+                        if !mirrors.contains_key(&name) && refused.get(&name) != Some(&why) {
+                            tracing::warn!(pod = %name, "the static pod runs without a mirror pod: {why}");
+                            refused.insert(name, why);
+                        }
+                    }
                     Err(kube::Error::Api(e)) => {
                         if refused.get(&name) != Some(&e.message) {
                             tracing::warn!(pod = %name, reason = %e.message, "the API server refused the mirror pod; the static pod runs without one");
@@ -175,24 +181,9 @@ async fn reconcile(
 
 /// Deletes the mirror pod of `pod`'s name with this UID, at once.
 async fn delete(client: &kube::Client, pod: &Pod, uid: &str) {
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let params = DeleteParams {
-        grace_period_seconds: Some(0),
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match pods.delete(&name, &params).await {
-        Ok(_) => tracing::info!(pod = %full_name(pod), "deleted the mirror pod"),
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-        Err(e) => {
-            tracing::warn!(pod = %full_name(pod), error = %crate::types::error_chain(&e), "cannot delete the mirror pod")
-        }
-    }
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    super::delete_pod_now(client, (namespace, name, uid), "the mirror pod").await;
 }
 
 #[cfg(test)]

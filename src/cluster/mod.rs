@@ -22,6 +22,38 @@ use tokio_util::task::TaskTracker;
 use crate::sync_loop::Desired;
 use crate::types::{Source, SourceSnapshot};
 
+/// Deletes the pod `namespace/name` with this UID at once (grace 0, the UID as precondition), as
+/// the kubelet deletes what is finished on its node; true when it is gone or was never there.
+/// A pod of that name with another UID is left alone.
+pub(crate) async fn delete_pod_now(
+    client: &kube::Client,
+    (namespace, name, uid): (&str, &str, &str),
+    what: &str,
+) -> bool {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let params = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match pods.delete(name, &params).await {
+        Ok(_) => {
+            tracing::info!(pod = %format!("{namespace}/{name}"), "deleted {what}");
+            true
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => true,
+        Err(kube::Error::Api(e)) if e.code == 409 => false,
+        Err(e) => {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %crate::types::error_chain(&e), "cannot delete {what}");
+            false
+        }
+    }
+}
+
 /// How nodelet joins the cluster.
 #[derive(Clone, Debug)]
 pub struct Config {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
 use super::pods::{Bound, is_mirror};
@@ -172,24 +172,12 @@ async fn delete_finished(client: &kube::Client, statuses: &status::Reader, bound
                 continue;
             }
         }
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: pod.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match pods.delete(&name, &params).await {
-            Ok(_) => {
-                tracing::info!(pod = %full_name(&pod), "pod terminated on the node; deleted it from the API")
-            }
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(e) => {
-                tracing::warn!(pod = %full_name(&pod), error = %crate::types::error_chain(&e), "cannot delete the terminated pod from the API")
-            }
-        }
+        super::delete_pod_now(
+            client,
+            (&namespace, &name, &uid.0),
+            "the pod whose termination finished on the node",
+        )
+        .await;
     }
 }
 

@@ -403,6 +403,20 @@ impl Reader<'_> {
         })
     }
 
+    fn positive_number(&mut self, name: &str, default: f64) -> f64 {
+        self.parsed(name, default, |s| match s.trim().parse::<f64>() {
+            Ok(n) if n > 0.0 && n.is_finite() => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        })
+    }
+
+    fn positive_count(&mut self, name: &str, default: u32) -> u32 {
+        self.parsed(name, default, |s| match s.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{s:?} is not a positive number")),
+        })
+    }
+
     fn port(&mut self, name: &str, default: u16) -> u16 {
         self.parsed(name, default, |s| {
             s.trim()
@@ -660,22 +674,10 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         read_only_port: r.port("readOnlyPort", 0),
         address: r.ip("address", None).unwrap_or(IpAddr::from([0, 0, 0, 0])),
         kubeconfig: r.path("kubeconfig"),
-        kube_api_qps: r.parsed("kubeAPIQPS", 50.0, |s| match s.trim().parse::<f64>() {
-            Ok(n) if n > 0.0 && n.is_finite() => Ok(n),
-            _ => Err(format!("{s:?} is not a positive number")),
-        }),
-        kube_api_burst: r.parsed("kubeAPIBurst", 100, |s| match s.trim().parse::<u32>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{s:?} is not a positive number")),
-        }),
-        event_record_qps: r.parsed("eventRecordQPS", 50.0, |s| match s.trim().parse::<f64>() {
-            Ok(n) if n > 0.0 && n.is_finite() => Ok(n),
-            _ => Err(format!("{s:?} is not a positive number")),
-        }),
-        event_burst: r.parsed("eventBurst", 100, |s| match s.trim().parse::<u32>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{s:?} is not a positive number")),
-        }),
+        kube_api_qps: r.positive_number("kubeAPIQPS", 50.0),
+        kube_api_burst: r.positive_count("kubeAPIBurst", 100),
+        event_record_qps: r.positive_number("eventRecordQPS", 50.0),
+        event_burst: r.positive_count("eventBurst", 100),
         register_node: r.bool("registerNode", true),
         register_with_taints: {
             let mut taints = Vec::new();
@@ -695,8 +697,8 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             .positive_duration("nodeStatusReportFrequency", Duration::from_secs(300)),
         node_lease_duration_seconds: r.parsed("nodeLeaseDurationSeconds", 40, |s| {
             match s.trim().parse::<u32>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{s:?} is not a positive number of seconds")),
+                Ok(n) if n > 0 && n <= 3600 => Ok(n),
+                _ => Err(format!("{s:?} is not a number of seconds from 1 to 3600")),
             }
         }),
         run_once: r.bool("runOnce", false),
