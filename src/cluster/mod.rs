@@ -1,7 +1,8 @@
 //! Cluster mode: everything that talks to the API server. The node registers and keeps its
 //! status and lease current; the pods bound to it become the `api` source; pod statuses are
-//! pushed; static pods get mirror pods; events are sent. Every part retries on its own, so an API server that is
-//! away never holds up static pods, and each part resumes when it returns.
+//! pushed; static pods get mirror pods; events are sent; the node's API asks the API server
+//! who may do what. Every part retries on its own, so an API server that is away never holds
+//! up static pods, and each part resumes when it returns.
 
 pub mod client;
 pub mod events;
@@ -23,13 +24,13 @@ use crate::sync_loop::Desired;
 use crate::types::{Source, SourceSnapshot};
 
 /// Deletes the pod `namespace/name` with this UID at once (grace 0, the UID as precondition), as
-/// the kubelet deletes what is finished on its node; true when it is gone or was never there.
-/// A pod of that name with another UID is left alone.
+/// the kubelet deletes what is finished on its node. A pod of that name with another UID, or
+/// none, is left alone; a failure is logged and the caller's next pass tries again.
 pub(crate) async fn delete_pod_now(
     client: &kube::Client,
     (namespace, name, uid): (&str, &str, &str),
     what: &str,
-) -> bool {
+) {
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(client.clone(), namespace);
     let params = kube::api::DeleteParams {
@@ -41,15 +42,10 @@ pub(crate) async fn delete_pod_now(
         ..Default::default()
     };
     match pods.delete(name, &params).await {
-        Ok(_) => {
-            tracing::info!(pod = %format!("{namespace}/{name}"), "deleted {what}");
-            true
-        }
-        Err(kube::Error::Api(e)) if e.code == 404 => true,
-        Err(kube::Error::Api(e)) if e.code == 409 => false,
+        Ok(_) => tracing::info!(pod = %format!("{namespace}/{name}"), "deleted {what}"),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
         Err(e) => {
-            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %crate::types::error_chain(&e), "cannot delete {what}");
-            false
+            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %crate::types::error_chain(&e), "cannot delete {what}")
         }
     }
 }
@@ -80,7 +76,6 @@ pub struct Handles {
 
 /// The agent's API clients, each from the kubeconfig and paced on its own, as upstream keeps
 /// them apart: a flood of one kind of request never holds up another.
-#[derive(Clone)]
 pub struct Clients {
     /// Pods, their status, mirrors, objects and tokens (`--kube-api-qps`, `--kube-api-burst`).
     pub main: kube::Client,
