@@ -266,10 +266,15 @@ pub async fn run(
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let mut rows = Vec::new();
     let mut round = 0;
-    for (name, n, count) in [
-        ("one pod x10", 1usize, 10usize),
-        ("burst", burst, 2 * pairs),
-    ] {
+    // No pairs: the footprint only.
+    let scenarios = match pairs {
+        0 => vec![],
+        _ => vec![
+            ("one pod x10", 1usize, 10usize),
+            ("burst", burst, 2 * pairs),
+        ],
+    };
+    for (name, n, count) in scenarios {
         let (mut api, mut files) = (Vec::new(), Vec::new());
         let mut per_pod = Vec::new();
         for i in 0..count {

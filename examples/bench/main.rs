@@ -7,6 +7,7 @@
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
 //!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
+//!              [--only footprint]
 
 mod cluster;
 
@@ -51,6 +52,9 @@ struct Args {
     /// Where the agent's directories and the floor's pod files go (a fresh directory inside
     /// it): the system's temporary directory unless given.
     work_dir: PathBuf,
+    /// Only the footprints, standalone and in cluster mode (`--only footprint`): minutes
+    /// instead of an hour, for work on memory.
+    footprint_only: bool,
 }
 
 fn args() -> Result<Args> {
@@ -63,6 +67,7 @@ fn args() -> Result<Args> {
         containerd_pid: None,
         sizes: (30, 110),
         work_dir: std::env::temp_dir(),
+        footprint_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,7 +84,8 @@ fn args() -> Result<Args> {
                 let (burst, max) = value.split_once(',').context("--sizes BURST,MAX")?;
                 a.sizes = (burst.parse()?, max.parse()?);
             }
-            other => bail!("unknown flag {other}"),
+            "--only" if value == "footprint" => a.footprint_only = true,
+            other => bail!("unknown flag {other} {value}"),
         }
     }
     Ok(a)
@@ -597,7 +603,12 @@ async fn main() -> Result<()> {
     until(&rt, "nodelet to start", START_POLL, |_, _| true).await?;
     let mut report = BTreeMap::new();
     let mut rows = Vec::new();
-    for host_network in [false, true] {
+    let networks: &[bool] = if a.footprint_only {
+        &[]
+    } else {
+        &[false, true]
+    };
+    for &host_network in networks {
         let net = if host_network { "hostNetwork" } else { "cni" };
         let (burst, max) = a.sizes;
         for (name, n, pairs) in [
@@ -663,7 +674,7 @@ async fn main() -> Result<()> {
         &a.endpoint,
         work.path(),
         a.sizes,
-        (a.pairs, a.footprint),
+        (if a.footprint_only { 0 } else { a.pairs }, a.footprint),
     )
     .await?;
     report.insert("cluster", in_cluster.clone());

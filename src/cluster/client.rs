@@ -1,6 +1,7 @@
 //! The API server client: a kube-rs client from `--kubeconfig`, its requests paced by a token
 //! bucket of `--kube-api-qps` per second with bursts of `--kube-api-burst`, as client-go paces
-//! the kubelet's.
+//! the kubelet's. The agent's clients share one connection stack (TLS, credentials, connection
+//! pool) and differ only in their pacing.
 
 use std::future::Future;
 use std::path::Path;
@@ -37,9 +38,9 @@ pub enum Error {
     },
 }
 
-/// A client for the API server the kubeconfig names, paced at `qps` with bursts of `burst`
-/// (`None`: not paced, as upstream's heartbeat client).
-pub async fn from_kubeconfig(path: &Path, pace: Option<(f64, u32)>) -> Result<Client, Error> {
+/// A client for the API server the kubeconfig names, not paced (as upstream's heartbeat
+/// client); [`paced`] makes paced clients over the same connections.
+pub async fn from_kubeconfig(path: &Path) -> Result<Client, Error> {
     let shown = path.display().to_string();
     let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Read {
         path: shown.clone(),
@@ -55,10 +56,21 @@ pub async fn from_kubeconfig(path: &Path, pace: Option<(f64, u32)>) -> Result<Cl
         path: shown,
         source,
     })?;
-    Ok(match pace {
-        Some((qps, burst)) => builder.with_layer(&PaceLayer::new(qps, burst)).build(),
-        None => builder.build(),
-    })
+    Ok(builder.build())
+}
+
+/// A client whose requests go through `client`'s connections, paced at `qps` with bursts of
+/// `burst`.
+pub fn paced(client: &Client, qps: f64, burst: u32) -> Client {
+    let shared = client.clone();
+    let send = tower::service_fn(move |request| {
+        let shared = shared.clone();
+        async move { shared.send(request).await }
+    });
+    Client::new(
+        PaceLayer::new(qps, burst).layer(send),
+        client.default_namespace(),
+    )
 }
 
 /// The longest a request waits for a token, whatever the pacing says.
@@ -103,7 +115,7 @@ impl Bucket {
 
 /// Paces the requests of the service it wraps.
 #[derive(Clone, Debug)]
-pub struct PaceLayer {
+struct PaceLayer {
     bucket: Arc<Mutex<Bucket>>,
 }
 
@@ -130,7 +142,7 @@ impl<S> Layer<S> for PaceLayer {
 
 /// A service whose readiness waits for a token. The client's buffer drives it from one task,
 /// so a token is taken once per request.
-pub struct Paced<S> {
+struct Paced<S> {
     inner: S,
     bucket: Arc<Mutex<Bucket>>,
     wait: Option<Pin<Box<Sleep>>>,

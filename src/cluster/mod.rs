@@ -74,8 +74,8 @@ pub struct Handles {
     pub recorder: crate::events::Recorder,
 }
 
-/// The agent's API clients, each from the kubeconfig and paced on its own, as upstream keeps
-/// them apart: a flood of one kind of request never holds up another.
+/// The agent's API clients, each paced on its own as upstream keeps them apart (a flood of one
+/// kind of request never holds up another), over one connection stack.
 pub struct Clients {
     /// Pods, their status, mirrors, objects and tokens (`--kube-api-qps`, `--kube-api-burst`).
     pub main: kube::Client,
@@ -89,13 +89,12 @@ pub struct Clients {
 
 /// The clients, from the kubeconfig. Nothing is asked of the API server yet.
 pub async fn connect(config: &Config) -> Result<Clients, client::Error> {
-    let path = &config.kubeconfig;
-    let paced = Some((config.qps, config.burst));
+    let heartbeat = client::from_kubeconfig(&config.kubeconfig).await?;
     Ok(Clients {
-        main: client::from_kubeconfig(path, paced).await?,
-        heartbeat: client::from_kubeconfig(path, None).await?,
-        events: client::from_kubeconfig(path, Some((config.event_qps, config.event_burst))).await?,
-        reviews: client::from_kubeconfig(path, paced).await?,
+        main: client::paced(&heartbeat, config.qps, config.burst),
+        events: client::paced(&heartbeat, config.event_qps, config.event_burst),
+        reviews: client::paced(&heartbeat, config.qps, config.burst),
+        heartbeat,
     })
 }
 

@@ -55,8 +55,10 @@ pub fn watch(
     let node = node.to_string();
     let reader = store.clone();
     let task = async move {
+        // Nothing here reads managedFields, often the largest part of a pod object.
         let mut stream = watcher(api, config)
             .default_backoff()
+            .modify(|pod: &mut Pod| pod.metadata.managed_fields = None)
             .reflect(writer)
             .ready_chunks(BATCH)
             .boxed();
