@@ -8,6 +8,9 @@
 #   testbed.sh restart  kill containerd and start it again on the same state (a fault test)
 #
 # Everything lives under $NODELET_TESTBED (default /var/lib/nodelet-testbed).
+# A test that needs a containerd of its own (a second node) starts another test bed in
+# $NODELET_TESTBED/beds/NAME with NODELET_TESTBED_NET=N (1-30): its own network nodelet-testbed-N,
+# bridge nodeletN and subnet 10.(213+N).0.0/16. `down` of the main test bed takes those down too.
 # It never touches a system containerd: only our socket, our dir, our bridge
 # and the iptables rules CNI made for our network.
 set -euo pipefail
@@ -40,9 +43,13 @@ IMAGES=$TB/images
 MARKS=$TB/marks                      # what the machine looked like before our first `up`
 CGROUP_LIST=$TB/cgroups.list         # cgroup paths of our containers still to remove
 
+NET=${NODELET_TESTBED_NET:-0}
+[[ $NET =~ ^([0-9]|[12][0-9]|30)$ ]] || { echo "testbed: error: NODELET_TESTBED_NET must be 0-30 (got '$NET')" >&2; exit 1; }
 NET_NAME=nodelet-testbed
-BRIDGE=nodelet0
-SUBNET=10.213.0.0/16
+(( NET == 0 )) || NET_NAME=nodelet-testbed-$NET
+BRIDGE=nodelet$NET
+SUBNET=10.$((213 + NET)).0.0/16
+BEDS=$TB/beds                        # the test beds of other nodes (NET > 0), each in a dir
 CRI_NS=k8s.io
 PAUSE_REF=localhost/pause:local
 BUSYBOX_REF=localhost/busybox:local
@@ -649,6 +656,7 @@ PY
 teardown() {
     local purged=0 ids tasks ns id
     mkdir -p "$TB"
+    (( NET != 0 )) || down_beds
     remember_cgroups
     if answering; then
         if purge_containers; then purged=1; else log "some containers could not be removed cleanly"; fi
@@ -668,7 +676,8 @@ teardown() {
     clean_network
     # shellcheck disable=SC2086
     clean_cgroups $ids
-    clean_test_cgroups
+    # The main test bed's own: a test's bed must not touch the cgroups of tests still running.
+    (( NET != 0 )) || clean_test_cgroups
     if [[ -e $DIRTY && $purged == 0 ]]; then
         # containerd died with containers in its metadata: remove them with a
         # containerd that has no CRI plugin (which would otherwise load them)
@@ -687,6 +696,17 @@ teardown() {
     fi
     rm -rf "$MARKS"
     rm -f "$DIRTY" "$PIDFILE"
+}
+
+# The other nodes' test beds, whatever their tests left.
+down_beds() {
+    local bed
+    for bed in "$BEDS"/*/; do
+        [[ -r $bed/net ]] || continue
+        NODELET_TESTBED=${bed%/} NODELET_TESTBED_NET=$(cat "$bed/net") bash "$HERE/testbed.sh" down ||
+            log "warning: the test bed $bed did not stop cleanly"
+        rm -rf --one-file-system "$bed"
+    done
 }
 
 # ---------------------------------------------------------------- images
@@ -760,6 +780,7 @@ cmd_up() {
         log "starting containerd on $SOCK"
         mkdir -p "$TB"
         record_marks
+        echo "$NET" >"$TB/net"
         write_config "$CONFIG"
         write_cni_conf
         touch "$DIRTY"
@@ -771,9 +792,11 @@ cmd_up() {
 
 cmd_down() {
     lock
-    bash "$HERE/registry.sh" down || log "warning: the test registries did not stop cleanly"
-    # Control planes that tests (or `make cluster`) left running, before their nodes' pods go.
-    bash "$HERE/k8s/cluster.sh" down-all "$TB/clusters" || log "warning: a control plane did not stop cleanly"
+    if (( NET == 0 )); then
+        bash "$HERE/registry.sh" down || log "warning: the test registries did not stop cleanly"
+        # Control planes that tests (or `make cluster`) left running, before their nodes' pods go.
+        bash "$HERE/k8s/cluster.sh" down-all "$TB/clusters" || log "warning: a control plane did not stop cleanly"
+    fi
     teardown
     log "down"
 }

@@ -37,8 +37,12 @@ pub fn testbed_dir() -> PathBuf {
 
 /// A client of the test bed's runtime, checked to answer.
 pub async fn runtime() -> RuntimeClient {
-    let path = endpoint();
-    let client = RuntimeClient::new(&path, &path, Duration::from_secs(60));
+    runtime_at(&endpoint()).await
+}
+
+/// A client of the runtime at `path`, checked to answer.
+pub async fn runtime_at(path: &Path) -> RuntimeClient {
+    let client = RuntimeClient::new(path, path, Duration::from_secs(60));
     if let Err(e) = client.ping(Duration::from_secs(10)).await {
         panic!(
             "the test bed runtime at {} does not answer: {e}; is `make runtime-up` done?",
@@ -169,6 +173,7 @@ pub struct Node {
     pub name: String,
     pub dir: tempfile::TempDir,
     pub runtime: RuntimeClient,
+    endpoint: PathBuf,
     cancel: CancellationToken,
     agent: Option<JoinHandle<()>>,
     status: Option<nodelet::status::Reader>,
@@ -177,8 +182,13 @@ pub struct Node {
 impl Node {
     /// Starts nodelet for test `test` (a short unique name) with extra flags.
     pub async fn start(test: &str, extra: &[&str]) -> Node {
+        Node::start_on(&endpoint(), test, extra).await
+    }
+
+    /// Starts nodelet for test `test` on the runtime at `endpoint`.
+    pub async fn start_on(endpoint: &Path, test: &str, extra: &[&str]) -> Node {
         init_tracing();
-        let runtime = runtime().await;
+        let runtime = runtime_at(endpoint).await;
         let dir = test_dir(test);
         let name = format!("t-{test}");
         // What an earlier, failed run of this test left behind must not be mistaken for its pods.
@@ -187,6 +197,7 @@ impl Node {
             name,
             dir,
             runtime,
+            endpoint: endpoint.to_path_buf(),
             cancel: CancellationToken::new(),
             agent: None,
             status: None,
@@ -196,7 +207,7 @@ impl Node {
     }
 
     async fn launch(&mut self, extra: &[&str]) {
-        let endpoint = format!("unix://{}", endpoint().display());
+        let endpoint = format!("unix://{}", self.endpoint.display());
         let manifests = self.manifests().display().to_string();
         let root = self.path("root").display().to_string();
         let pod_logs = self.pod_logs().display().to_string();
@@ -418,7 +429,7 @@ impl Node {
         let pod = format!("{namespace}/{name}");
         let what = format!("{needle:?} in the log of {pod}/{container}");
         eventually(&what, Duration::from_secs(60), || async {
-            let text = read_logs(&self.pod_logs(), &prefix, container);
+            let text = read_container_logs(&self.pod_logs(), &prefix, container);
             text.contains(needle).then_some(text)
         })
         .await
@@ -469,6 +480,82 @@ impl Node {
         remove_node_pods(&self.runtime, &self.name).await;
         unmount_all_under(self.dir.path());
         remove_cgroups(&self.name);
+    }
+}
+
+/// A containerd of its own, for a second node: a test bed in the main one's `beds/<name>` on
+/// network `net` (1-30, one per test), taken down by [`OtherRuntime::down`], or on drop after a
+/// failure (and by the main test bed's `down` after a killed run).
+pub struct OtherRuntime {
+    dir: PathBuf,
+    net: u8,
+    pub endpoint: PathBuf,
+    down: bool,
+}
+
+impl OtherRuntime {
+    pub async fn up(name: &str, net: u8) -> OtherRuntime {
+        let bed = OtherRuntime {
+            dir: testbed_dir().join("beds").join(name),
+            net,
+            endpoint: testbed_dir()
+                .join("beds")
+                .join(name)
+                .join("containerd.sock"),
+            down: false,
+        };
+        let out = bed
+            .script("up")
+            .output()
+            .await
+            .expect("run hack/testbed.sh up");
+        assert!(
+            out.status.success(),
+            "a test bed in {} does not start: {}",
+            bed.dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bed
+    }
+
+    fn command(&self, command: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/testbed.sh"))
+            .arg(command)
+            .env("NODELET_TESTBED", &self.dir)
+            .env("NODELET_TESTBED_NET", self.net.to_string())
+            .stdin(std::process::Stdio::null());
+        cmd
+    }
+
+    fn script(&self, command: &str) -> tokio::process::Command {
+        tokio::process::Command::from(self.command(command))
+    }
+
+    /// Removes its pods, stops it and removes its directory.
+    pub async fn down(mut self) {
+        self.down = true;
+        let out = self
+            .script("down")
+            .output()
+            .await
+            .expect("run hack/testbed.sh down");
+        assert!(
+            out.status.success(),
+            "the test bed in {} does not stop: {}",
+            self.dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for OtherRuntime {
+    fn drop(&mut self) {
+        if !self.down {
+            let _ = self.command("down").status();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -584,7 +671,9 @@ pub async fn remove_node_pods(runtime: &RuntimeClient, node: &str) {
     }
 }
 
-fn read_logs(pod_logs: &Path, prefix: &str, container: &str) -> String {
+/// Everything `container` of the pods whose log directory starts with `prefix` wrote, over all
+/// its restarts.
+pub fn read_container_logs(pod_logs: &Path, prefix: &str, container: &str) -> String {
     let mut out = String::new();
     let Ok(pods) = std::fs::read_dir(pod_logs) else {
         return out;

@@ -8,13 +8,23 @@ use k8s_openapi::api::core::v1::{Node as ApiNode, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
-use crate::bed::{BUSYBOX, FOREVER, Node, eventually, pod_yaml};
+use crate::bed::{BUSYBOX, FOREVER, Node, OtherRuntime, eventually, pod_yaml};
 use crate::control_plane::{ControlPlane, client_for, condition, phase};
 use nodelet::pod::annotation;
 
 /// Starts nodelet as node `t-<test>` joined to `cp`, with quick status updates and a short
 /// lease (renewed every second), plus `extra` flags.
 async fn join(cp: &ControlPlane, test: &str, extra: &[&str]) -> Node {
+    join_on(&crate::bed::endpoint(), cp, test, extra).await
+}
+
+/// [`join`] on the runtime at `endpoint`.
+async fn join_on(
+    endpoint: &std::path::Path,
+    cp: &ControlPlane,
+    test: &str,
+    extra: &[&str],
+) -> Node {
     let kubeconfig = cp.node_kubeconfig(&format!("t-{test}"));
     let config = cp.dir.join(format!("{test}-kubelet.yaml"));
     std::fs::write(
@@ -31,7 +41,7 @@ async fn join(cp: &ControlPlane, test: &str, extra: &[&str]) -> Node {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Node::start(test, &args).await
+    Node::start_on(endpoint, test, &args).await
 }
 
 /// A pod bound to `node`, from YAML with the node name filled in.
@@ -944,8 +954,10 @@ async fn two_nodes_share_a_deployment_drain_and_take_over_from_a_lost_node() {
         "--node-labels=nodelet-test-group=multi-{}",
         std::process::id()
     );
+    // Each node has a containerd of its own.
+    let b_runtime = OtherRuntime::up("multib", 1).await;
     let a = join(&cp, "multia", &[&group]).await;
-    let mut b = join(&cp, "multib", &[&group]).await;
+    let mut b = join_on(&b_runtime.endpoint, &cp, "multib", &[&group]).await;
     let deployment = format!(
         r#"
 apiVersion: apps/v1
@@ -1024,6 +1036,7 @@ spec:
     .await;
     a.finish().await;
     b.finish().await;
+    b_runtime.down().await;
 }
 
 #[tokio::test]
