@@ -1,6 +1,6 @@
 //! PodSpec to CRI: the sandbox and container configs, with the kubelet's labels, annotations,
-//! log paths, namespaces, DNS, port mappings, mounts and environment. Pure but for creating a
-//! missing subPath directory.
+//! log paths, namespaces, DNS, port mappings, mounts and environment. Pure: subPaths come
+//! mounted already (`volumes::subpath`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -245,25 +245,8 @@ pub struct ContainerInput<'a> {
     pub termination_log: Option<&'a std::path::Path>,
     /// The managed hosts file mounted at /etc/hosts.
     pub etc_hosts: Option<&'a std::path::Path>,
-}
-
-/// `sub` inside the volume at `base`, created as a directory when missing, resolved through
-/// any symlinks: a path a container made to point out of its volume is refused.
-fn beneath(base: &std::path::Path, sub: &str) -> Result<PathBuf, String> {
-    let path = base.join(sub);
-    if std::fs::symlink_metadata(&path).is_err() {
-        std::fs::create_dir_all(&path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    }
-    let real_base = std::fs::canonicalize(base).map_err(|e| format!("{}: {e}", base.display()))?;
-    let real = std::fs::canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !real.starts_with(&real_base) {
-        return Err(format!(
-            "resolves to {}, outside its volume",
-            real.display()
-        ));
-    }
-    Ok(real)
+    /// The host paths of the container's subPath mounts, by volumeMount index.
+    pub sub_paths: &'a HashMap<usize, PathBuf>,
 }
 
 /// May `name` be an environment variable's name (printable ASCII without '=', as upstream
@@ -419,15 +402,17 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
             ..Default::default()
         });
     }
-    for m in c.volume_mounts.iter().flatten() {
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let Some(volume) = input.volumes.get(&m.name) else {
             return Err(format!("volumeMount {}: volume is not set up", m.name));
         };
-        let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => beneath(&volume.path, sub)
-                .map_err(|e| format!("volumeMount {}: subPath {sub:?}: {e}", m.name))?,
-            None => volume.path.clone(),
-        };
+        let host_path =
+            match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+                Some(sub) => input.sub_paths.get(&i).cloned().ok_or_else(|| {
+                    format!("volumeMount {}: subPath {sub:?} is not mounted", m.name)
+                })?,
+                None => volume.path.clone(),
+            };
         mounts.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
@@ -716,6 +701,7 @@ mod tests {
             node: &ctx().node,
             termination_log: Some(std::path::Path::new("/r/pods/u/containers/c/abc")),
             etc_hosts: None,
+            sub_paths: &HashMap::new(),
         })
         .unwrap();
         assert_eq!(cfg.command[2], "echo hello-world $HOME");
@@ -736,22 +722,6 @@ mod tests {
             container_hash(c)
         );
         assert_eq!(cfg.annotations[ANNOTATION_TERMINATION_GRACE], "30");
-    }
-
-    #[test]
-    fn sub_paths_cannot_leave_their_volume() {
-        let tmp = tempfile::tempdir().unwrap();
-        let vol = tmp.path().join("vol");
-        std::fs::create_dir_all(&vol).unwrap();
-        std::os::unix::fs::symlink("/etc", vol.join("out")).unwrap();
-        assert!(
-            beneath(&vol, "out")
-                .unwrap_err()
-                .contains("outside its volume")
-        );
-        assert!(beneath(&vol, "out/ssl").is_err());
-        let made = beneath(&vol, "a/b").unwrap();
-        assert!(made.is_dir() && made.ends_with("vol/a/b"));
     }
 
     #[test]
@@ -792,6 +762,7 @@ mod tests {
             node: &ctx().node,
             termination_log: None,
             etc_hosts: None,
+            sub_paths: &HashMap::new(),
         };
         let env = environment(&input).unwrap();
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();

@@ -613,6 +613,34 @@ impl Syncer {
         Ok(ips.into_iter().next().unwrap_or_default())
     }
 
+    /// Mounts the container's subPaths where nothing in a container can redirect them, by
+    /// volumeMount index.
+    fn mount_sub_paths(
+        &self,
+        pod: &Pod,
+        container: &k8s_openapi::api::core::v1::Container,
+        volumes: &HashMap<String, volumes::Mounted>,
+    ) -> Result<HashMap<usize, PathBuf>, Error> {
+        let pod_dir = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0);
+        let mut mounted = HashMap::new();
+        for (i, m) in container.volume_mounts.iter().flatten().enumerate() {
+            let (Some(sub), Some(volume)) = (
+                m.sub_path.as_deref().filter(|s| !s.is_empty()),
+                volumes.get(&m.name),
+            ) else {
+                continue;
+            };
+            let target = volumes::subpath::target(&pod_dir, &m.name, &container.name, i);
+            let path =
+                volumes::subpath::mount(&volume.path, sub, &target).map_err(|e| Error::Config {
+                    container: container.name.clone(),
+                    message: format!("volumeMount {}: subPath {sub:?}: {e}", m.name),
+                })?;
+            mounted.insert(i, path);
+        }
+        Ok(mounted)
+    }
+
     async fn start_container(
         &self,
         pod: &Pod,
@@ -666,6 +694,7 @@ impl Syncer {
             path: termination_log.clone(),
             source,
         })?;
+        let sub_paths = self.mount_sub_paths(pod, container, volumes)?;
         let config = convert::container_config(&convert::ContainerInput {
             pod,
             container,
@@ -679,6 +708,7 @@ impl Syncer {
             node: &self.ctx.node,
             termination_log: Some(&termination_log),
             etc_hosts: Some(&etc_hosts),
+            sub_paths: &sub_paths,
         })
         .map_err(|message| Error::Config {
             container: start.name.clone(),

@@ -4,6 +4,7 @@
 
 mod atomic;
 mod projected;
+pub mod subpath;
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

@@ -20,5 +20,6 @@ mod probes;
 mod resilience;
 mod run_once;
 mod secure;
+mod security;
 mod static_pods;
 mod status;
