@@ -327,6 +327,7 @@ fn test_backoff() -> Option<Duration> {
 
 /// Connects to the runtime and starts every component; `None` when cancelled meanwhile.
 pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<Agent>> {
+    raise_open_files_limit();
     let Some(mut core) = Core::connect(&config, &cancel).await? else {
         return Ok(None);
     };
@@ -543,6 +544,26 @@ const TRIM_PERIOD: Duration = Duration::from_secs(30);
 /// fresh). `malloc_trim` hands the free pages of every arena back; it costs well under a
 /// millisecond at this heap size.
 #[cfg(target_env = "gnu")]
+/// Raises the open-file limit to its hard limit, as Go programs (the kubelet among them) do at
+/// start: every connection to a server of the node, every log followed and every container's
+/// stream holds a descriptor.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0
+        && limit.rlim_cur < limit.rlim_max
+    {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: `limit` is a valid rlimit; a refusal leaves the limit as it was.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot raise the open-file limit");
+        }
+    }
+}
+
 async fn return_freed_memory(cancel: CancellationToken) {
     let mut ticker = tokio::time::interval(TRIM_PERIOD);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -119,7 +119,12 @@ pub async fn serve(
     checks: Checks,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, routes(checks))
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
+    super::listen::serve(
+        listener,
+        super::listen::Mode::Plain(routes(checks)),
+        "healthz",
+        cancel,
+    )
+    .await;
+    Ok(())
 }

@@ -185,7 +185,12 @@ pub async fn serve(
     stats: super::stats::Source,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(reader, checks, stats))
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
+    super::listen::serve(
+        listener,
+        super::listen::Mode::Plain(router(reader, checks, stats)),
+        "read-only API",
+        cancel,
+    )
+    .await;
+    Ok(())
 }

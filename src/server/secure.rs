@@ -24,7 +24,6 @@ use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::{auth, logs};
 use crate::runtime::{RuntimeClient, cri};
@@ -527,47 +526,15 @@ pub async fn serve(
     router: Router,
     cancel: CancellationToken,
 ) {
-    let acceptor = TlsAcceptor::from(tls);
-    let connections = TaskTracker::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = cancel.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "authenticated API: accept failed");
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let cancel = cancel.clone();
-        connections.spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake refused");
-                    return;
-                }
-            };
-            // The TLS layer only lets certificates the client CA signed through.
-            let user = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|leaf| auth::User::from_certificate(leaf));
-            let app = router.layer(axum::Extension(auth::CertificateUser(user)));
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .with_upgrades();
-            tokio::select! {
-                _ = conn => {}
-                _ = cancel.cancelled() => {}
-            }
-        });
-    }
-    connections.close();
+    // The TLS layer only lets certificates the client CA signed through.
+    let app = move |chain: Option<&[tokio_rustls::rustls::pki_types::CertificateDer<'static>]>| {
+        let user = chain
+            .and_then(|c| c.first())
+            .and_then(|leaf| auth::User::from_certificate(leaf));
+        router
+            .clone()
+            .layer(axum::Extension(auth::CertificateUser(user)))
+    };
+    let mode = super::listen::Mode::Tls(TlsAcceptor::from(tls), Arc::new(app));
+    super::listen::serve(listener, mode, "authenticated API", cancel).await;
 }

@@ -1,5 +1,6 @@
 //! The authenticated API on --port over TLS: client certificates, anonymous requests, the
-//! container and node logs, /configz, and exec proxied to the runtime's streaming server.
+//! container and node logs, /configz, exec proxied to the runtime's streaming server, and the
+//! limits that keep idle and half-open connections from starving the servers.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -405,5 +406,156 @@ async fn exec_through_the_api_returns_the_output_and_exit_code() {
     let status = status.expect("a final status");
     assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
     assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
+    node.finish().await;
+}
+
+/// CPU seconds this process has used (the in-process node's included).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split(' ').collect())
+        .unwrap_or_default();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Descriptors this process has open (the in-process node's included).
+fn descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Whether the server closed `stream` (end of file or reset), without waiting for it.
+fn closed(stream: &tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    match stream.try_read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+#[tokio::test]
+async fn idle_and_half_open_connections_cannot_starve_the_servers() {
+    let port = free_port();
+    let healthz = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = client_ca(dir.path(), "slow");
+    let (p, h) = (port.to_string(), healthz.to_string());
+    let args = [
+        "--port",
+        &p,
+        "--address",
+        "127.0.0.1",
+        "--client-ca-file",
+        &ca,
+        "--healthz-port",
+        &h,
+    ];
+    let node = Node::start("slowloris", &args).await;
+    let client = Client::new(&node, port, Some((&cert, &key)));
+    eventually("the API to answer", Duration::from_secs(30), || async {
+        client.get("/healthz").await.ok()
+    })
+    .await;
+
+    let fds_before = descriptors();
+    // 2,000 connections: most never send a byte, some stop inside the TLS handshake, and a few
+    // finish it and then send a request's headers one byte at a time, then stop.
+    let mut silent = Vec::new();
+    for target in [port, healthz] {
+        for _ in 0..900 {
+            silent.push(
+                tokio::net::TcpStream::connect(("127.0.0.1", target))
+                    .await
+                    .expect("connect"),
+            );
+        }
+    }
+    let mut half_open = Vec::new();
+    for _ in 0..180 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        // The start of a TLS ClientHello record.
+        s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+            .await
+            .expect("write");
+        half_open.push(s);
+    }
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut s = client.connect().await.expect("a TLS connection");
+        s.write_all(b"GET /pods HTTP/1.1\r\nHost: loc")
+            .await
+            .expect("write");
+        slow.push(s);
+    }
+    let (cpu_before, start) = (cpu_seconds(), std::time::Instant::now());
+
+    // The servers keep answering, each within a second.
+    let health_url = format!("http://127.0.0.1:{healthz}/healthz");
+    for _ in 0..3 {
+        let answer = tokio::time::timeout(Duration::from_secs(1), async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", healthz)).await?;
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).await?;
+            std::io::Result::Ok(out)
+        })
+        .await;
+        let text = answer
+            .unwrap_or_else(|_| panic!("{health_url} did not answer within a second"))
+            .expect("healthz answers");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let answer = tokio::time::timeout(Duration::from_secs(1), client.get("/pods")).await;
+        let (code, _) = answer
+            .expect("the authenticated API answers within a second")
+            .expect("the authenticated API answers");
+        assert_eq!(code, 200);
+    }
+
+    // Connections that send nothing are closed once their deadline passes (the TLS handshake's
+    // on the authenticated port, the request headers' on healthz), and so are the slow ones.
+    eventually(
+        "the idle and half-open connections to be closed",
+        Duration::from_secs(60),
+        || async {
+            let open = silent
+                .iter()
+                .chain(&half_open)
+                .filter(|s| !closed(s))
+                .count();
+            (open == 0).then_some(())
+        },
+    )
+    .await;
+    for s in &mut slow {
+        let mut buf = [0u8; 512];
+        let read = tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "a request sent too slowly was not cut: {read:?}"
+        );
+    }
+    // Holding them cost little CPU: under a tenth of a core on average.
+    let cpu = cpu_seconds() - cpu_before;
+    let elapsed = start.elapsed().as_secs_f64();
+    assert!(
+        cpu < 0.1 * elapsed,
+        "{cpu:.2} CPU seconds in {elapsed:.1} s while holding idle connections"
+    );
+    // And the node's descriptors went with them.
+    drop((silent, half_open, slow));
+    let fds = descriptors();
+    assert!(
+        fds < fds_before + 50,
+        "{fds} descriptors open, {fds_before} before"
+    );
     node.finish().await;
 }
