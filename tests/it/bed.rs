@@ -495,26 +495,14 @@ pub struct OtherRuntime {
 
 impl OtherRuntime {
     pub async fn up(name: &str, net: u8) -> OtherRuntime {
+        let dir = testbed_dir().join("beds").join(name);
         let bed = OtherRuntime {
-            dir: testbed_dir().join("beds").join(name),
+            endpoint: dir.join("containerd.sock"),
+            dir,
             net,
-            endpoint: testbed_dir()
-                .join("beds")
-                .join(name)
-                .join("containerd.sock"),
             down: false,
         };
-        let out = bed
-            .script("up")
-            .output()
-            .await
-            .expect("run hack/testbed.sh up");
-        assert!(
-            out.status.success(),
-            "a test bed in {} does not start: {}",
-            bed.dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bed.run("up").await;
         bed
     }
 
@@ -528,24 +516,24 @@ impl OtherRuntime {
         cmd
     }
 
-    fn script(&self, command: &str) -> tokio::process::Command {
-        tokio::process::Command::from(self.command(command))
+    /// Runs `hack/testbed.sh <command>` for this bed, which must succeed.
+    async fn run(&self, command: &str) {
+        let out = tokio::process::Command::from(self.command(command))
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("run hack/testbed.sh {command}: {e}"));
+        assert!(
+            out.status.success(),
+            "hack/testbed.sh {command} for the test bed in {}: {}",
+            self.dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Removes its pods, stops it and removes its directory.
     pub async fn down(mut self) {
         self.down = true;
-        let out = self
-            .script("down")
-            .output()
-            .await
-            .expect("run hack/testbed.sh down");
-        assert!(
-            out.status.success(),
-            "the test bed in {} does not stop: {}",
-            self.dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.run("down").await;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
