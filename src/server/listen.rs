@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Open connections per server beyond which new ones wait in the kernel's backlog.
-pub const MAX_CONNECTIONS: usize = 4096;
+const MAX_CONNECTIONS: usize = 4096;
 /// How long a client has to complete the TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client has to send a request's headers, also once a connection is idle.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The pause after a failed accept, doubled up to a second while it keeps failing.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
