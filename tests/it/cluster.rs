@@ -946,6 +946,25 @@ async fn placement(cp: &ControlPlane, app: &str) -> Vec<String> {
     nodes
 }
 
+/// Whether the node is Ready and carries no taint (the node controller taints a node it has not
+/// yet seen Ready, and the scheduler keeps pods off it).
+async fn schedulable(cp: &ControlPlane, name: &str) -> bool {
+    let Ok(Some(node)) = cp.nodes().get_opt(name).await else {
+        return false;
+    };
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| !t.is_empty());
+    ready && !tainted
+}
+
 #[tokio::test]
 async fn two_nodes_share_a_deployment_drain_and_take_over_from_a_lost_node() {
     // The node controller marks a node whose lease stopped NotReady after 8 s.
@@ -989,6 +1008,15 @@ spec:
 "#,
         id = std::process::id()
     );
+    // Both nodes take pods before the replicas are scheduled, or both may land on one.
+    eventually(
+        "both nodes schedulable",
+        Duration::from_secs(60),
+        || async {
+            (schedulable(&cp, &a.name).await && schedulable(&cp, &b.name).await).then_some(())
+        },
+    )
+    .await;
     let file = cp.dir.join("spread.yaml");
     std::fs::write(&file, deployment).expect("write the deployment");
     cp.kubectl_ok(&["apply", "-f", &file.display().to_string()])
