@@ -181,8 +181,7 @@ fn fstat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
 }
 
 fn cstring(path: &Path) -> Result<CString, String> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("{} holds a NUL byte", path.display()))
+    super::cstr(path).map_err(|_| format!("{} holds a NUL byte", path.display()))
 }
 
 #[cfg(test)]
