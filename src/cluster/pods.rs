@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -55,10 +55,9 @@ pub fn watch(
     let node = node.to_string();
     let reader = store.clone();
     let task = async move {
-        // Nothing here reads managedFields, often the largest part of a pod object.
         let mut stream = watcher(api, config)
             .default_backoff()
-            .modify(|pod: &mut Pod| pod.metadata.managed_fields = None)
+            .modify(slim)
             .reflect(writer)
             .ready_chunks(BATCH)
             .boxed();
@@ -102,6 +101,32 @@ pub fn watch(
         }
     };
     (Bound { store, changed }, task)
+}
+
+/// Drops what nothing on the node reads from the API's copy of a pod, often most of it:
+/// managedFields, and the status but for the phase (a finished pod is never started again) and
+/// the conditions of its readiness gates (set by others). The status the node reports is its
+/// own, kept by the status store.
+fn slim(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    let gates: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .map(|g| g.condition_type.as_str())
+        .collect();
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        conditions: s
+            .conditions
+            .map(|c| {
+                c.into_iter()
+                    .filter(|c| gates.contains(&c.type_.as_str()))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|c| !c.is_empty()),
+        ..PodStatus::default()
+    });
 }
 
 /// Logs the watch's errors; true when the pods changed (or the first list completed).
@@ -154,4 +179,32 @@ fn to_run(store: &Store<Pod>, seen: &mut HashMap<String, String>) -> Vec<Pod> {
         .collect();
     seen.retain(|uid, _| present.contains(uid.as_str()));
     pods
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_copy_keeps_only_the_phase_and_the_readiness_gates_conditions() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "managedFields": [{"manager": "m"}]},
+            "spec": {"containers": [], "readinessGates": [{"conditionType": "example.com/lb"}]},
+            "status": {
+                "phase": "Running", "podIP": "10.0.0.2",
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "example.com/lb", "status": "False"}
+                ],
+                "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": true, "restartCount": 0}]
+            }
+        }))
+        .unwrap();
+        slim(&mut pod);
+        assert!(pod.metadata.managed_fields.is_none());
+        assert_eq!(
+            serde_json::to_value(&pod.status).unwrap(),
+            serde_json::json!({"phase": "Running", "conditions": [{"type": "example.com/lb", "status": "False"}]})
+        );
+    }
 }
