@@ -91,6 +91,7 @@ pub(crate) struct Core {
 impl Core {
     /// Connects to the runtime (waiting for it) and builds the core; `None` when cancelled.
     pub async fn connect(config: &Config, cancel: &CancellationToken) -> Result<Option<Core>> {
+        crate::volumes::prepare_root(&config.root_dir).context("--root-dir")?;
         let runtime = RuntimeClient::new(
             &config.container_runtime_endpoint,
             &config.image_service_endpoint,
@@ -202,7 +203,7 @@ impl Core {
             tracker.clone(),
             cancel.clone(),
         ));
-        let (objects_writer, objects) = crate::objects::store();
+        let (objects_writer, objects) = crate::objects::store(config.static_pod_url_local_secrets);
         let puller = crate::images::Puller::new(
             runtime.clone(),
             crate::images::Config {
@@ -398,6 +399,17 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             format!("cannot listen on {addr} for the authenticated API (--port, --address)")
         })?;
         tracing::info!(%addr, anonymous = config.anonymous_auth, "serving the authenticated API over TLS");
+        if config.anonymous_auth && !config.address.is_loopback() {
+            let who = match config.authorization_mode {
+                crate::config::AuthorizationMode::AlwaysAllow => {
+                    "and --authorization-mode=AlwaysAllow lets anyone who reaches it exec into any container, read every log and stop pods"
+                }
+                crate::config::AuthorizationMode::Webhook => {
+                    "and anyone who reaches it acts as system:anonymous, with what the API server's authorization grants that user"
+                }
+            };
+            tracing::warn!(%addr, "--anonymous-auth=true on a port open beyond this host: requests without credentials are served, {who}");
+        }
         let read_only = server::read_only::router(
             core.status.clone(),
             server::healthz::Checks {
@@ -519,7 +531,11 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         ));
     }
     if let Some(url) = &config.static_pod_url {
-        tracing::info!(%url, "polling the manifest URL");
+        let shown = crate::types::redacted_url(url);
+        tracing::info!(url = %shown, "polling the manifest URL");
+        if url.starts_with("http://") {
+            tracing::warn!(url = %shown, "the manifest URL is plain http://: anyone on the path can read its pods and Secrets and change what this node runs; use https://");
+        }
         core.tracker.spawn(http::run(
             http_config(&config, url),
             snapshots_tx.clone(),

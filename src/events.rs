@@ -170,12 +170,13 @@ impl Recorder {
     fn record(&self, target: Target, kind: Type, reason: &str, message: String) {
         let pod = target.full_name();
         let container = target.field_path.as_deref().unwrap_or("");
+        let shown = crate::types::printable(&message);
         match kind {
             Type::Normal => {
-                tracing::info!(%pod, object = container, event = reason, "{message}")
+                tracing::info!(%pod, object = container, event = reason, "{shown}")
             }
             Type::Warning => {
-                tracing::warn!(%pod, object = container, event = reason, "{message}")
+                tracing::warn!(%pod, object = container, event = reason, "{shown}")
             }
         }
         let now = crate::types::now();

@@ -265,16 +265,21 @@ pub struct Writer {
 #[derive(Clone)]
 pub struct Reader {
     state: Arc<RwLock<HashMap<Source, Set>>>,
+    url_local_secrets: bool,
 }
 
-/// A new, empty store.
-pub fn store() -> (Writer, Reader) {
+/// A new, empty store. With `url_local_secrets` (`--manifest-url-local-secrets`), pods from
+/// the manifest URL may use the manifest directory's Secrets.
+pub fn store(url_local_secrets: bool) -> (Writer, Reader) {
     let state = Arc::new(RwLock::new(HashMap::new()));
     (
         Writer {
             state: state.clone(),
         },
-        Reader { state },
+        Reader {
+            state,
+            url_local_secrets,
+        },
     )
 }
 
@@ -306,9 +311,12 @@ impl Writer {
 }
 
 impl Reader {
-    /// The objects `pod` may use: those of its own source first, then those of the other local
-    /// source. A pod from the API server uses the API server's objects only, so a static pod never
-    /// depends on the API server and an API pod never on local files.
+    /// The objects `pod` may use: those of its own source first, then the ConfigMaps of the
+    /// other local source. Secrets never cross from one source to another (whoever serves the
+    /// manifest URL, or can tamper with a plain-HTTP fetch, gets no Secret of the manifest
+    /// directory) unless the operator lets URL pods use the directory's. A pod from the API
+    /// server uses the API server's objects only, so a static pod never depends on the API
+    /// server and an API pod never on local files.
     pub fn view(&self, pod: &Pod) -> View {
         let own = pod
             .metadata
@@ -316,10 +324,13 @@ impl Reader {
             .as_ref()
             .and_then(|a| a.get(ANNOTATION_CONFIG_SOURCE))
             .and_then(|s| Source::parse(s));
-        let order: &[Source] = match own {
-            Some(Source::Api) => &[Source::Api],
-            Some(Source::Http) => &[Source::Http, Source::File],
-            _ => &[Source::File, Source::Http],
+        let order: &[(Source, bool)] = match own {
+            Some(Source::Api) => &[(Source::Api, true)],
+            Some(Source::Http) if self.url_local_secrets => {
+                &[(Source::Http, true), (Source::File, true)]
+            }
+            Some(Source::Http) => &[(Source::Http, true), (Source::File, false)],
+            _ => &[(Source::File, true), (Source::Http, false)],
         };
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
         View {
@@ -328,7 +339,10 @@ impl Reader {
                 .namespace
                 .clone()
                 .unwrap_or_else(|| "default".into()),
-            sets: order.iter().filter_map(|s| state.get(s).cloned()).collect(),
+            sets: order
+                .iter()
+                .filter_map(|(s, secrets)| Some((state.get(s).cloned()?, *secrets)))
+                .collect(),
         }
     }
 }
@@ -336,7 +350,8 @@ impl Reader {
 /// The objects one pod may use, as of when the view was taken.
 pub struct View {
     namespace: String,
-    sets: Vec<Set>,
+    /// In lookup order, each with whether its Secrets may be used.
+    sets: Vec<(Set, bool)>,
 }
 
 impl View {
@@ -351,7 +366,10 @@ impl View {
     /// The object of this kind and name in the pod's namespace.
     pub fn get(&self, kind: Kind, name: &str) -> Option<Arc<Object>> {
         let key = (kind, self.namespace.clone(), name.to_string());
-        self.sets.iter().find_map(|s| s.get(&key).cloned())
+        self.sets
+            .iter()
+            .filter(|(_, secrets)| *secrets || kind != Kind::Secret)
+            .find_map(|(s, _)| s.get(&key).cloned())
     }
 
     /// The message of a missing object, as upstream words it.
@@ -468,7 +486,7 @@ mod tests {
 
     #[test]
     fn replace_reports_changes_and_views_prefer_the_pods_source() {
-        let (writer, reader) = store();
+        let (writer, reader) = store(false);
         let a = cm("metadata: {name: a}\ndata: {k: file}\n").unwrap();
         let b = cm("metadata: {name: b}\ndata: {k: v}\n").unwrap();
         let changed = writer.replace(Source::File, vec![a.clone(), b.clone()]);
@@ -495,6 +513,34 @@ mod tests {
         assert_eq!(value("http"), b"url");
         assert!(reader.view(&pod("api")).get(Kind::ConfigMap, "a").is_none());
         assert!(reader.view(&pod("file")).get(Kind::Secret, "a").is_none());
+
+        // Secrets stay with their source unless URL pods are let use the directory's.
+        let sec = |name: &str| -> Object {
+            secret(
+                serde_yaml_ng::from_str(&format!(
+                    "metadata: {{name: {name}}}\nstringData: {{k: v}}\n"
+                ))
+                .unwrap(),
+            )
+            .unwrap()
+        };
+        writer.replace(Source::File, vec![sec("local")]);
+        writer.replace(Source::Http, vec![sec("remote")]);
+        let found = |reader: &Reader, source, name| {
+            reader.view(&pod(source)).get(Kind::Secret, name).is_some()
+        };
+        assert!(found(&reader, "file", "local") && found(&reader, "http", "remote"));
+        assert!(
+            !found(&reader, "http", "local"),
+            "a URL pod read a local Secret"
+        );
+        assert!(
+            !found(&reader, "file", "remote"),
+            "a URL's Secret filled in for a file pod"
+        );
+        let (opened, allowing) = store(true);
+        opened.replace(Source::File, vec![sec("local")]);
+        assert!(found(&allowing, "http", "local"));
     }
 
     #[test]

@@ -296,7 +296,12 @@ async fn snapshots(config: &Config, deadline: tokio::time::Instant) -> Result<Ve
     if let Some(url) = &config.static_pod_url {
         let snapshot = http::first_snapshot(&http_config(config, url), deadline)
             .await
-            .map_err(|reason| anyhow::anyhow!("manifest URL {url} gave no pods: {reason}"))?;
+            .map_err(|reason| {
+                anyhow::anyhow!(
+                    "manifest URL {} gave no pods: {reason}",
+                    crate::types::redacted_url(url)
+                )
+            })?;
         out.push(snapshot);
     }
     Ok(out)

@@ -22,6 +22,59 @@ impl PodUid {
     }
 }
 
+/// Whether `s` may be one part of a path on the node as it is: a pod's UID, name or namespace,
+/// or a container's name or ID. What the runtime reports is not trusted with more: a sandbox
+/// whose UID is `../..` or `/etc` must not aim nodelet's cleanup outside its directories.
+pub fn is_path_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+}
+
+/// `s` with its control characters (line breaks included) written as escapes: text a
+/// container controls cannot start a line of its own in nodelet's log, or move the cursor.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `url` with the password of its user info replaced by `xxxxx`, as Go's `URL.Redacted`
+/// shows it: fit for logs and /configz.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info
+                .split_once(':')
+                .map_or(user_info, |(user, _)| user);
+            let hidden = if user_info.contains(':') {
+                ":xxxxx"
+            } else {
+                ""
+            };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}
+
 /// Where a desired pod comes from; the value of the `kubernetes.io/config.source` annotation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Source {
@@ -159,4 +212,32 @@ pub fn fs_stats(path: &str) -> Option<FsStats> {
         inodes: st.f_files as u64,
         inodes_free: st.f_ffree as u64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_urls_are_hidden_and_the_rest_kept() {
+        assert_eq!(
+            redacted_url("https://me:s3cret@example.test:8443/m?x=1"),
+            "https://me:xxxxx@example.test:8443/m?x=1"
+        );
+        assert_eq!(redacted_url("http://token@h/p@q"), "http://token@h/p@q");
+        assert_eq!(redacted_url("http://h/a:b@c"), "http://h/a:b@c");
+        assert_eq!(redacted_url("not a url"), "not a url");
+    }
+
+    #[test]
+    fn path_parts_and_printable_text() {
+        for good in ["abc", "1f0e-22", "a.b_c", "..x"] {
+            assert!(is_path_part(good), "{good}");
+        }
+        for bad in ["", ".", "..", "a/b", "/etc", "a\0b", &"x".repeat(254)] {
+            assert!(!is_path_part(bad), "{bad:?}");
+        }
+        assert_eq!(printable("ok"), "ok");
+        assert_eq!(printable("a\nb\r\u{1b}"), "a\\nb\\r\\u{1b}");
+    }
 }

@@ -299,9 +299,8 @@ async fn run(cli: Cli) -> Result<u8, Error> {
         } => {
             let since_seconds = match since {
                 Some(text) => crate::config::parse_duration(&text)
-                    .map_err(|e| Error::Usage(format!("--since {text:?}: {e}")))?
-                    .as_secs()
-                    .max(1) as i64,
+                    .map_err(|e| Error::Usage(format!("--since {text:?}: {e}")))
+                    .map(|d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX))?,
                 None => 0,
             };
             let mut chunks = client

@@ -79,6 +79,13 @@ pub const FIELDS: &[Field] = &[
         "HTTP header 'Key:Value' sent with --manifest-url (repeatable)",
     ),
     field(
+        "staticPodURLLocalSecrets",
+        "manifest-url-local-secrets",
+        true,
+        Bool,
+        "Let pods from --manifest-url use the Secrets of --pod-manifest-path (nodelet's own knob) [default false]",
+    ),
+    field(
         "fileCheckFrequency",
         "file-check-frequency",
         true,

@@ -34,11 +34,13 @@ pub fn read(path: &Path) -> FileKnobs {
 }
 
 fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
-    let doc: Value = match serde_yaml_ng::from_str(text) {
+    let doc: Value = match crate::pod::yaml::from_str(text) {
         Ok(doc) => doc,
         Err(e) => {
-            out.errors
-                .push(format!("config file {origin}: not valid YAML or JSON: {e}"));
+            out.errors.push(format!(
+                "config file {origin}: not valid YAML or JSON: {}",
+                crate::pod::yaml::error_text(&e)
+            ));
             return;
         }
     };
@@ -177,17 +179,23 @@ fn string_map(v: &Value) -> Result<BTreeMap<String, Vec<String>>, String> {
         .collect()
 }
 
+/// Header values are often credentials: no message shows them.
 fn header_map(v: &Value) -> Result<BTreeMap<String, Vec<String>>, String> {
     let Value::Object(m) = v else {
-        return Err(format!("expected a map of string lists, found {v}"));
+        return Err("expected a map of string lists (the value is not shown)".into());
     };
+    let hidden = |k: &str| format!("header {k:?}: expected strings (the value is not shown)");
     m.iter()
         .map(|(k, v)| match v {
             Value::Array(items) => Ok((
                 k.clone(),
-                items.iter().map(scalar).collect::<Result<_, _>>()?,
+                items
+                    .iter()
+                    .map(scalar)
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| hidden(k))?,
             )),
-            other => Ok((k.clone(), vec![scalar(other)?])),
+            other => Ok((k.clone(), vec![scalar(other).map_err(|_| hidden(k))?])),
         })
         .collect()
 }

@@ -88,8 +88,9 @@ pub fn to_raw(matches: &ArgMatches, errors: &mut Vec<String>) -> Raw {
                                 .or_default()
                                 .push(v.trim().to_string());
                         }
+                        // Not echoed: a header is often a credential.
                         _ => errors.push(format!(
-                            "--{}: {item:?} is not of the form Key:Value",
+                            "--{}: a value is not of the form Key:Value (not shown: it may be a credential)",
                             f.flag
                         )),
                     }

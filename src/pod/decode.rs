@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use serde::Deserialize;
 use serde_json::Value;
 
 /// What one manifest holds.
@@ -24,12 +23,16 @@ pub fn decode_manifest(text: &str) -> Result<Decoded, Vec<String>> {
     let mut out = Decoded::default();
     let mut problems = Vec::new();
     let documents = serde_yaml_ng::Deserializer::from_str(text);
+    let budget = super::yaml::Budget::default();
     for (index, document) in documents.enumerate() {
         let doc = index + 1;
-        let value = match Value::deserialize(document) {
+        let value = match super::yaml::value(document, &budget) {
             Ok(v) => v,
             Err(e) => {
-                problems.push(format!("document {doc}: not valid YAML or JSON: {e}"));
+                problems.push(format!(
+                    "document {doc}: not valid YAML or JSON: {}",
+                    super::yaml::error_text(&e)
+                ));
                 // A syntax error leaves the parser unable to find the next document.
                 break;
             }
@@ -263,6 +266,13 @@ mod tests {
         for text in [
             "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: 'hunter2!!'}\n",
             "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {k: [hunter2]}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {k: !!int hunter2}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {k: !!float hunter2}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {k: !!bool hunter2}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: !!binary hunter2}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: !custom hunter2}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {k: !!null hunter2}\n",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {j: !!str hunter2, k: !!int hunter2}\n",
         ] {
             let err = decode_manifest(text).unwrap_err().join(" ");
             assert!(err.contains("k") && !err.contains("hunter2"), "{err}");

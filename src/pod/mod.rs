@@ -9,6 +9,7 @@ mod quantity;
 mod signal;
 mod static_pod;
 mod validate;
+pub mod yaml;
 
 pub use decode::{Decoded, decode_manifest};
 pub use defaults::{apply_defaults, image_has_tag_or_digest};

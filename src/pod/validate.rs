@@ -319,6 +319,14 @@ fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
             many.join(", ")
         )),
     }
+    if let Some(limit) = v.empty_dir.as_ref().and_then(|e| e.size_limit.as_ref()) {
+        check_quantity(
+            p,
+            &format!("{field}.emptyDir.sizeLimit"),
+            "memory",
+            &limit.0,
+        );
+    }
     if let Some(hp) = &v.host_path {
         if !hp.path.starts_with('/') {
             p.push(format!(
@@ -495,7 +503,39 @@ fn check_downward(p: &mut Vec<String>, field: &str, items: &[DownwardAPIVolumeFi
     }
 }
 
+/// A resource quantity: a number, not negative, and (for the resources counted in bytes) no
+/// fraction of a byte; a wrong one is refused, never read as "no limit".
+fn check_quantity(p: &mut Vec<String>, field: &str, resource: &str, text: &str) {
+    let bytes =
+        matches!(resource, "memory" | "ephemeral-storage") || resource.starts_with("hugepages-");
+    match crate::pod::parse_quantity(text) {
+        None => p.push(format!("{field}: {text:?} is not a quantity")),
+        Some(q) if !q.is_finite() => p.push(format!("{field}: {text:?} is out of range")),
+        Some(q) if q < 0.0 => p.push(format!(
+            "{field}: {text:?} must be greater than or equal to 0"
+        )),
+        Some(q) if bytes && q > 0.0 && q < 1.0 => {
+            p.push(format!("{field}: {text:?} is less than one byte"))
+        }
+        Some(_) => {}
+    }
+}
+
 fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &HashSet<&str>) {
+    let resources = c.resources.as_ref();
+    for (kind, map) in [
+        ("limits", resources.and_then(|r| r.limits.as_ref())),
+        ("requests", resources.and_then(|r| r.requests.as_ref())),
+    ] {
+        for (resource, q) in map.into_iter().flatten() {
+            check_quantity(
+                p,
+                &format!("{field}.resources.{kind}[{resource}]"),
+                resource,
+                &q.0,
+            );
+        }
+    }
     if c.image.as_deref().unwrap_or("").trim().is_empty() {
         p.push(format!("{field}.image: required"));
     }
@@ -644,6 +684,24 @@ mod tests {
             "spec.containers[1].name: duplicate",
             "spec.containers[1].volumeMounts[0].name",
             "spec.containers[1].volumeMounts[0].subPath",
+        ];
+        for e in expect {
+            assert!(p.iter().any(|x| x.starts_with(e)), "missing {e} in {p:?}");
+        }
+        assert_eq!(p.len(), expect.len(), "{p:?}");
+    }
+
+    #[test]
+    fn negative_and_sub_byte_quantities_are_refused_by_field() {
+        let p = problems(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: q}\nspec:\n  volumes: [{name: v, emptyDir: {sizeLimit: 500m}}]\n  containers:\n  - name: c\n    image: i\n    resources: {limits: {memory: -1Gi, cpu: 1e400}, requests: {memory: 0.5, cpu: 100m, ephemeral-storage: 1x}}\n",
+        );
+        let expect = [
+            "spec.volumes[0].emptyDir.sizeLimit",
+            "spec.containers[0].resources.limits[cpu]",
+            "spec.containers[0].resources.limits[memory]",
+            "spec.containers[0].resources.requests[ephemeral-storage]",
+            "spec.containers[0].resources.requests[memory]",
         ];
         for e in expect {
             assert!(p.iter().any(|x| x.starts_with(e)), "missing {e} in {p:?}");

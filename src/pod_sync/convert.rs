@@ -732,7 +732,7 @@ mod tests {
 
     #[test]
     fn env_from_objects_follows_upstream_order_and_errors() {
-        let (writer, reader) = crate::objects::store();
+        let (writer, reader) = crate::objects::store(false);
         let cm = crate::objects::config_map(
             serde_yaml_ng::from_str("metadata: {name: cfg}\ndata: {MODE: fast, A: from-cm}\n")
                 .unwrap(),

@@ -21,7 +21,7 @@ use crate::events::Target;
 use crate::pod::{grace_period_seconds, spec};
 use crate::pod_workers::PodSyncer;
 use crate::runtime::{self, ContainerState, PodCache, PodRuntime, RuntimeClient, cri};
-use crate::types::{PodUid, full_name};
+use crate::types::{PodUid, full_name, is_path_part};
 use crate::volumes;
 use crate::{images, probe};
 pub use convert::Context;
@@ -106,6 +106,9 @@ pub struct Syncer {
     /// Slots for sandbox starts, and for container starts, running in the runtime at once.
     sandbox_starts: tokio::sync::Semaphore,
     container_starts: tokio::sync::Semaphore,
+    /// Sandboxes of the runtime left alone because their pod's identity is no safe path part
+    /// (each is reported once).
+    refused: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
@@ -156,6 +159,7 @@ impl Syncer {
             status: parts.status,
             waiting: Default::default(),
             backoff: std::sync::Mutex::new(backoff),
+            refused: Default::default(),
         }
     }
 
@@ -797,8 +801,11 @@ impl Syncer {
     async fn remove_container(&self, pod: &Pod, rt: &PodRuntime, id: &str) -> Result<(), Error> {
         ignore_not_found(self.runtime.remove_container(id).await)?;
         // Its logs go with it, as upstream: the log file, its rotated files and its
-        // /var/log/containers link.
-        if let Some(c) = rt.containers.iter().find(|c| c.id == id) {
+        // /var/log/containers link; only under names that stay inside the log directories.
+        let named = |c: &&crate::runtime::Container| {
+            c.id == id && is_path_part(&c.name) && is_path_part(&c.id)
+        };
+        if let Some(c) = rt.containers.iter().find(named) {
             let link = convert::container_log_link(&self.ctx, pod, &c.name, id);
             let _ = std::fs::remove_file(link);
             let log = convert::pod_log_dir(&self.ctx, pod)
@@ -971,6 +978,25 @@ impl Syncer {
 }
 
 /// Are all of the pod's app containers running (the pod has started)?
+/// Whether the sandbox's pod UID, name and namespace can name the pod's directories; a
+/// sandbox whose cannot is reported (once, remembered in `refused`) and left alone.
+fn safe_identity(
+    refused: &std::sync::Mutex<std::collections::HashSet<String>>,
+    sb: &crate::runtime::Sandbox,
+) -> bool {
+    if [&sb.uid.0, &sb.name, &sb.namespace]
+        .into_iter()
+        .all(|p| is_path_part(p))
+    {
+        return true;
+    }
+    let mut refused = refused.lock().unwrap_or_else(|e| e.into_inner());
+    if refused.insert(sb.id.clone()) {
+        tracing::warn!(sandbox = %sb.id, uid = ?sb.uid.0, name = ?sb.name, namespace = ?sb.namespace, "the runtime reports a pod sandbox whose UID, name or namespace cannot be a path; it is left alone");
+    }
+    false
+}
+
 fn all_started(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> bool {
     status
         .and_then(|s| s.container_statuses.as_ref())
@@ -1124,6 +1150,7 @@ impl PodSyncer for Syncer {
             // Only sandboxes made by a kubelet-like agent (pod labels), and not by another node
             // agent sharing the runtime; anything else on the runtime is never touched.
             .filter(|sb| sb.owned_by(&self.ctx.node_name))
+            .filter(|sb| safe_identity(&self.refused, sb))
             .filter(|sb| seen.insert(sb.uid.clone()))
             .map(|sb| {
                 Arc::new(Pod {

@@ -44,6 +44,22 @@ fn port(p: &IntOrString, ports: &[ContainerPort]) -> Result<u16, String> {
         .ok_or_else(|| format!("invalid port {number}"))
 }
 
+/// How much of an exec probe's or hook's output is kept, as upstream (10 KiB).
+const MAX_OUTPUT: usize = 10 * 1024;
+
+/// A command's output as a failure reports it: its first 10 KiB (stdout, then stderr), with
+/// control characters escaped.
+fn output(stdout: &[u8], stderr: &[u8]) -> String {
+    let both: Vec<u8> = stdout
+        .iter()
+        .chain(stderr)
+        .take(MAX_OUTPUT)
+        .copied()
+        .collect();
+    let text = String::from_utf8_lossy(&both);
+    crate::types::printable(text.trim()).into_owned()
+}
+
 /// Runs one attempt; `Err` carries the failure's description.
 pub async fn attempt(
     probe: &Probe,
@@ -60,9 +76,11 @@ pub async fn attempt(
         return if out.exit_code == 0 {
             Ok(())
         } else {
-            let text = String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr);
-            Err(format!("exit code {}: {}", out.exit_code, text.trim()))
+            Err(format!(
+                "exit code {}: {}",
+                out.exit_code,
+                output(&out.stdout, &out.stderr)
+            ))
         };
     }
     if let Some(http) = &probe.http_get {
@@ -329,6 +347,16 @@ async fn grpc_check(addr: String, service: String) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_is_cut_at_10_kib_and_cannot_break_a_line() {
+        let long = vec![b'x'; 50 * 1024];
+        assert_eq!(output(&long, b"never shown").len(), MAX_OUTPUT);
+        assert_eq!(
+            output(b"bad\n2026-12-02T00:00:00Z INFO forged\x1b[2J", b"\r\n"),
+            "bad\\n2026-12-02T00:00:00Z INFO forged\\u{1b}[2J"
+        );
+    }
 
     #[test]
     fn ports_resolve_by_number_and_name() {

@@ -1,5 +1,5 @@
-//! The local admin API (proto/admin.proto) on the unix socket `<root-dir>/nodelet.sock`, mode
-//! 0600 so only root may use it: pods, events, logs and exec for the nodelet CLI.
+//! The local admin API (proto/admin.proto) on the unix socket `<root-dir>/nodelet.sock`, for
+//! root and the socket's group only: pods, events, logs and exec for the nodelet CLI.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -48,6 +48,7 @@ fn log_status(e: logs::Error) -> Status {
     match e.http_status() {
         404 => Status::not_found(e.to_string()),
         400 => Status::invalid_argument(e.to_string()),
+        429 => Status::resource_exhausted(e.to_string()),
         _ => Status::internal(e.to_string()),
     }
 }
@@ -125,17 +126,18 @@ impl Admin for Handles {
         )
         .await
         .map_err(log_status)?;
-        let since = (req.since_seconds > 0).then(|| {
-            crate::types::now() - k8s_openapi::jiff::SignedDuration::from_secs(req.since_seconds)
-        });
-        let options = logs::Options {
+        // The request's own conventions: zero since and limit, and negative tail, are unset.
+        let options = logs::Query {
             follow: req.follow,
-            tail_lines: u64::try_from(req.tail_lines).ok(),
-            limit_bytes: u64::try_from(req.limit_bytes).ok().filter(|n| *n > 0),
-            since,
-            timestamps: req.timestamps,
             previous: req.previous,
-        };
+            timestamps: req.timestamps,
+            since_seconds: (req.since_seconds != 0).then_some(req.since_seconds),
+            since_time: None,
+            tail_lines: (req.tail_lines >= 0).then_some(req.tail_lines),
+            limit_bytes: (req.limit_bytes != 0).then_some(req.limit_bytes),
+        }
+        .options()
+        .map_err(Status::invalid_argument)?;
         let chunks = logs::open(&self.runtime, &found, options)
             .await
             .map_err(log_status)?;
@@ -246,9 +248,11 @@ pub enum Error {
     },
 }
 
-/// Binds the admin socket (replacing a stale one left by a dead agent), mode 0600.
+/// Binds the admin socket (replacing a stale one left by a dead agent), mode 0660 in the
+/// private root dir. It is bound in a directory only root may enter and moved into place once
+/// its mode is set: no one else can connect in between (no process-wide umask is changed).
 pub async fn bind(path: &Path) -> Result<UnixListener, Error> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -259,12 +263,35 @@ pub async fn bind(path: &Path) -> Result<UnixListener, Error> {
         }
         std::fs::remove_file(path).map_err(io)?;
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let listener = UnixListener::bind(path).map_err(io)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    Ok(listener)
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    crate::volumes::private_dir(dir).map_err(io)?;
+    let staging = dir.join(format!(".{SOCKET}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(io)?;
+    let bound = staging.join(SOCKET);
+    let listener = UnixListener::bind(&bound)
+        .and_then(|l| {
+            std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o660))?;
+            std::fs::rename(&bound, path)?;
+            Ok(l)
+        })
+        .map_err(io);
+    let _ = std::fs::remove_dir_all(&staging);
+    listener
+}
+
+/// Whether the peer may use the socket: root, or a process whose group is the socket's (an
+/// operator may `chgrp` it to let a group in). Read from the kernel (SO_PEERCRED), not from
+/// anything the peer says.
+fn admitted(stream: &tokio::net::UnixStream, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(peer) = stream.peer_cred() else {
+        return false;
+    };
+    peer.uid() == 0 || std::fs::metadata(path).is_ok_and(|m| m.gid() == peer.gid())
 }
 
 /// Serves the admin API on `listener` until `cancel`, then removes the socket file.
@@ -274,9 +301,21 @@ pub async fn serve(
     handles: Handles,
     cancel: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
+    let socket = path.clone();
+    let incoming = UnixListenerStream::new(listener).filter(move |accepted| {
+        let pass = match accepted {
+            Ok(stream) if !admitted(stream, &socket) => {
+                let peer = stream.peer_cred().ok();
+                tracing::warn!(uid = ?peer.map(|p| p.uid()), gid = ?peer.map(|p| p.gid()), socket = %socket.display(), "refused a connection to the admin socket: neither root nor the socket's group");
+                false
+            }
+            _ => true,
+        };
+        std::future::ready(pass)
+    });
     let served = tonic::transport::Server::builder()
         .add_service(AdminServer::new(handles))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), cancel.cancelled())
+        .serve_with_incoming_shutdown(incoming, cancel.cancelled())
         .await;
     let _ = std::fs::remove_file(&path);
     served

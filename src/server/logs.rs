@@ -3,17 +3,26 @@
 //! partial lines joined, and the upstream options: follow, tailLines, limitBytes, sinceSeconds /
 //! sinceTime, timestamps. Shared by the authenticated API and the admin socket.
 
-use std::io::{Read, Seek, SeekFrom};
+use std::io::SeekFrom;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
 use tokio::sync::mpsc;
 
 use crate::runtime::{RuntimeClient, cri};
 use crate::status;
 use crate::types::PodUid;
+
+/// Logs followed at once, over every server; one more is refused until one ends.
+pub const MAX_FOLLOWERS: usize = 256;
+static FOLLOWERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_FOLLOWERS);
+/// How much of a log file is read at a time: a log is streamed, never read whole.
+const CHUNK: usize = 64 * 1024;
+/// How much of a line's start tells its time, stream and tag.
+const PREFIX: usize = 64;
 
 /// How often a followed log is read for new lines.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -29,6 +38,59 @@ pub struct Options {
     pub since: Option<Timestamp>,
     pub timestamps: bool,
     pub previous: bool,
+}
+
+/// The options as a reader gives them, before they are checked.
+#[derive(Clone, Debug, Default)]
+pub struct Query<'a> {
+    pub follow: bool,
+    pub previous: bool,
+    pub timestamps: bool,
+    pub since_seconds: Option<i64>,
+    pub since_time: Option<&'a str>,
+    pub tail_lines: Option<i64>,
+    pub limit_bytes: Option<i64>,
+}
+
+impl Query<'_> {
+    /// The options, checked as upstream checks a PodLogOptions (a wrong value is the reader's
+    /// error, never a panic). A `sinceSeconds` reaching before the earliest time there is
+    /// means the whole log.
+    pub fn options(&self) -> Result<Options, String> {
+        let invalid = |field: &str, value: i64, rule: &str| {
+            format!("{field}: Invalid value: {value}: must be {rule}")
+        };
+        let since = match (self.since_seconds, self.since_time) {
+            (Some(_), Some(_)) => {
+                return Err("at most one of `sinceTime` or `sinceSeconds` may be specified".into());
+            }
+            (Some(s), None) if s < 1 => return Err(invalid("sinceSeconds", s, "greater than 0")),
+            (Some(s), None) => crate::types::now()
+                .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+                .ok(),
+            (None, Some(t)) => Some(
+                t.parse::<Timestamp>()
+                    .map_err(|_| format!("sinceTime: {t:?} is not an RFC 3339 time"))?,
+            ),
+            (None, None) => None,
+        };
+        let tail = match self.tail_lines {
+            Some(n) if n < 0 => return Err(invalid("tailLines", n, "greater than or equal to 0")),
+            n => n.and_then(|n| u64::try_from(n).ok()),
+        };
+        let limit = match self.limit_bytes {
+            Some(n) if n < 1 => return Err(invalid("limitBytes", n, "greater than 0")),
+            n => n.and_then(|n| u64::try_from(n).ok()),
+        };
+        Ok(Options {
+            follow: self.follow,
+            tail_lines: tail,
+            limit_bytes: limit,
+            since,
+            timestamps: self.timestamps,
+            previous: self.previous,
+        })
+    }
 }
 
 /// Why a log cannot be read; the message names the pod or container.
@@ -49,6 +111,8 @@ pub enum Error {
         #[source]
         source: crate::runtime::Error,
     },
+    #[error("too many logs are followed at once ({MAX_FOLLOWERS}); try again later")]
+    TooManyFollowers,
     #[error("cannot open log file {}: {source}", .path.display())]
     Io {
         path: PathBuf,
@@ -64,6 +128,7 @@ impl Error {
         match self {
             Error::PodNotFound { .. } | Error::ContainerNotFound { .. } => 404,
             Error::ContainerRequired { .. } | Error::NoPrevious { .. } => 400,
+            Error::TooManyFollowers => 429,
             Error::Runtime { .. } | Error::Io { .. } => 500,
         }
     }
@@ -153,13 +218,24 @@ pub async fn open(
             container: found.container.clone(),
             source,
         })?;
-    let path = PathBuf::from(&status.log_path);
-    let file = std::fs::File::open(&path).map_err(|source| Error::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let (tx, rx) = mpsc::channel(16);
     let follow = options.follow && status.state == cri::ContainerState::ContainerRunning as i32;
+    let slot = if follow {
+        Some(
+            FOLLOWERS
+                .try_acquire()
+                .map_err(|_| Error::TooManyFollowers)?,
+        )
+    } else {
+        None
+    };
+    let path = PathBuf::from(&status.log_path);
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+    let (tx, rx) = mpsc::channel(16);
     let reader = Reader {
         path,
         file,
@@ -170,7 +246,10 @@ pub async fn open(
     };
     let runtime = runtime.clone();
     let id = found.container_id.clone();
-    tokio::spawn(reader.run(follow, runtime, id));
+    tokio::spawn(async move {
+        reader.run(follow.then_some((runtime, id))).await;
+        drop(slot);
+    });
     Ok(rx)
 }
 
@@ -201,12 +280,57 @@ fn parse(line: &[u8]) -> Option<Line<'_>> {
 
 struct Reader {
     path: PathBuf,
-    file: std::fs::File,
+    file: tokio::fs::File,
     options: Options,
     /// Bytes read after the last newline.
     pending: Vec<u8>,
     written: u64,
     tx: mpsc::Sender<Vec<u8>>,
+}
+
+/// Where the last `tail` logical lines of the log begin: past the end of the full line before
+/// them (a run of partial lines belongs to the full line after it; lines of another shape count
+/// for nothing). Streams through the file, keeping only the ends of the last `tail + 1`.
+async fn tail_start(file: &mut tokio::fs::File, tail: u64) -> std::io::Result<u64> {
+    let keep = usize::try_from(tail)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    let mut ends: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+    let mut prefix: Vec<u8> = Vec::with_capacity(PREFIX);
+    let mut offset = 0u64;
+    let mut last_newline = 0u64;
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let n = file.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        let mut rest = &chunk[..n];
+        let mut at = offset;
+        while let Some(nl) = rest.iter().position(|b| *b == b'\n') {
+            let wanted = PREFIX.saturating_sub(prefix.len()).min(nl);
+            prefix.extend_from_slice(&rest[..wanted]);
+            at += nl as u64 + 1;
+            last_newline = at;
+            if parse(&prefix).is_some_and(|l| !l.partial) {
+                ends.push_back(at);
+                if ends.len() > keep {
+                    ends.pop_front();
+                }
+            }
+            prefix.clear();
+            rest = &rest[nl + 1..];
+        }
+        let wanted = PREFIX.saturating_sub(prefix.len()).min(rest.len());
+        prefix.extend_from_slice(&rest[..wanted]);
+        offset += n as u64;
+    }
+    Ok(match tail {
+        // Nothing of what is there now.
+        0 => last_newline,
+        _ if ends.len() == keep => ends.front().copied().unwrap_or(0),
+        _ => 0,
+    })
 }
 
 impl Reader {
@@ -236,7 +360,7 @@ impl Reader {
         };
         let left = limit.saturating_sub(self.written);
         if out.len() as u64 >= left {
-            out.truncate(left as usize);
+            out.truncate(usize::try_from(left).unwrap_or(usize::MAX));
             self.written = limit;
             return (out, true);
         }
@@ -244,97 +368,77 @@ impl Reader {
         (out, false)
     }
 
-    /// Reads what the file holds now, past what was read before; `None` on a read error.
-    fn read_more(&mut self) -> Option<Vec<u8>> {
-        let mut buf = std::mem::take(&mut self.pending);
-        if let Err(e) = self.file.read_to_end(&mut buf) {
-            tracing::warn!(path = %self.path.display(), error = %e, "cannot read container log");
-            return None;
-        }
-        Some(buf)
-    }
-
-    /// Splits off the whole lines, keeping an unfinished last line for later.
-    fn whole_lines(&mut self, mut buf: Vec<u8>) -> Vec<u8> {
-        match buf.iter().rposition(|b| *b == b'\n') {
-            Some(end) => {
-                self.pending = buf.split_off(end + 1);
-                buf
+    /// Reads the next chunk of the file; `Some(false)` at its end, `None` on a read error.
+    async fn fill(&mut self) -> Option<bool> {
+        let mut chunk = vec![0u8; CHUNK];
+        match self.file.read(&mut chunk).await {
+            Ok(0) => Some(false),
+            Ok(n) => {
+                self.pending.extend_from_slice(&chunk[..n]);
+                Some(true)
             }
-            None => {
-                self.pending = buf;
-                Vec::new()
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot read container log");
+                None
             }
         }
     }
 
-    /// The lines to show first: all of them, or the last tailLines logical lines.
-    fn first_lines<'a>(&self, data: &'a [u8]) -> Vec<&'a [u8]> {
-        let lines: Vec<&[u8]> = data
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .collect();
-        let Some(tail) = self.options.tail_lines else {
-            return lines;
+    /// Sends the whole lines read so far, keeping an unfinished last line for later; false
+    /// when reading should stop (the receiver is gone, or limitBytes was reached).
+    async fn flush(&mut self) -> bool {
+        let Some(end) = self.pending.iter().rposition(|b| *b == b'\n') else {
+            return true;
         };
-        // Count full lines from the end; a run of partials belongs to the full line after it.
-        let mut full = 0;
-        let mut start = lines.len();
-        for (i, raw) in lines.iter().enumerate().rev() {
-            // Partials and lines of another shape (skipped when shown) count for nothing.
-            let full_line = parse(raw).is_some_and(|l| !l.partial);
-            if full_line {
-                if full == tail {
-                    break;
-                }
-                full += 1;
-            }
-            start = i;
-        }
-        if tail == 0 {
-            start = lines.len();
-        }
-        lines[start..].to_vec()
-    }
-
-    /// The output of the whole lines written since the last read: (text, limit reached,
-    /// whether anything new was read); `None` on a read error.
-    fn next_lines(&mut self) -> Option<(Vec<u8>, bool, bool)> {
-        let kept = self.pending.len();
-        let buf = self.read_more()?;
-        let got_any = buf.len() > kept;
-        let data = self.whole_lines(buf);
+        let rest = self.pending.split_off(end + 1);
+        let data = std::mem::replace(&mut self.pending, rest);
         let lines: Vec<&[u8]> = data.split(|b| *b == b'\n').collect();
         let (out, done) = self.decode(&lines);
-        Some((out, done, got_any))
+        (out.is_empty() || self.tx.send(out).await.is_ok()) && !done
     }
 
-    async fn send(&self, out: Vec<u8>) -> bool {
-        out.is_empty() || self.tx.send(out).await.is_ok()
+    /// Sends what the file holds up to its end as it is now; whether anything new was read,
+    /// or `None` when reading should stop.
+    async fn drain(&mut self) -> Option<bool> {
+        let mut got_any = false;
+        while self.fill().await? {
+            got_any = true;
+            if !self.flush().await {
+                return None;
+            }
+        }
+        Some(got_any)
     }
 
-    async fn run(mut self, follow: bool, runtime: RuntimeClient, id: String) {
-        let Some(buf) = self.read_more() else { return };
-        let data = self.whole_lines(buf);
-        let first = self.first_lines(&data);
-        let (out, done) = self.decode(&first);
-        if !self.send(out).await || done || !follow {
+    /// Streams the log; with `follow` (the runtime and the container), goes on with what is
+    /// appended until the container stops or the receiver is dropped.
+    async fn run(mut self, follow: Option<(RuntimeClient, String)>) {
+        if let Some(tail) = self.options.tail_lines {
+            let start = tail_start(&mut self.file, tail).await;
+            let sought = match start {
+                Ok(at) => self.file.seek(SeekFrom::Start(at)).await.map(drop),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sought {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot read container log");
+                return;
+            }
+        }
+        if self.drain().await.is_none() {
             return;
         }
+        let Some((runtime, id)) = follow else { return };
         let mut last_check = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(FOLLOW_POLL) => {}
                 _ = self.tx.closed() => return,
             }
-            let Some((out, done, got_any)) = self.next_lines() else {
+            let Some(got_any) = self.drain().await else {
                 return;
             };
-            if !self.send(out).await || done {
-                return;
-            }
-            if self.rotated() {
-                match std::fs::File::open(&self.path) {
+            if self.rotated().await {
+                match tokio::fs::File::open(&self.path).await {
                     Ok(file) => {
                         self.file = file;
                         continue;
@@ -352,9 +456,7 @@ impl Reader {
                     .map(|s| s.state == cri::ContainerState::ContainerRunning as i32);
                 if !matches!(running, Ok(true)) {
                     // One last read: lines written just before the exit.
-                    if let Some((out, _, _)) = self.next_lines() {
-                        self.send(out).await;
-                    }
+                    self.drain().await;
                     return;
                 }
             }
@@ -362,17 +464,20 @@ impl Reader {
     }
 
     /// Whether the path now names another file than the one open (the log was rotated).
-    fn rotated(&mut self) -> bool {
-        let (Ok(open), Ok(now)) = (self.file.metadata(), std::fs::metadata(&self.path)) else {
+    async fn rotated(&mut self) -> bool {
+        let (Ok(open), Ok(now)) = (
+            self.file.metadata().await,
+            tokio::fs::metadata(&self.path).await,
+        ) else {
             return false;
         };
         if open.ino() != now.ino() {
             return true;
         }
         // Truncated in place: start over from its beginning.
-        let at = self.file.stream_position().unwrap_or(0);
+        let at = self.file.stream_position().await.unwrap_or(0);
         if now.len() < at {
-            let _ = self.file.seek(SeekFrom::Start(0));
+            let _ = self.file.seek(SeekFrom::Start(0)).await;
             self.pending.clear();
         }
         false
@@ -383,15 +488,75 @@ impl Reader {
 mod tests {
     use super::*;
 
-    fn reader(options: Options) -> Reader {
-        let (tx, _rx) = mpsc::channel(1);
-        Reader {
-            path: PathBuf::from("/dev/null"),
-            file: std::fs::File::open("/dev/null").unwrap(),
-            options,
-            pending: Vec::new(),
-            written: 0,
-            tx,
+    #[test]
+    fn out_of_range_options_are_the_readers_error_and_huge_windows_mean_everything() {
+        let check = |q: Query| {
+            q.options()
+                .map(|o| (o.since.is_some(), o.tail_lines, o.limit_bytes))
+        };
+        assert_eq!(
+            check(Query {
+                since_seconds: Some(i64::MAX),
+                tail_lines: Some(0),
+                limit_bytes: Some(i64::MAX),
+                ..Query::default()
+            }),
+            Ok((false, Some(0), Some(i64::MAX as u64)))
+        );
+        assert_eq!(
+            check(Query {
+                since_seconds: Some(60),
+                ..Query::default()
+            }),
+            Ok((true, None, None))
+        );
+        for (query, field) in [
+            (
+                Query {
+                    since_seconds: Some(0),
+                    ..Query::default()
+                },
+                "sinceSeconds",
+            ),
+            (
+                Query {
+                    since_seconds: Some(i64::MIN),
+                    ..Query::default()
+                },
+                "sinceSeconds",
+            ),
+            (
+                Query {
+                    tail_lines: Some(-1),
+                    ..Query::default()
+                },
+                "tailLines",
+            ),
+            (
+                Query {
+                    limit_bytes: Some(0),
+                    ..Query::default()
+                },
+                "limitBytes",
+            ),
+            (
+                Query {
+                    since_time: Some("yesterday"),
+                    ..Query::default()
+                },
+                "sinceTime",
+            ),
+            (
+                Query {
+                    since_seconds: Some(1),
+                    since_time: Some("2026-01-01T00:00:00Z"),
+                    ..Query::default()
+                },
+                "sinceSeconds",
+            ),
+        ] {
+            let e = query.options().unwrap_err();
+            assert!(e.contains(field), "{e}");
         }
     }
 
@@ -401,10 +566,53 @@ mod tests {
 not a cri line\n\
 2026-01-01T00:00:03Z stdout F three\n";
 
+    /// What a reader with `options` sends for `log`, without following.
+    fn read(log: &[u8], options: Options) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0.log");
+        std::fs::write(&path, log).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (tx, mut rx) = mpsc::channel(1);
+            let reader = Reader {
+                file: tokio::fs::File::open(&path).await.unwrap(),
+                path,
+                options,
+                pending: Vec::new(),
+                written: 0,
+                tx,
+            };
+            tokio::spawn(reader.run(None));
+            let mut out = Vec::new();
+            while let Some(chunk) = rx.recv().await {
+                out.extend(chunk);
+            }
+            String::from_utf8(out).unwrap()
+        })
+    }
+
     fn show(options: Options) -> String {
-        let mut r = reader(options);
-        let lines = r.first_lines(LOG);
-        String::from_utf8(r.decode(&lines).0).unwrap()
+        read(LOG, options)
+    }
+
+    #[test]
+    fn a_large_log_streams_in_chunks_and_its_tail_is_found() {
+        let line = |i: usize| format!("2026-01-01T00:00:00Z stdout F line {i:06}\n");
+        let log: String = (0..40_000).map(line).collect();
+        assert!(log.len() > 20 * CHUNK);
+        let all = read(log.as_bytes(), Options::default());
+        assert_eq!(all.lines().count(), 40_000);
+        let tail = read(
+            log.as_bytes(),
+            Options {
+                tail_lines: Some(3),
+                ..Default::default()
+            },
+        );
+        assert_eq!(tail, "line 039997\nline 039998\nline 039999\n");
     }
 
     #[test]
@@ -455,9 +663,7 @@ not a cri line\n\
 
     #[test]
     fn an_unfinished_line_waits_for_its_newline() {
-        let mut r = reader(Options::default());
-        let whole = r.whole_lines(b"a\nb".to_vec());
-        assert_eq!(whole, b"a\n");
-        assert_eq!(r.pending, b"b");
+        let log = b"2026-01-01T00:00:01Z stdout F a\n2026-01-01T00:00:02Z stdout F b";
+        assert_eq!(read(log, Options::default()), "a\n");
     }
 }

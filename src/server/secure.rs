@@ -60,17 +60,18 @@ pub struct TlsFiles {
 /// The self-signed pair `<root-dir>/pki/kubelet.{crt,key}` for `node`, made on first start
 /// (upstream's names and place), for when no --tls-cert-file is given.
 pub fn self_signed(root_dir: &Path, node: &str) -> Result<(PathBuf, PathBuf), Error> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let dir = root_dir.join("pki");
     let (cert, key) = (dir.join("kubelet.crt"), dir.join("kubelet.key"));
-    if cert.exists() && key.exists() {
-        return Ok((cert, key));
-    }
     let write_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| Error::Write { path, source }
     };
-    std::fs::create_dir_all(&dir).map_err(write_err(&dir))?;
+    crate::volumes::private_dir(&dir).map_err(write_err(&dir))?;
+    if cert.exists() && key.exists() {
+        return Ok((cert, key));
+    }
     let generate = |e: rcgen::Error| Error::Generate(e.to_string());
     let pair = rcgen::KeyPair::generate().map_err(generate)?;
     let names = vec![node.to_string(), "localhost".into(), "127.0.0.1".into()];
@@ -79,8 +80,14 @@ pub fn self_signed(root_dir: &Path, node: &str) -> Result<(PathBuf, PathBuf), Er
         .distinguished_name
         .push(rcgen::DnType::CommonName, format!("{node}@nodelet"));
     let made = params.self_signed(&pair).map_err(generate)?;
-    std::fs::write(&key, pair.serialize_pem()).map_err(write_err(&key))?;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+    // The key is private from its first byte: made 0600, never opened up and then narrowed.
+    let _ = std::fs::remove_file(&key);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&key)
+        .and_then(|mut f| f.write_all(pair.serialize_pem().as_bytes()))
         .map_err(write_err(&key))?;
     std::fs::write(&cert, made.pem()).map_err(write_err(&cert))?;
     Ok((cert, key))
@@ -183,26 +190,16 @@ fn log_options(query: &[(String, String)]) -> Result<logs::Options, String> {
             })
             .transpose()
     };
-    let since = match (number("sinceSeconds")?, value(query, "sinceTime")) {
-        (Some(s), _) if s > 0 => {
-            Some(crate::types::now() - k8s_openapi::jiff::SignedDuration::from_secs(s))
-        }
-        (_, Some(t)) => Some(
-            t.parse::<k8s_openapi::jiff::Timestamp>()
-                .map_err(|_| format!("sinceTime: {t:?} is not an RFC 3339 time"))?,
-        ),
-        _ => None,
-    };
-    Ok(logs::Options {
+    logs::Query {
         follow: flag(query, "follow"),
-        tail_lines: number("tailLines")?.and_then(|n| u64::try_from(n).ok()),
-        limit_bytes: number("limitBytes")?
-            .and_then(|n| u64::try_from(n).ok())
-            .filter(|n| *n > 0),
-        since,
-        timestamps: flag(query, "timestamps"),
         previous: flag(query, "previous"),
-    })
+        timestamps: flag(query, "timestamps"),
+        since_seconds: number("sinceSeconds")?,
+        since_time: value(query, "sinceTime"),
+        tail_lines: number("tailLines")?,
+        limit_bytes: number("limitBytes")?,
+    }
+    .options()
 }
 
 /// /containerLogs/{namespace}/{pod}/{container} with upstream's query options.
@@ -244,19 +241,90 @@ async fn container_logs(
     }
 }
 
-/// The path under the log dir that a request names, if it stays inside it: no `..`, and no
-/// symlink leading out.
-fn inside(log_dir: &Path, wanted: &str) -> Option<PathBuf> {
+/// What a /logs/ path names: a directory's entries (directories marked with a trailing `/`),
+/// or an open regular file.
+enum LogPath {
+    Dir(Vec<String>),
+    File(std::fs::File),
+}
+
+/// Opens what `wanted` names under the log dir, or says why not (as a status). Links are
+/// followed while they stay inside (container log links point into the pod log dir), then the
+/// resolved path is opened beneath the log dir component by component without following any
+/// link, so a link swapped in meanwhile is refused rather than followed out. Only directories
+/// and regular files are served: a FIFO or a device never is.
+fn open_log_path(log_dir: &Path, wanted: &str) -> Result<LogPath, StatusCode> {
+    use std::os::fd::AsRawFd as _;
     let relative = Path::new(wanted.trim_start_matches('/'));
     if relative
         .components()
         .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
     {
-        return None;
+        return Err(StatusCode::NOT_FOUND);
     }
-    let root = log_dir.canonicalize().ok()?;
-    let real = root.join(relative).canonicalize().ok()?;
-    real.starts_with(&root).then_some(real)
+    let root = log_dir.canonicalize().map_err(|_| StatusCode::NOT_FOUND)?;
+    let real = root
+        .join(relative)
+        .canonicalize()
+        .map_err(|_| StatusCode::NOT_FOUND)?;
+    let beneath = real
+        .strip_prefix(&root)
+        .map_err(|_| StatusCode::NOT_FOUND)?;
+    let fd = crate::volumes::subpath::open_beneath(&root, &beneath.to_string_lossy(), false)
+        .map_err(|_| StatusCode::NOT_FOUND)?;
+    // The descriptor's own inode, reached through its /proc link (never through the path).
+    let opened = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    let kind = std::fs::metadata(&opened)
+        .map_err(|_| StatusCode::NOT_FOUND)?
+        .file_type();
+    if kind.is_dir() {
+        let entries = std::fs::read_dir(&opened).map_err(|_| StatusCode::FORBIDDEN)?;
+        let mut names: Vec<String> = entries
+            .flatten()
+            .map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    name + "/"
+                } else {
+                    name
+                }
+            })
+            .collect();
+        names.sort();
+        Ok(LogPath::Dir(names))
+    } else if kind.is_file() {
+        std::fs::File::open(&opened)
+            .map(LogPath::File)
+            .map_err(|_| StatusCode::FORBIDDEN)
+    } else {
+        Err(StatusCode::NOT_FOUND)
+    }
+}
+
+/// A directory listing as upstream's file server writes it: each name HTML-escaped in the
+/// text and percent-encoded in its link (so a name is never read as a scheme or a query).
+fn listing(names: &[String]) -> String {
+    let mut body = String::from("<pre>\n");
+    for n in names {
+        let escaped = n
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+            .replace('\'', "&#39;");
+        let href: String = n
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                    (b as char).to_string()
+                }
+                other => format!("%{other:02X}"),
+            })
+            .collect();
+        body.push_str(&format!("<a href=\"{href}\">{escaped}</a>\n"));
+    }
+    body.push_str("</pre>\n");
+    body
 }
 
 /// /logs/ and /logs/{path}: a directory listing (HTML links, as upstream's file server) or a
@@ -267,43 +335,24 @@ async fn node_logs(State(h): State<Handles>, req: Request) -> Response {
     let Ok(decoded) = percent_decoded(raw) else {
         return text(StatusCode::BAD_REQUEST, "invalid path");
     };
-    let Some(path) = inside(&h.log_dir, &decoded) else {
-        return text(StatusCode::NOT_FOUND, "404 page not found");
-    };
-    if path.is_dir() {
-        let Ok(entries) = std::fs::read_dir(&path) else {
-            return text(StatusCode::FORBIDDEN, "cannot list the directory");
-        };
-        let mut names: Vec<String> = entries
-            .flatten()
-            .map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if e.path().is_dir() { name + "/" } else { name }
-            })
-            .collect();
-        names.sort();
-        let mut body = String::from("<pre>\n");
-        for n in names {
-            let escaped = n
-                .replace('&', "&amp;")
-                .replace('<', "&lt;")
-                .replace('>', "&gt;")
-                .replace('"', "&quot;");
-            body.push_str(&format!("<a href=\"{escaped}\">{escaped}</a>\n"));
-        }
-        body.push_str("</pre>\n");
-        return ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response();
-    }
-    match tokio::fs::File::open(&path).await {
-        Ok(file) => {
-            let stream = tokio_util::io::ReaderStream::new(file);
-            (
-                [(header::CONTENT_TYPE, "text/plain")],
-                Body::from_stream(stream),
-            )
-                .into_response()
-        }
-        Err(e) => text(StatusCode::FORBIDDEN, format!("cannot read the file: {e}")),
+    let log_dir = h.log_dir.clone();
+    let opened = tokio::task::spawn_blocking(move || open_log_path(&log_dir, &decoded)).await;
+    match opened {
+        Ok(Ok(LogPath::Dir(names))) => (
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            listing(&names),
+        )
+            .into_response(),
+        Ok(Ok(LogPath::File(file))) => (
+            [(header::CONTENT_TYPE, "text/plain")],
+            Body::from_stream(tokio_util::io::ReaderStream::new(
+                tokio::fs::File::from_std(file),
+            )),
+        )
+            .into_response(),
+        Ok(Err(StatusCode::FORBIDDEN)) => text(StatusCode::FORBIDDEN, "cannot read the path"),
+        Ok(Err(code)) => text(code, "404 page not found"),
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the log reader failed"),
     }
 }
 

@@ -23,8 +23,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Identical failures are logged this many times, then kept quiet until something changes.
 const LOG_REPEATS: u32 = 3;
 
-/// Settings of the URL source.
-#[derive(Clone, Debug)]
+/// Settings of the URL source (no `Debug`: the headers may be credentials).
+#[derive(Clone)]
 pub struct Config {
     pub url: String,
     pub headers: BTreeMap<String, Vec<String>>,
@@ -110,6 +110,7 @@ struct FailureLog {
 
 impl FailureLog {
     fn failed(&mut self, url: &str, reason: String) {
+        let url = crate::types::redacted_url(url);
         if self.last.as_ref() == Some(&reason) {
             self.repeats += 1;
         } else {
@@ -128,6 +129,7 @@ impl FailureLog {
 
     fn succeeded(&mut self, url: &str) {
         if self.last.take().is_some() {
+            let url = crate::types::redacted_url(url);
             tracing::info!(%url, "manifest URL answers again");
         }
         self.repeats = 0;

@@ -3,7 +3,8 @@
 //! reader inside the container sees the old set of files or the new one, never a mix.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt};
 use std::path::Path;
 
 use crate::pod::is_valid_file_path;
@@ -48,14 +49,17 @@ pub fn write(dir: &Path, payload: &Payload, gid: Option<u32>) -> std::io::Result
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        std::fs::write(&target, &file.bytes)?;
+        // Made private, and only opened up to its mode once its group is the right one.
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&target)?;
+        out.write_all(&file.bytes)?;
         if let Some(gid) = gid {
-            std::os::unix::fs::chown(&target, None, Some(gid))?;
+            std::os::unix::fs::fchown(&out, None, Some(gid))?;
         }
-        std::fs::set_permissions(
-            &target,
-            std::fs::Permissions::from_mode(disk_mode(file.mode, gid)),
-        )?;
+        out.set_permissions(std::fs::Permissions::from_mode(disk_mode(file.mode, gid)))?;
     }
     let name = generation
         .file_name()

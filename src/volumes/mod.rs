@@ -39,6 +39,30 @@ fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error
     }
 }
 
+/// Makes `path` (and any missing parent) a directory only root and its group may enter:
+/// upstream's 0750. One that exists is only ever tightened to it, never opened up.
+pub fn private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(path)?;
+    let mode = std::fs::metadata(path)?.permissions().mode() & 0o7777;
+    if mode & 0o027 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & !0o027))?;
+    }
+    Ok(())
+}
+
+/// The root dir and its `pods/`, private (0750) before anything is made in them: pod
+/// directories hold Secrets and the volumes of other pods.
+pub fn prepare_root(root_dir: &Path) -> Result<()> {
+    for dir in [root_dir.to_path_buf(), root_dir.join("pods")] {
+        private_dir(&dir).map_err(io("cannot create", &dir))?;
+    }
+    Ok(())
+}
+
 /// `<root-dir>/pods/<uid>`: the pod's own directory.
 pub fn pod_dir(root_dir: &Path, uid: &str) -> PathBuf {
     root_dir.join("pods").join(uid)
@@ -103,8 +127,9 @@ pub struct Mounted {
 pub fn setup(pod: &Pod, root_dir: &Path, inputs: &Inputs<'_>) -> Result<HashMap<String, Mounted>> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let dir = pod_dir(root_dir, uid);
+    private_dir(&dir).map_err(io("cannot create", &dir))?;
     for sub in ["volumes", "plugins", "containers"] {
-        std::fs::create_dir_all(dir.join(sub)).map_err(io("cannot create", &dir.join(sub)))?;
+        private_dir(&dir.join(sub)).map_err(io("cannot create", &dir.join(sub)))?;
     }
     let mut mounted = HashMap::new();
     let fs_group = spec(pod).security_context.as_ref().and_then(|s| s.fs_group);
@@ -152,7 +177,7 @@ fn api_data(
     fs_group: Option<i64>,
 ) -> Result<PathBuf> {
     let VolumeDir { path, tmpfs } = made_dir(pod_dir, v)?;
-    std::fs::create_dir_all(&path).map_err(io("cannot create", &path))?;
+    make_volume_dir(&path)?;
     if tmpfs && !is_mount_point(&path) {
         mount_tmpfs(&path, "mode=0755").map_err(|e| Error::Volume {
             volume: v.name.clone(),
@@ -166,9 +191,18 @@ fn api_data(
     Ok(path)
 }
 
+/// A volume's own directory under a private `kubernetes.io~<kind>` one: the containers that
+/// mount it need to enter it, no one else on the host gets that far.
+fn make_volume_dir(path: &Path) -> Result<()> {
+    if let Some(kind) = path.parent() {
+        private_dir(kind).map_err(io("cannot create", kind))?;
+    }
+    std::fs::create_dir_all(path).map_err(io("cannot create", path))
+}
+
 fn empty_dir(v: &Volume, pod_dir: &Path, fs_group: Option<i64>) -> Result<PathBuf> {
     let VolumeDir { path, tmpfs } = made_dir(pod_dir, v)?;
-    std::fs::create_dir_all(&path).map_err(io("cannot create", &path))?;
+    make_volume_dir(&path)?;
     let ed = v.empty_dir.as_ref();
     if tmpfs && !is_mount_point(&path) {
         let size = ed
@@ -242,6 +276,13 @@ fn host_path(volume: &str, path: &Path, kind: &str) -> Result<()> {
 
 /// Removes the pod's directory and everything in it, unmounting its tmpfs volumes first.
 pub fn teardown(root_dir: &Path, uid: &str) -> Result<()> {
+    if !crate::types::is_path_part(uid) {
+        return Err(Error::Io {
+            action: "refusing to remove the directory of a pod whose UID is no path part under",
+            path: root_dir.join("pods"),
+            source: std::io::ErrorKind::InvalidInput.into(),
+        });
+    }
     let dir = pod_dir(root_dir, uid);
     let mut mounts = mount_points_under(&dir);
     // Deepest first.

@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn items_pick_keys_and_modes_and_missing_ones_fail_unless_optional() {
-        let (writer, reader) = crate::objects::store();
+        let (writer, reader) = crate::objects::store(false);
         let cm = crate::objects::config_map(
             serde_yaml_ng::from_str("metadata: {name: cm}\ndata: {a: '1', b: '2'}\n").unwrap(),
         )

@@ -23,7 +23,7 @@ pub fn target(pod_dir: &Path, volume: &str, container: &str, index: usize) -> Pa
 /// directories on the way are created with the volume's own mode; a symlink anywhere in `sub`
 /// is refused, wherever it points.
 pub fn mount(base: &Path, sub: &str, target: &Path) -> Result<PathBuf, String> {
-    let opened = open_beneath(base, sub)?;
+    let opened = open_beneath(base, sub, true)?;
     let stat = fstat(&opened).map_err(|e| format!("cannot inspect it: {e}"))?;
     let is_dir = stat.st_mode & libc::S_IFMT == libc::S_IFDIR;
     prepare_target(target, is_dir)?;
@@ -92,11 +92,12 @@ fn prepare_target(target: &Path, is_dir: bool) -> Result<(), String> {
 }
 
 /// Opens `sub` beneath `base` (an `O_PATH` descriptor), one component at a time, never
-/// following a symlink; missing components are made as directories with `base`'s mode.
-fn open_beneath(base: &Path, sub: &str) -> Result<OwnedFd, String> {
+/// following a symlink; with `create`, missing components are made as directories with
+/// `base`'s mode.
+pub fn open_beneath(base: &Path, sub: &str, create: bool) -> Result<OwnedFd, String> {
     let flags = libc::O_PATH | libc::O_CLOEXEC;
     let mut dir = open_at(libc::AT_FDCWD, &cstring(base)?, flags | libc::O_DIRECTORY)
-        .map_err(|e| format!("cannot open its volume at {}: {e}", base.display()))?;
+        .map_err(|e| format!("cannot open {}: {e}", base.display()))?;
     let mode = fstat(&dir)
         .map_err(|e| format!("cannot inspect {}: {e}", base.display()))?
         .st_mode
@@ -112,7 +113,7 @@ fn open_beneath(base: &Path, sub: &str) -> Result<OwnedFd, String> {
         let name =
             CString::new(name.as_encoded_bytes()).map_err(|_| "holds a NUL byte".to_string())?;
         let next = match open_at(dir.as_raw_fd(), &name, flags | libc::O_NOFOLLOW) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if create && e.kind() == std::io::ErrorKind::NotFound => {
                 make_dir(&dir, &name, mode)
                     .map_err(|e| format!("cannot create {}: {e}", walked.display()))?;
                 open_at(dir.as_raw_fd(), &name, flags | libc::O_NOFOLLOW)
@@ -126,7 +127,7 @@ fn open_beneath(base: &Path, sub: &str) -> Result<OwnedFd, String> {
             & libc::S_IFMT;
         if kind == libc::S_IFLNK {
             return Err(format!(
-                "{} is a symlink, which a subPath may not follow",
+                "{} is a symlink, which is not followed here",
                 walked.display()
             ));
         }
@@ -193,7 +194,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let base = tmp.path().join("vol");
         std::fs::create_dir(&base).unwrap();
-        let made = open_beneath(&base, "a/./b").unwrap();
+        let made = open_beneath(&base, "a/./b", true).unwrap();
         assert!(base.join("a/b").is_dir());
         let stat = fstat(&made).unwrap();
         assert_eq!(stat.st_mode & libc::S_IFMT, libc::S_IFDIR);
@@ -201,15 +202,15 @@ mod tests {
         let outside = tmp.path().join("outside");
         std::fs::create_dir(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, base.join("link")).unwrap();
-        let err = open_beneath(&base, "link/x").unwrap_err();
+        let err = open_beneath(&base, "link/x", true).unwrap_err();
         assert!(err.contains("symlink"), "{err}");
         assert!(
             !outside.join("x").exists(),
             "nothing is made through a link"
         );
-        let err = open_beneath(&base, "link").unwrap_err();
+        let err = open_beneath(&base, "link", true).unwrap_err();
         assert!(err.contains("link is a symlink"), "{err}");
-        assert!(open_beneath(&base, "../x").is_err());
-        assert!(open_beneath(&base, "/etc").is_err());
+        assert!(open_beneath(&base, "../x", true).is_err());
+        assert!(open_beneath(&base, "/etc", true).is_err());
     }
 }

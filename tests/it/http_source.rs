@@ -202,3 +202,77 @@ async fn file_and_url_sources_run_side_by_side_and_never_block_each_other() {
     node.wait_running("local", 1).await;
     node.finish().await;
 }
+
+#[tokio::test]
+async fn the_urls_credentials_stay_hidden_and_its_pods_get_no_local_secret() {
+    let server = Server::start().await;
+    let with_password = server.url.replacen("http://", "http://me:url-pw-7781@", 1);
+    let pod = |name: &str| {
+        pod_yaml(name, &[("c", FOREVER)], "").replace(
+            "    command:",
+            "    env: [{name: S, valueFrom: {secretKeyRef: {name: local, key: k}}}]\n    command:",
+        )
+    };
+    server.answer(200, pod("remote"));
+    let port = crate::bed::free_port().to_string();
+    let args = [
+        "--manifest-url",
+        &with_password,
+        "--manifest-url-header",
+        "Authorization:Bearer hdr-pw-5523",
+        "--http-check-frequency",
+        "1s",
+        "--port",
+        &port,
+        "--address",
+        "127.0.0.1",
+        "--anonymous-auth",
+    ];
+    let mut node = Node::start("urlcreds", &args).await;
+    let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: local}\nstringData: {k: v}\n";
+    node.write_manifest("local.yaml", &format!("{secret}---\n{}", pod("beside")));
+    node.wait_running("beside", 1).await;
+    // The URL's pod may not use the directory's Secret: it waits, as for a missing one.
+    node.wait_status("remote", "held for its Secret", |s| {
+        s.container_statuses.iter().flatten().any(|c| {
+            c.state
+                .as_ref()
+                .and_then(|st| st.waiting.as_ref())
+                .is_some_and(|w| {
+                    w.reason.as_deref() == Some("CreateContainerConfigError")
+                        && w.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("\"local\" not found"))
+                })
+        })
+    })
+    .await;
+    let api = crate::secure::Client::new(&node, port.parse().unwrap(), None);
+    let (code, configz) = eventually("/configz", Duration::from_secs(30), || async {
+        api.get("/configz").await.ok()
+    })
+    .await;
+    assert_eq!(code, 200);
+    assert!(
+        configz.contains("me:xxxxx@") && configz.contains("\"Authorization\":[\"xxxxx\"]"),
+        "{configz}"
+    );
+    let logs = crate::bed::logs();
+    assert!(
+        logs.contains("the manifest URL is plain http://"),
+        "the plain URL is warned about"
+    );
+    for secret in ["url-pw-7781", "hdr-pw-5523"] {
+        assert!(
+            !configz.contains(secret) && !logs.contains(secret),
+            "{secret} was shown"
+        );
+    }
+
+    // The operator may let URL pods use the directory's Secrets.
+    node.stop_agent().await;
+    node.restart(&[&args[..], &["--manifest-url-local-secrets"]].concat())
+        .await;
+    node.wait_running("remote", 1).await;
+    node.finish().await;
+}

@@ -153,9 +153,20 @@ async fn sigterm_stops_nodelet_quickly_and_leaves_pods_running() {
     p.finish().await;
 }
 
-async fn make_sandbox(node: &str, name: &str, with_labels: bool) -> String {
+pub async fn make_sandbox(node: &str, name: &str, with_labels: bool) -> String {
+    make_sandbox_with_uid(
+        node,
+        name,
+        &format!("{name}-{}", std::process::id()),
+        with_labels,
+    )
+    .await
+}
+
+/// A sandbox as another kubelet-like agent would have left it (`with_labels`), for `uid`.
+pub async fn make_sandbox_with_uid(node: &str, name: &str, uid: &str, with_labels: bool) -> String {
     let rt = runtime().await;
-    let uid = format!("{name}-{}", std::process::id());
+    let uid = uid.to_string();
     let labels = if with_labels {
         [
             ("io.kubernetes.pod.name".to_string(), name.to_string()),

@@ -91,13 +91,13 @@ impl ServerCertVerifier for Pinned {
 }
 
 /// A client of one node's authenticated API, with or without a client certificate.
-struct Client {
+pub struct Client {
     port: u16,
     config: Arc<ClientConfig>,
 }
 
 impl Client {
-    fn new(
+    pub fn new(
         node: &Node,
         port: u16,
         identity: Option<(&rcgen::Certificate, &rcgen::KeyPair)>,
@@ -134,7 +134,7 @@ impl Client {
     }
 
     /// (status, body) of a GET sent exactly as written (no path normalisation).
-    async fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
+    pub async fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
         let mut s = self.connect().await?;
         s.write_all(
             format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
@@ -229,6 +229,24 @@ async fn the_authenticated_api_wants_a_certificate_from_the_client_ca() {
     )
     .await;
     assert_eq!(code, 200);
+    let warning = "--anonymous-auth=true on a port open beyond this host";
+    assert!(
+        !crate::bed::logs().contains(warning),
+        "loopback only: no warning"
+    );
+
+    // Open beyond the host (requests still go to loopback), the risk is named at start.
+    node.stop_agent().await;
+    let open = [&with_anonymous[..], &["--address", "0.0.0.0"]].concat();
+    node.restart(&open).await;
+    let logs = eventually("the warning", Duration::from_secs(30), || async {
+        Some(crate::bed::logs()).filter(|l| l.contains(warning))
+    })
+    .await;
+    assert!(
+        logs.contains("AlwaysAllow lets anyone who reaches it exec"),
+        "{logs}"
+    );
     node.finish().await;
 }
 
@@ -264,6 +282,23 @@ async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
         "two\nthree\n"
     );
     assert_eq!(api.get(&logs("?limitBytes=5")).await.unwrap().1, "one\nt");
+    // Out of range: a window before all time is the whole log, a wrong value the reader's error.
+    assert_eq!(
+        api.get(&logs("?sinceSeconds=9223372036854775807"))
+            .await
+            .unwrap(),
+        (200, all.clone())
+    );
+    for bad in [
+        "?sinceSeconds=0",
+        "?sinceSeconds=-9223372036854775808",
+        "?tailLines=-1",
+        "?limitBytes=0",
+        "?sinceSeconds=5&sinceTime=2026-01-01T00:00:00Z",
+        "?tailLines=99999999999999999999",
+    ] {
+        assert_eq!(api.get(&logs(bad)).await.unwrap().0, 400, "{bad}");
+    }
     let (_, stamped) = api
         .get(&logs("?timestamps=true&tailLines=1"))
         .await
@@ -350,6 +385,61 @@ async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
         assert!(code == 404 || code == 400, "{escape} gave {code}: {body}");
         assert!(!body.contains("root:"), "{escape} leaked {body}");
     }
+    // Names are escaped in the listing and encoded in the links; a FIFO is never opened.
+    std::fs::write(base.path().join("javascript:alert(1)"), "x").unwrap();
+    std::fs::write(base.path().join("\"><b>"), "x").unwrap();
+    let fifo = std::ffi::CString::new(
+        base.path()
+            .join("pipe")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let (_, listing) = api.get(&format!("/logs/{name}/")).await.unwrap();
+    assert!(
+        listing.contains("href=\"javascript%3Aalert%281%29\""),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("href=\"%22%3E%3Cb%3E\">&quot;&gt;&lt;b&gt;</a>"),
+        "{listing}"
+    );
+    let (code, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.get(&format!("/logs/{name}/pipe")),
+    )
+    .await
+    .expect("a FIFO never blocks the server")
+    .unwrap();
+    assert_eq!(code, 404);
+    // A directory swapped for a link to /etc in a tight loop never leads out.
+    let race = base.path().join("race");
+    std::fs::create_dir(&race).unwrap();
+    std::fs::write(race.join("passwd"), "inside\n").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racer = {
+        let (stop, race) = (stop.clone(), race.clone());
+        let parked = base.path().join("race.d");
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::rename(&race, &parked);
+                let _ = std::os::unix::fs::symlink("/etc", &race);
+                let _ = std::fs::remove_file(&race);
+                let _ = std::fs::rename(&parked, &race);
+            }
+        })
+    };
+    let mut served = 0;
+    for _ in 0..400 {
+        let (code, body) = api.get(&format!("/logs/{name}/race/passwd")).await.unwrap();
+        assert!(!body.contains("root:"), "the race led out: {body}");
+        served += usize::from(code == 200);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    racer.join().unwrap();
+    assert!(served > 0, "the file inside was served while the race ran");
     node.finish().await;
 }
 
@@ -557,5 +647,57 @@ async fn idle_and_half_open_connections_cannot_starve_the_servers() {
         fds < fds_before + 50,
         "{fds} descriptors open, {fds_before} before"
     );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn followed_logs_are_capped_and_a_freed_slot_is_taken_again() {
+    let (node, port) = open_node("secure-followers").await;
+    // A line a second: a follower whose client went away learns it at its next write.
+    let script = "while true; do echo tick; sleep 1; done";
+    node.write_manifest("f.yaml", &pod_yaml("f", &[("app", script)], ""));
+    node.wait_running("f", 1).await;
+    node.wait_log("f", "app", "tick").await;
+    let api = Client::new(&node, port, None);
+    let path = format!(
+        "/containerLogs/default/{}/app?follow=true",
+        node.pod_name("f")
+    );
+    let follow = || async {
+        let mut stream = api.connect().await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buf))
+                .await
+                .expect("an answer")
+                .unwrap();
+            assert!(n > 0, "closed before the headers");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let code: u16 = String::from_utf8_lossy(&head)[9..12].parse().unwrap();
+        (code, stream)
+    };
+    let mut followers = Vec::new();
+    for _ in 0..nodelet::server::logs::MAX_FOLLOWERS {
+        let (code, stream) = follow().await;
+        assert_eq!(code, 200);
+        followers.push(stream);
+    }
+    assert_eq!(follow().await.0, 429, "one follower too many");
+    let (code, _) = api
+        .get(&path.replace("follow=true", "tailLines=1"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "reading without following is not capped");
+    drop(followers.pop());
+    let (code, _again) = eventually("the freed slot", Duration::from_secs(30), || async {
+        let (code, stream) = follow().await;
+        (code == 200).then_some((code, stream))
+    })
+    .await;
+    assert_eq!(code, 200);
     node.finish().await;
 }

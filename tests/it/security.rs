@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::bed::{BUSYBOX, FOREVER, Node, eventually};
+use crate::bed::{BUSYBOX, FOREVER, Node, eventually, logs};
+use crate::resilience::make_sandbox_with_uid;
 
 /// Containers that crash-loop with the raced subPath.
 const VICTIMS: usize = 6;
@@ -110,5 +111,354 @@ spec:
         !host_dir.join("made").exists(),
         "nodelet made a directory through the container's link"
     );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_sandbox_whose_uid_is_a_path_never_aims_the_cleanup_outside_the_root_dir() {
+    let node = Node::start("uidpath", &[]).await;
+    // Outside the node's root dir: an orphan whose UID is this path, or a way up to it, must
+    // not make nodelet remove it.
+    let victim = node.path("victim");
+    std::fs::create_dir_all(&victim).expect("make the victim directory");
+    std::fs::write(victim.join("keep"), "x").expect("write the victim file");
+    // Pod dirs are `<test dir>/root/pods/<uid>`.
+    let mut sandboxes = Vec::new();
+    for (name, uid) in [
+        ("abs", victim.display().to_string()),
+        ("up", "../../victim".into()),
+    ] {
+        sandboxes.push(make_sandbox_with_uid(&node.name, name, &uid, true).await);
+    }
+    eventually(
+        "nodelet to refuse both sandboxes",
+        Duration::from_secs(30),
+        || async {
+            let logs = logs();
+            (logs.matches("cannot be a path; it is left alone").count() >= 2).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        victim.join("keep").exists(),
+        "the directory outside the root dir is untouched"
+    );
+    for id in &sandboxes {
+        assert!(
+            node.runtime.pod_sandbox_status(id).await.is_ok(),
+            "a sandbox nodelet cannot name is left alone"
+        );
+        let _ = node.runtime.stop_pod_sandbox(id).await;
+        let _ = node.runtime.remove_pod_sandbox(id).await;
+    }
+    node.finish().await;
+}
+
+/// A local user no one gave anything: no account, no groups.
+const STRANGER: u32 = 40_001;
+
+/// Runs `args` as the uid `user` with the gid `group` and no other groups (without blocking
+/// the agent, which runs in the test's runtime).
+async fn as_user(user: u32, group: u32, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new("setpriv")
+        .arg(format!("--reuid={user}"))
+        .arg(format!("--regid={group}"))
+        .args(["--clear-groups", "--"])
+        .args(args)
+        .output()
+        .await
+        .expect("run setpriv")
+}
+
+#[tokio::test]
+async fn a_local_user_reads_no_secret_key_or_volume_and_cannot_use_the_admin_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let port = crate::bed::free_port().to_string();
+    let node = Node::start("modes", &["--port", &port, "--address", "127.0.0.1"]).await;
+    // The test's own directory is open, as /var/lib is: only nodelet's modes stand in the way.
+    std::fs::set_permissions(node.path(""), std::fs::Permissions::from_mode(0o755))
+        .expect("open the test dir");
+    node.write_manifest(
+        "m.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: s}}
+stringData: {{token: hunter2}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: m}}
+spec:
+  volumes: [{{name: sec, secret: {{secretName: s}}}}, {{name: data, emptyDir: {{}}}}]
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    volumeMounts: [{{name: sec, mountPath: /sec}}, {{name: data, mountPath: /data}}]
+    command: [sh, -c, "echo private > /data/f; {FOREVER}"]
+"#
+        ),
+    );
+    node.wait_running("m", 1).await;
+    let root = node.path("root");
+    let pods = root.join("pods");
+    let (secret, data) = eventually("the volumes' files", Duration::from_secs(30), || async {
+        let pod = std::fs::read_dir(&pods).ok()?.flatten().next()?.path();
+        let volumes = pod.join("volumes");
+        let secret = volumes.join("kubernetes.io~secret/sec/token");
+        let data = volumes.join("kubernetes.io~empty-dir/data/f");
+        (secret.exists() && data.exists()).then_some((secret, data))
+    })
+    .await;
+    let key = root.join("pki/kubelet.key");
+    let readable = [&secret, &data, &key];
+    for path in readable {
+        let path = path.to_str().expect("a UTF-8 path");
+        assert!(
+            as_user(0, 0, &["cat", path]).await.status.success(),
+            "root reads {path}"
+        );
+        let out = as_user(STRANGER, STRANGER, &["cat", path]).await;
+        assert!(!out.status.success(), "a local user read {path}: {out:?}");
+    }
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!((mode(&root), mode(&pods)), (0o750, 0o750));
+    assert_eq!(mode(&key), 0o600);
+    assert_eq!(
+        mode(data.parent().unwrap()),
+        0o777,
+        "emptyDir stays open to the containers"
+    );
+
+    let cli = env!("CARGO_BIN_EXE_nodelet");
+    let root_arg = root.to_str().expect("a UTF-8 path");
+    let args = [cli, "get", "pods", "--root-dir", root_arg];
+    let get = |user: u32, group: u32| as_user(user, group, &args);
+    assert!(
+        get(0, 0).await.status.success(),
+        "root uses the admin socket"
+    );
+    assert!(
+        !get(STRANGER, STRANGER).await.status.success(),
+        "a local user used the admin socket"
+    );
+    // A careless operator opens the way to the socket: the kernel lets the user connect, and
+    // nodelet, reading the peer's credentials, still refuses; the socket's group gets in.
+    let socket = root.join("nodelet.sock");
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let refused = get(STRANGER, STRANGER).await;
+    assert!(
+        !refused.status.success(),
+        "a local user used the admin socket: {refused:?}"
+    );
+    assert!(
+        logs().contains("refused a connection to the admin socket"),
+        "the refusal is logged"
+    );
+    std::os::unix::fs::chown(&socket, None, Some(STRANGER)).unwrap();
+    let group = get(STRANGER + 1, STRANGER).await;
+    assert!(
+        group.status.success(),
+        "the socket's group uses it: {group:?}"
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_probes_output_is_cut_to_10_kib_and_cannot_forge_a_log_line() {
+    let node = Node::start("probeout", &[]).await;
+    // 50 KiB of output, then a line dressed as nodelet's own.
+    let probe = r#"head -c 51200 /dev/zero | tr '\\0' x; printf '\\n2026-12-02T00:00:00.000000Z  INFO nodelet: FORGED\\n'; exit 1"#;
+    let yaml = crate::bed::pod_yaml("noisy", &[("c", FOREVER)], "").replacen(
+        "    command:",
+        &format!("    readinessProbe: {{exec: {{command: [sh, -c, \"{probe}\"]}}, periodSeconds: 1}}\n    command:"),
+        1,
+    );
+    node.write_manifest("noisy.yaml", &yaml);
+    let line = eventually(
+        "the probe's failure event",
+        Duration::from_secs(60),
+        || async {
+            logs()
+                .lines()
+                .find(|l| l.contains("Readiness probe failed"))
+                .map(str::to_string)
+        },
+    )
+    .await;
+    assert!(
+        line.len() < 11 * 1024,
+        "the output is cut: {} bytes",
+        line.len()
+    );
+    assert!(
+        !logs()
+            .lines()
+            .any(|l| l.contains("FORGED") && !l.contains("Readiness probe failed")),
+        "a container forged a log line"
+    );
+    node.finish().await;
+}
+
+/// The test process's peak resident memory (nodelet runs inside it), in MiB.
+fn peak_rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        / 1024
+}
+
+#[tokio::test]
+async fn yaml_bombs_of_every_shape_are_refused_before_they_grow() {
+    let node = Node::start("bombs", &[]).await;
+    node.write_manifest(
+        "good.yaml",
+        &crate::bed::pod_yaml("good", &[("c", FOREVER)], ""),
+    );
+    let (good, _) = node.wait_running("good", 1).await;
+    let before = peak_rss_mib();
+    // Fat leaves: one anchor of 5,000 values named 5,000 times (25 million values from some
+    // 50 KiB), where a Pod ignores it, inside a List's items, and as a container's args.
+    let leaf = vec!["xx"; 5000].join(", ");
+    let refs = vec!["*a"; 5000].join(", ");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: fat}\nspec: {containers: [{name: c, image: i}]}\n";
+    let shapes = [
+        (
+            "ignored.yaml",
+            format!("{pod}x: &a [{leaf}]\ny: [{refs}]\n"),
+        ),
+        (
+            "list.yaml",
+            format!("apiVersion: v1\nkind: List\nz: &a [{leaf}]\nitems: [{refs}]\n"),
+        ),
+        (
+            "args.yaml",
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: args}}\nx: &a {{{}}}\nspec: {{containers: [{{name: c, image: i, env: [{refs}]}}]}}\n",
+                (0..5000)
+                    .map(|i| format!("k{i}: v"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        // The nested kind: ten levels of ten.
+        ("nested.yaml", {
+            let mut b = format!("{pod}x0: &x0 [a, a, a, a, a, a, a, a, a, a]\n");
+            for i in 1..10 {
+                b += &format!(
+                    "x{i}: &x{i} [{}]\n",
+                    vec![format!("*x{}", i - 1); 10].join(", ")
+                );
+            }
+            b
+        }),
+    ];
+    for (file, text) in &shapes {
+        node.write_manifest(file, text);
+    }
+    eventually("every bomb refused", Duration::from_secs(60), || async {
+        let logs = logs();
+        shapes
+            .iter()
+            .all(|(file, _)| {
+                logs.lines().any(|l| {
+                    l.contains(file)
+                        && (l.contains("expands to more than") || l.contains("repetition limit"))
+                })
+            })
+            .then_some(())
+    })
+    .await;
+    let after = peak_rss_mib();
+    assert!(
+        after < 100 && after < before + 50,
+        "peak RSS went from {before} MiB to {after} MiB"
+    );
+    let (still, _) = node.wait_running("good", 1).await;
+    assert_eq!(still.id, good.id, "the good pod was never touched");
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_negative_or_sub_byte_limit_is_refused_never_unlimited() {
+    let node = Node::start("quantity", &[]).await;
+    let pod = |name: &str, limits: &str, size: &str| {
+        crate::bed::pod_yaml(
+            name,
+            &[("c", FOREVER)],
+            &format!("  volumes: [{{name: v, emptyDir: {{medium: Memory, sizeLimit: {size}}}}}]\n"),
+        )
+        .replacen(
+            "    command:",
+            &format!("    resources: {{limits: {limits}}}\n    command:"),
+            1,
+        )
+    };
+    node.write_manifest("negative.yaml", &pod("negative", "{memory: -1Gi}", "1Mi"));
+    node.write_manifest("fraction.yaml", &pod("fraction", "{memory: 500m}", "1Mi"));
+    node.write_manifest("tmpfs.yaml", &pod("tmpfs", "{memory: 64Mi}", "-1"));
+    node.write_manifest("fine.yaml", &pod("fine", "{memory: 64Mi}", "1Mi"));
+    node.wait_running("fine", 1).await;
+    let expected = [
+        ("negative.yaml", "resources.limits[memory]"),
+        ("fraction.yaml", "resources.limits[memory]"),
+        ("tmpfs.yaml", "emptyDir.sizeLimit"),
+    ];
+    eventually(
+        "each refusal, naming its field",
+        Duration::from_secs(30),
+        || async {
+            let logs = logs();
+            expected
+                .iter()
+                .all(|(file, field)| logs.lines().any(|l| l.contains(file) && l.contains(field)))
+                .then_some(())
+        },
+    )
+    .await;
+    for name in ["negative", "fraction", "tmpfs"] {
+        assert!(node.sandboxes(name).await.is_empty(), "{name} was run");
+    }
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn secret_values_never_reach_the_log_even_when_they_do_not_parse() {
+    let node = Node::start("secretlog", &[]).await;
+    let secret = |name: &str, data: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}}}\n{data}\n")
+    };
+    let files = [
+        ("tag.yaml", secret("tag", "stringData: {k: !!int leak-one-4471}")),
+        ("binary.yaml", secret("binary", "data: {k: !!binary leak-two-4471}")),
+        ("base64.yaml", secret("b64", "data: {k: 'leak-three-4471!'}")),
+        ("list.yaml", secret("list", "stringData: {k: [leak-four-4471]}")),
+        ("pod.yaml", format!("{}---\n{}", secret("used", "stringData: {k: leak-five-4471}"), crate::bed::pod_yaml("user", &[("c", FOREVER)], "").replace("    command:", "    env: [{name: S, valueFrom: {secretKeyRef: {name: used, key: k}}}]\n    command:"))),
+    ];
+    for (file, text) in &files {
+        node.write_manifest(file, text);
+    }
+    node.wait_running("user", 1).await;
+    eventually(
+        "each broken file reported",
+        Duration::from_secs(30),
+        || async {
+            let logs = logs();
+            files[..4]
+                .iter()
+                .all(|(file, _)| {
+                    logs.lines()
+                        .any(|l| l.contains(file) && l.contains("invalid static pod manifest"))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let logs = logs();
+    assert!(!logs.contains("4471"), "a Secret value reached the log");
     node.finish().await;
 }
