@@ -47,7 +47,7 @@ async fn shutdown_signal(cancel: CancellationToken) {
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| nodelet::cli::is_command(a)) {
+    if nodelet::cli::is_invocation(&args) {
         return ExitCode::from(nodelet::cli::main(args));
     }
     let loaded = match config::from_args(args) {

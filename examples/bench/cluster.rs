@@ -82,14 +82,9 @@ impl Agent {
             .arg(dir.join("pods"))
             .arg("--container-logs-dir")
             .arg(dir.join("containers"))
-            .args([
-                "--hostname-override",
-                NODE,
-                "--healthz-port",
-                "0",
-                "--port",
-                "0",
-            ])
+            // The standalone agent's flags: it serves the authenticated port too (the
+            // default, as a kubelet in a cluster must), so the footprints compare like for like.
+            .args(["--hostname-override", NODE, "--healthz-port", "0"])
             .args([
                 "--max-pods",
                 "200",

@@ -4,6 +4,7 @@
 mod print;
 
 use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
@@ -26,9 +27,10 @@ pub const COMMANDS: &[&str] = &["get", "describe", "logs", "exec", "events"];
     disable_help_subcommand = true
 )]
 struct Cli {
-    /// The agent's --root-dir (its admin socket is <root-dir>/nodelet.sock).
-    #[arg(long, global = true, default_value = "/var/lib/kubelet")]
-    root_dir: PathBuf,
+    /// The agent's --root-dir (its admin socket is <root-dir>/nodelet.sock); without it, the
+    /// default's, or the one running agent's.
+    #[arg(long, global = true)]
+    root_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -135,9 +137,97 @@ impl From<tonic::Status> for Error {
     }
 }
 
-/// Whether `arg` (the first argument) names a CLI command rather than an agent flag.
-pub fn is_command(arg: &std::ffi::OsStr) -> bool {
-    arg.to_str().is_some_and(|a| COMMANDS.contains(&a))
+/// Whether the process arguments ask for the CLI rather than the agent: a command comes
+/// first, or after the CLI's own global flag (`nodelet --root-dir D get pods`).
+pub fn is_invocation(args: &[std::ffi::OsString]) -> bool {
+    let mut rest = args.iter().skip(1).filter_map(|a| a.to_str());
+    while let Some(arg) = rest.next() {
+        match arg {
+            "--root-dir" => {
+                rest.next();
+            }
+            a if a.starts_with("--root-dir=") => {}
+            a => return COMMANDS.contains(&a),
+        }
+    }
+    false
+}
+
+/// The root dir of the agent to talk to: the one asked for; else the default's when an agent
+/// serves it; else the one agent found running (its command line says its `--root-dir`).
+fn root_dir(asked: Option<PathBuf>) -> Result<PathBuf, Error> {
+    if let Some(root) = asked {
+        return Ok(root);
+    }
+    let default = PathBuf::from(DEFAULT_ROOT_DIR);
+    if socket_path(&default).exists() {
+        return Ok(default);
+    }
+    let mut running: Vec<PathBuf> = running_agents()
+        .into_iter()
+        .filter(|r| socket_path(r).exists())
+        .collect();
+    running.sort();
+    running.dedup();
+    match running.as_slice() {
+        [] => Ok(default),
+        [one] => Ok(one.clone()),
+        many => Err(Error::Usage(format!(
+            "several agents are running; pass one of: {}",
+            many.iter()
+                .map(|r| format!("--root-dir {}", r.display()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// The upstream default of `--root-dir`.
+const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
+
+/// The root dirs of the nodelet agents running on this host, read from their command lines.
+fn running_agents() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter_map(|cmdline| {
+            let args: Vec<std::ffi::OsString> = cmdline
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| std::ffi::OsStr::from_bytes(a).to_os_string())
+                .collect();
+            let program = Path::new(args.first()?).file_name()?;
+            if program != "nodelet" || is_invocation(&args) {
+                return None;
+            }
+            Some(agent_root_dir(&args))
+        })
+        .collect()
+}
+
+/// The `--root-dir` on an agent's command line (the last one wins, as for the agent).
+fn agent_root_dir(args: &[std::ffi::OsString]) -> PathBuf {
+    let mut root = PathBuf::from(DEFAULT_ROOT_DIR);
+    let mut rest = args.iter().skip(1);
+    while let Some(arg) = rest.next() {
+        let bytes = arg.as_bytes();
+        if bytes == b"--root-dir" {
+            if let Some(value) = rest.next() {
+                root = PathBuf::from(value);
+            }
+        } else if let Some(value) = bytes.strip_prefix(b"--root-dir=") {
+            root = PathBuf::from(std::ffi::OsStr::from_bytes(value));
+        }
+    }
+    root
 }
 
 /// Runs the CLI on the process arguments; returns the exit code.
@@ -217,7 +307,7 @@ fn is_pods(resource: &str) -> Result<(), Error> {
 }
 
 async fn run(cli: Cli) -> Result<u8, Error> {
-    let mut client = connect(&cli.root_dir).await?;
+    let mut client = connect(&root_dir(cli.root_dir)?).await?;
     let mut out = std::io::stdout().lock();
     match cli.command {
         Command::Get {
@@ -467,5 +557,50 @@ mod terminal {
             (libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) == 0 && ws.ws_col > 0)
                 .then(|| (u32::from(ws.ws_col), u32::from(ws.ws_row)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<std::ffi::OsString> {
+        line.split(' ').map(Into::into).collect()
+    }
+
+    #[test]
+    fn the_root_dir_may_stand_before_the_command() {
+        for cli in [
+            "nodelet get pods",
+            "nodelet --root-dir /r get pods",
+            "nodelet --root-dir=/r logs p",
+            "nodelet get pods --root-dir /r",
+        ] {
+            assert!(is_invocation(&args(cli)), "{cli}");
+        }
+        for agent in [
+            "nodelet",
+            "nodelet --root-dir /r",
+            "nodelet --root-dir /r --pod-manifest-path /m",
+            "nodelet --pod-manifest-path get",
+        ] {
+            assert!(!is_invocation(&args(agent)), "{agent}");
+        }
+    }
+
+    #[test]
+    fn an_agents_root_dir_is_read_from_its_command_line() {
+        assert_eq!(
+            agent_root_dir(&args("nodelet --pod-manifest-path /m")),
+            PathBuf::from(DEFAULT_ROOT_DIR)
+        );
+        assert_eq!(
+            agent_root_dir(&args("/usr/bin/nodelet --root-dir /a --v 2")),
+            PathBuf::from("/a")
+        );
+        assert_eq!(
+            agent_root_dir(&args("nodelet --root-dir=/a --root-dir=/b")),
+            PathBuf::from("/b")
+        );
     }
 }

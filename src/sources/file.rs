@@ -172,6 +172,9 @@ impl Scanner {
                     if self.last_error.remove(file).is_some() {
                         tracing::info!(file = %file.display(), "manifest is valid again");
                     }
+                    if found.pods.is_empty() && found.objects.is_empty() {
+                        tracing::warn!(file = %file.display(), "manifest file holds no object (empty, or only comments and ---); it runs nothing");
+                    }
                     self.last_good.insert(file.clone(), found.clone());
                     found
                 }

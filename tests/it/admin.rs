@@ -195,3 +195,45 @@ async fn the_cli_says_when_no_agent_runs() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is nodelet running"), "{err}");
 }
+
+#[tokio::test]
+async fn the_cli_takes_the_root_dir_before_the_command_or_finds_the_agent() {
+    let dir = test_dir("admin-find");
+    let node = "t-admin-find";
+    let mut agent = crate::bed::nodelet_command(dir.path(), node)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start nodelet");
+    let root = dir.path().join("root");
+    let run = |args: Vec<std::ffi::OsString>| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"))
+            .args(args)
+            .output()
+            .await
+            .expect("the CLI runs")
+    };
+    let before: Vec<std::ffi::OsString> = vec![
+        "--root-dir".into(),
+        root.clone().into(),
+        "get".into(),
+        "pods".into(),
+    ];
+    eventually(
+        "the CLI with --root-dir first",
+        Duration::from_secs(30),
+        || async { run(before.clone()).await.status.success().then_some(()) },
+    )
+    .await;
+    // Without --root-dir: this agent is found, or (when other agents run too, as in parallel
+    // tests) named among the flags to pass.
+    let out = run(vec!["get".into(), "pods".into()]).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || err.contains(&format!("--root-dir {}", root.display())),
+        "{err}"
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+    crate::bed::clean_node(node, dir.path()).await;
+}

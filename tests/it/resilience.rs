@@ -351,6 +351,12 @@ async fn hostile_manifests_break_nothing() {
     // good-a, good-b and 48 of churn and the 500 run; the other 453 are refused.
     assert!(refused <= 453, "{refused} refused");
     assert!(node.agent_alive(), "nodelet survived the corpus");
+    let logs = crate::bed::logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("empty.yaml") && l.contains("holds no object")),
+        "an empty manifest is reported by name"
+    );
     let (a2, _) = node.wait_running("good-a", 1).await;
     let (b2, _) = node.wait_running("good-b", 1).await;
     assert_eq!(
