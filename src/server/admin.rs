@@ -249,7 +249,7 @@ pub enum Error {
 }
 
 /// Binds the admin socket (replacing a stale one left by a dead agent), mode 0660 in the
-/// private root dir. It is bound in a directory only root may enter and moved into place once
+/// root dir. It is bound in a directory only root may enter and moved into place once
 /// its mode is set: no one else can connect in between (no process-wide umask is changed).
 pub async fn bind(path: &Path) -> Result<UnixListener, Error> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
@@ -264,7 +264,7 @@ pub async fn bind(path: &Path) -> Result<UnixListener, Error> {
         std::fs::remove_file(path).map_err(io)?;
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
-    crate::volumes::private_dir(dir).map_err(io)?;
+    std::fs::create_dir_all(dir).map_err(io)?;
     let staging = dir.join(format!(".{SOCKET}.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::DirBuilder::new()

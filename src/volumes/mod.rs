@@ -55,12 +55,18 @@ pub fn private_dir(path: &Path) -> std::io::Result<()> {
 }
 
 /// The root dir and its `pods/`, private (0750) before anything is made in them: pod
-/// directories hold Secrets and the volumes of other pods.
+/// directories hold Secrets and the volumes of other pods. A root dir that exists keeps its
+/// mode, as upstream leaves it (it may be a directory the operator shares); `pods/` is
+/// nodelet's own and is tightened.
 pub fn prepare_root(root_dir: &Path) -> Result<()> {
-    for dir in [root_dir.to_path_buf(), root_dir.join("pods")] {
-        private_dir(&dir).map_err(io("cannot create", &dir))?;
-    }
-    Ok(())
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(root_dir)
+        .map_err(io("cannot create", root_dir))?;
+    let pods = root_dir.join("pods");
+    private_dir(&pods).map_err(io("cannot create", &pods))
 }
 
 /// `<root-dir>/pods/<uid>`: the pod's own directory.
