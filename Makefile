@@ -19,7 +19,7 @@ TESTBED := bash hack/testbed.sh
 # The upstream control plane's binaries, built from Go modules and cached by version.
 K8S_BIN = $(shell bash hack/k8s/build.sh bin)
 
-.PHONY: help deps runtime-up images registries runtime-down k8s nextest check build test run cluster bench fuzz clean
+.PHONY: help deps runtime-up images registries runtime-down k8s nextest check unit build test run cluster bench fuzz clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
@@ -29,6 +29,7 @@ help:
 	@echo "make runtime-down  stop the test bed and its registries, and clean up after them"
 	@echo "make k8s           build (once per version) etcd, kube-apiserver, controller manager, scheduler, kubectl"
 	@echo "make check         rustfmt, clippy (warnings are errors) and shellcheck"
+	@echo "make unit          the unit tests only: no test bed, seconds"
 	@echo "make build         cargo build --locked (target dir $(TARGET_DIR))"
 	@echo "make test          run the tests against the test bed, then tear it down"
 	@echo "make run           run nodelet in the foreground against the test bed"
@@ -70,6 +71,10 @@ check: deps
 	cargo fmt --check
 	cargo clippy --all-targets --locked -- -D warnings
 	shellcheck hack/*.sh hack/k8s/*.sh
+
+# The unit tests (pure logic; no runtime, no control plane).
+unit: nextest
+	cargo nextest run --locked --lib
 
 # Always tears the test bed down (also after a failure or Ctrl-C: the trap only
 # keeps the shell alive), and exits with the tests' status (or, when the tests

@@ -555,8 +555,16 @@ async fn through_nodelet(
     Ok((start, started.elapsed().as_secs_f64()))
 }
 
-/// (RSS MiB, peak RSS MiB, CPU seconds) of a process.
-fn usage(pid: u32) -> Option<(f64, f64, f64)> {
+/// What a process uses: RSS, of it the anonymous part (the rest is mostly the binary's code
+/// pages, shared and reclaimable), peak RSS (MiB) and CPU seconds.
+struct Usage {
+    rss: f64,
+    anon: f64,
+    peak: f64,
+    cpu: f64,
+}
+
+fn usage(pid: u32) -> Option<Usage> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib = |key: &str| {
         status
@@ -569,7 +577,12 @@ fn usage(pid: u32) -> Option<(f64, f64, f64)> {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let cpu = (rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?) / ticks;
-    Some((kib("VmRSS:")? / 1024.0, kib("VmHWM:")? / 1024.0, cpu))
+    Some(Usage {
+        rss: kib("VmRSS:")? / 1024.0,
+        anon: kib("RssAnon:")? / 1024.0,
+        peak: kib("VmHWM:")? / 1024.0,
+        cpu,
+    })
 }
 
 /// Idle footprint over `window`: RSS, peak and % of one core, for nodelet and the runtime.
@@ -577,9 +590,9 @@ async fn footprint(pid: u32, containerd: Option<u32>, window: Duration) -> serde
     let before = (usage(pid), containerd.and_then(usage));
     tokio::time::sleep(window).await;
     let after = (usage(pid), containerd.and_then(usage));
-    let describe = |b: Option<(f64, f64, f64)>, a: Option<(f64, f64, f64)>| match (b, a) {
+    let describe = |b: Option<Usage>, a: Option<Usage>| match (b, a) {
         (Some(b), Some(a)) => {
-            serde_json::json!({"rss_mib": a.0, "peak_rss_mib": a.1, "cpu_percent": 100.0 * (a.2 - b.2) / window.as_secs_f64()})
+            serde_json::json!({"rss_mib": a.rss, "anon_rss_mib": a.anon, "peak_rss_mib": a.peak, "cpu_percent": 100.0 * (a.cpu - b.cpu) / window.as_secs_f64()})
         }
         _ => serde_json::Value::Null,
     };
@@ -748,10 +761,14 @@ async fn main() -> Result<()> {
     for p in in_cluster["footprint"].as_array().into_iter().flatten() {
         let pods = p["pods"].as_u64().unwrap_or(0);
         let rss = p["usage"]["nodelet"]["rss_mib"].as_f64().unwrap_or(0.0);
+        let anon = p["usage"]["nodelet"]["anon_rss_mib"]
+            .as_f64()
+            .unwrap_or(0.0);
         let cpu = p["usage"]["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0);
         println!(
-            "cluster mode, {pods} API pods: RSS {rss:.1} MiB ({:.2}x standalone), CPU {cpu:.2}% ({:.2}x standalone)",
+            "cluster mode, {pods} API pods: RSS {rss:.1} MiB ({:.2}x standalone; anonymous {anon:.1} MiB, {:.2}x), CPU {cpu:.2}% ({:.2}x standalone)",
             rss / standalone(pods, "rss_mib").max(1e-9),
+            anon / standalone(pods, "anon_rss_mib").max(1e-9),
             cpu / standalone(pods, "cpu_percent").max(1e-9),
         );
     }

@@ -221,6 +221,8 @@ impl Config {
                     "cacheUnauthorizedTTL": d(self.authorization_webhook_cache_unauthorized_ttl),
                 },
             },
+            // What the API client speaks, whichever was asked for (both are accepted).
+            "contentType": "application/json",
             "kubeAPIQPS": self.kube_api_qps,
             "kubeAPIBurst": self.kube_api_burst,
             "eventRecordQPS": self.event_record_qps,
@@ -258,12 +260,28 @@ impl Config {
             "clusterDNS": self.cluster_dns.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
             "clusterDomain": self.cluster_domain,
             "allowedUnsafeSysctls": self.allowed_unsafe_sysctls,
+            "containerLogsDir": self.container_logs_dir.display().to_string(),
+            "containerLogMaxSize": quantity(self.container_log_max_size.unwrap_or(0)),
+            "containerLogMaxFiles": self.container_log_max_files,
+            "containerLogMonitorInterval": d(self.container_log_monitor_interval),
         });
         if let (Some(all), serde_json::Value::Object(more)) = (config.as_object_mut(), more) {
             all.extend(more);
         }
         config
     }
+}
+
+/// A byte count as a quantity in the largest binary unit that divides it (`10Mi`).
+fn quantity(bytes: u64) -> String {
+    let units = [("Gi", 1u64 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    units
+        .iter()
+        .find(|(_, size)| bytes > 0 && bytes.is_multiple_of(*size))
+        .map_or_else(
+            || bytes.to_string(),
+            |(unit, size)| format!("{}{unit}", bytes / size),
+        )
 }
 
 /// enforceNodeAllocatable: `pods` (the default) limits kubepods; `none` or nothing does not.
@@ -905,6 +923,32 @@ mod tests {
         assert_eq!(c.container_log_max_size, Some(10 * 1024 * 1024));
         assert_eq!(c.container_log_max_files, 5);
         assert_eq!(c.container_log_monitor_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn configz_shows_every_field_the_file_may_set() {
+        fn keys(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+            if let serde_json::Value::Object(m) = v {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    keys(&key, v, out);
+                    out.push(key);
+                }
+            }
+        }
+        let c = run(&["--hostname-override", "n"]).unwrap().config;
+        let mut shown = Vec::new();
+        keys("", &c.kubelet_configuration(), &mut shown);
+        let missing: Vec<&str> = fields::FIELDS
+            .iter()
+            .filter(|f| f.in_file && !shown.iter().any(|k| k == f.name))
+            .map(|f| f.name)
+            .collect();
+        assert!(missing.is_empty(), "/configz lacks {missing:?}");
     }
 
     #[test]

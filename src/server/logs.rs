@@ -370,13 +370,11 @@ impl Reader {
 
     /// Reads the next chunk of the file; `Some(false)` at its end, `None` on a read error.
     async fn fill(&mut self) -> Option<bool> {
-        let mut chunk = vec![0u8; CHUNK];
-        match self.file.read(&mut chunk).await {
+        // Into the pending bytes' spare room: an idle follower at the end allocates nothing.
+        self.pending.reserve(CHUNK);
+        match self.file.read_buf(&mut self.pending).await {
             Ok(0) => Some(false),
-            Ok(n) => {
-                self.pending.extend_from_slice(&chunk[..n]);
-                Some(true)
-            }
+            Ok(_) => Some(true),
             Err(e) => {
                 tracing::warn!(path = %self.path.display(), error = %e, "cannot read container log");
                 None
