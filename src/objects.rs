@@ -334,11 +334,7 @@ impl Reader {
         };
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
         View {
-            namespace: pod
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
+            namespace: crate::types::namespace(pod).to_string(),
             sets: order
                 .iter()
                 .filter_map(|(s, secrets)| Some((state.get(s).cloned()?, *secrets)))

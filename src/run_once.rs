@@ -220,7 +220,7 @@ fn report(
                 .pod_logs_dir
                 .join(format!(
                     "{}_{}_{}",
-                    pod.metadata.namespace.as_deref().unwrap_or("default"),
+                    crate::types::namespace(pod),
                     pod.metadata.name.as_deref().unwrap_or_default(),
                     pod.metadata.uid.as_deref().unwrap_or_default()
                 ))

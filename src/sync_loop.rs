@@ -302,7 +302,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             .mux
             .desired()
             .filter(|p| {
-                let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+                let ns = crate::types::namespace(p);
                 objects::references(p).into_iter().any(|(kind, name)| {
                     changed
                         .iter()

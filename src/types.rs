@@ -140,11 +140,16 @@ pub struct SourceSnapshot {
     pub objects: Vec<crate::objects::Object>,
 }
 
+/// A pod's namespace; `default` when it names none, as the API server defaults it.
+pub fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
 /// `namespace/name` of a pod, for messages and duplicate detection.
 pub fn full_name(pod: &Pod) -> String {
     format!(
         "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        namespace(pod),
         pod.metadata.name.as_deref().unwrap_or("")
     )
 }

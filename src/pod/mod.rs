@@ -83,7 +83,7 @@ pub fn metadata_field(pod: &Pod, path: &str) -> Option<String> {
     };
     match path {
         "metadata.name" => Some(m.name.clone().unwrap_or_default()),
-        "metadata.namespace" => Some(m.namespace.clone().unwrap_or_else(|| "default".into())),
+        "metadata.namespace" => Some(crate::types::namespace(pod).to_string()),
         "metadata.uid" => Some(m.uid.clone().unwrap_or_default()),
         _ => keyed("metadata.labels['", &m.labels)
             .or_else(|| keyed("metadata.annotations['", &m.annotations)),

@@ -40,7 +40,7 @@ pub struct Context {
 fn meta(pod: &Pod) -> (&str, &str, &str) {
     (
         pod.metadata.name.as_deref().unwrap_or_default(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        crate::types::namespace(pod),
         pod.metadata.uid.as_deref().unwrap_or_default(),
     )
 }

@@ -72,7 +72,7 @@ pub fn dns_config(
             host.clone()
         }
         _ if wants_cluster => {
-            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            let ns = crate::types::namespace(pod);
             let mut searches = Vec::new();
             if !cluster.domain.is_empty() {
                 searches = vec![
@@ -154,7 +154,7 @@ pub fn hostname_and_fqdn(pod: &Pod, cluster_domain: &str) -> (String, Option<Str
             .to_string(),
     };
     let fqdn = s.subdomain.as_deref().filter(|d| !d.is_empty()).map(|sub| {
-        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let ns = crate::types::namespace(pod);
         if cluster_domain.is_empty() {
             format!("{hostname}.{sub}.{ns}.svc")
         } else {
