@@ -115,19 +115,16 @@ impl Core {
                 "swap is on; the kubelet's rules need it off (swapoff -a), or start with --fail-swap-on=false"
             );
         }
-        let ours = match config.cgroup_driver {
-            crate::config::CgroupDriver::Cgroupfs => "cgroupfs",
-            crate::config::CgroupDriver::Systemd => "systemd",
-        };
+        let ours = config.cgroup_driver;
         match runtime.runtime_config().await {
             Ok(Some(rc)) => match crate::runtime::configured_cgroup_driver(&rc) {
                 Some(theirs) if theirs != ours => anyhow::bail!(
                     "the container runtime uses the {theirs} cgroup driver but nodelet uses {ours} (--cgroup-driver); \
                      they must agree: set --cgroup-driver={theirs}, or SystemdCgroup = {} for runc in the runtime's config",
-                    ours == "systemd"
+                    ours == crate::types::CgroupDriver::Systemd
                 ),
                 Some(_) => {
-                    tracing::debug!(driver = ours, "the runtime uses the same cgroup driver")
+                    tracing::debug!(driver = %ours, "the runtime uses the same cgroup driver")
                 }
                 None => tracing::debug!("the runtime does not say which cgroup driver it uses"),
             },

@@ -75,6 +75,29 @@ pub fn redacted_url(url: &str) -> String {
     }
 }
 
+/// How pod cgroups are named, as nodelet and the runtime must agree (`--cgroup-driver`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupDriver {
+    Cgroupfs,
+    Systemd,
+}
+
+impl CgroupDriver {
+    /// The upstream spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
+        }
+    }
+}
+
+impl fmt::Display for CgroupDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a desired pod comes from; the value of the `kubernetes.io/config.source` annotation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Source {

@@ -20,12 +20,7 @@ use fields::{Raw, RawValue, by_name};
 /// The longest period or timeout accepted: longer ones overflow timers.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// How the pod cgroups are named.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CgroupDriver {
-    Cgroupfs,
-    Systemd,
-}
+pub use crate::types::CgroupDriver;
 
 /// A taint of `--register-with-taints`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -239,10 +234,7 @@ impl Config {
             "cgroupRoot": self.cgroup_root,
             "cgroupsPerQOS": self.cgroups_per_qos,
             "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
-            "cgroupDriver": match self.cgroup_driver {
-                CgroupDriver::Cgroupfs => "cgroupfs",
-                CgroupDriver::Systemd => "systemd",
-            },
+            "cgroupDriver": self.cgroup_driver.as_str(),
             "failSwapOn": self.fail_swap_on,
             "maxPods": self.max_pods,
             "podPidsLimit": self.pod_pids_limit.unwrap_or(-1),

@@ -10,7 +10,7 @@ pub use cache::{Changing, PodCache};
 pub use k8s_cri::v1 as cri;
 pub use remote::{Error, Result, RuntimeClient, wait_for_runtime};
 
-use crate::types::PodUid;
+use crate::types::{CgroupDriver, PodUid};
 
 /// CRI label: the pod's name.
 pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
@@ -199,9 +199,8 @@ pub fn configured_sandbox_image(config: &serde_json::Value) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The cgroup driver the runtime's default runc runtime uses (`systemd` or `cgroupfs`), when
-/// its configuration says.
-pub fn configured_cgroup_driver(config: &serde_json::Value) -> Option<&'static str> {
+/// The cgroup driver the runtime's default runc runtime uses, when its configuration says.
+pub fn configured_cgroup_driver(config: &serde_json::Value) -> Option<CgroupDriver> {
     let containerd = config.get("containerd")?;
     let default = containerd
         .get("defaultRuntimeName")
@@ -218,7 +217,11 @@ pub fn configured_cgroup_driver(config: &serde_json::Value) -> Option<&'static s
                 .get("systemdCgroup")
                 .and_then(serde_json::Value::as_bool)
         })?;
-    Some(if systemd { "systemd" } else { "cgroupfs" })
+    Some(if systemd {
+        CgroupDriver::Systemd
+    } else {
+        CgroupDriver::Cgroupfs
+    })
 }
 
 #[cfg(test)]
@@ -234,13 +237,19 @@ mod config_tests {
                 "runtimes": {"runc": {"options": {"SystemdCgroup": true}}}
             }
         });
-        assert_eq!(configured_cgroup_driver(&config), Some("systemd"));
+        assert_eq!(
+            configured_cgroup_driver(&config),
+            Some(CgroupDriver::Systemd)
+        );
         assert_eq!(
             configured_sandbox_image(&config).as_deref(),
             Some("registry.k8s.io/pause:3.9")
         );
         let legacy = serde_json::json!({"containerd": {}, "systemdCgroup": false});
-        assert_eq!(configured_cgroup_driver(&legacy), Some("cgroupfs"));
+        assert_eq!(
+            configured_cgroup_driver(&legacy),
+            Some(CgroupDriver::Cgroupfs)
+        );
         assert_eq!(configured_cgroup_driver(&serde_json::json!({})), None);
     }
 }

@@ -169,7 +169,7 @@ async fn the_test_beds_runtime_reports_its_cgroup_driver_and_sandbox_image() {
         .expect("containerd reports its config");
     assert_eq!(
         nodelet::runtime::configured_cgroup_driver(&config),
-        Some("cgroupfs"),
+        Some(nodelet::types::CgroupDriver::Cgroupfs),
         "the test bed runs runc with SystemdCgroup = false, as nodelet's default driver"
     );
     assert_eq!(
