@@ -173,7 +173,10 @@ impl Core {
             .or_else(detect_node_ip)
             .map(|ip| ip.to_string())
             .unwrap_or_default();
-        let test_backoff = test_backoff();
+        let test_backoff = config.testing.backoff;
+        if let Some(initial) = test_backoff {
+            tracing::warn!(?initial, "test-only backoff in use (--testing-backoff)");
+        }
         let ctx = pod_sync::Context {
             node_name: config.node_name.clone(),
             root_dir: config.root_dir.clone(),
@@ -250,7 +253,11 @@ impl Core {
                 thresholds,
                 root_dir: config.root_dir.clone(),
                 memory: node.memory,
-                interval: test_period("NODELET_TEST_EVICTION_PERIOD", EVICTION_INTERVAL),
+                interval: test_period(
+                    "testing-eviction-period",
+                    config.testing.eviction_period,
+                    EVICTION_INTERVAL,
+                ),
                 transition: config.eviction_pressure_transition_period,
             },
             runtime: runtime.clone(),
@@ -288,38 +295,14 @@ impl Core {
     }
 }
 
-/// `default`, unless the test-only variable `var` (a Go duration) makes the period shorter:
-/// `NODELET_TEST_IMAGE_GC_PERIOD` for image GC (upstream: 5 minutes),
-/// `NODELET_TEST_LOG_ROTATION_PERIOD` for log rotation (below the 3 s the config allows).
-fn test_period(var: &str, default: Duration) -> Duration {
-    let Ok(text) = std::env::var(var) else {
-        return default;
-    };
-    match crate::config::parse_duration(&text) {
-        Ok(d) if !d.is_zero() => {
-            tracing::warn!(period = ?d, "test-only period in use ({var})");
+/// `default`, unless a hidden test-only flag (`flag`) set `wanted` shorter.
+fn test_period(flag: &str, wanted: Option<Duration>, default: Duration) -> Duration {
+    match wanted {
+        Some(d) => {
+            tracing::warn!(period = ?d, "test-only period in use (--{flag})");
             d
         }
-        _ => {
-            tracing::warn!("ignoring {var}");
-            default
-        }
-    }
-}
-
-/// Test-only: `NODELET_TEST_BACKOFF` (a Go duration) shortens the first delay of the container
-/// restart and image pull backoffs so tests can watch them double without waiting minutes.
-fn test_backoff() -> Option<Duration> {
-    let text = std::env::var("NODELET_TEST_BACKOFF").ok()?;
-    match crate::config::parse_duration(&text) {
-        Ok(d) => {
-            tracing::warn!(initial = ?d, "test-only backoff in use (NODELET_TEST_BACKOFF)");
-            Some(d)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "ignoring NODELET_TEST_BACKOFF");
-            None
-        }
+        None => default,
     }
 }
 
@@ -476,7 +459,11 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     );
     core.tracker.spawn(crate::images::gc::run(
         gc,
-        test_period("NODELET_TEST_IMAGE_GC_PERIOD", Duration::from_secs(300)),
+        test_period(
+            "testing-image-gc-period",
+            config.testing.image_gc_period,
+            Duration::from_secs(300),
+        ),
         cancel.clone(),
     ));
     match config.container_log_max_size {
@@ -487,7 +474,8 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
                     max_files: config.container_log_max_files as usize,
                 },
                 interval: test_period(
-                    "NODELET_TEST_LOG_ROTATION_PERIOD",
+                    "testing-log-rotation-period",
+                    config.testing.log_rotation_period,
                     config.container_log_monitor_interval,
                 ),
                 node_name: config.node_name.clone(),

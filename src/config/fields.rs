@@ -569,6 +569,36 @@ pub const FIELDS: &[Field] = &[
         Scalar,
         "Log verbosity (0-10) [default 0]",
     ),
+    // Hidden flags for the test suite: periods shorter than a node would use, so tests need
+    // not wait minutes. Never set by a user.
+    field(
+        "testingBackoff",
+        "testing-backoff",
+        false,
+        Scalar,
+        "Tests only: first delay of the container restart and image pull backoffs",
+    ),
+    field(
+        "testingEvictionPeriod",
+        "testing-eviction-period",
+        false,
+        Scalar,
+        "Tests only: how often the eviction manager looks",
+    ),
+    field(
+        "testingImageGCPeriod",
+        "testing-image-gc-period",
+        false,
+        Scalar,
+        "Tests only: how often image garbage collection runs",
+    ),
+    field(
+        "testingLogRotationPeriod",
+        "testing-log-rotation-period",
+        false,
+        Scalar,
+        "Tests only: how often container logs are checked for rotation",
+    ),
 ];
 
 /// Upstream KubeletConfiguration fields nodelet accepts in a config file but does not act on yet.

@@ -35,6 +35,9 @@ pub fn command() -> Command {
         if f.flag == "v" {
             arg = arg.short('v');
         }
+        if f.flag.starts_with("testing-") {
+            arg = arg.hide(true);
+        }
         cmd = cmd.arg(arg);
     }
     cmd

@@ -22,6 +22,15 @@ const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub use crate::types::CgroupDriver;
 
+/// Periods the test suite shortens with hidden `--testing-*` flags (none for a real node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Testing {
+    pub backoff: Option<Duration>,
+    pub eviction_period: Option<Duration>,
+    pub image_gc_period: Option<Duration>,
+    pub log_rotation_period: Option<Duration>,
+}
+
 /// A taint of `--register-with-taints`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Taint {
@@ -139,6 +148,8 @@ pub struct Config {
     pub enforce_pods_allocatable: bool,
     pub fail_swap_on: bool,
     pub cgroup_driver: CgroupDriver,
+    /// The hidden test-only periods.
+    pub testing: Testing,
     pub max_pods: u32,
     /// `None`: no limit on a pod's processes.
     pub pod_pids_limit: Option<i64>,
@@ -407,6 +418,13 @@ impl Reader<'_> {
                 }
             },
         }
+    }
+
+    fn optional_duration(&mut self, name: &str) -> Option<Duration> {
+        self.parsed(name, None, |s| match duration::parse(s)? {
+            d if d.is_zero() => Err("must be greater than zero".into()),
+            d => Ok(Some(d)),
+        })
     }
 
     fn positive_duration(&mut self, name: &str, default: Duration) -> Duration {
@@ -731,6 +749,12 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),
         cgroup_driver,
+        testing: Testing {
+            backoff: r.optional_duration("testingBackoff"),
+            eviction_period: r.optional_duration("testingEvictionPeriod"),
+            image_gc_period: r.optional_duration("testingImageGCPeriod"),
+            log_rotation_period: r.optional_duration("testingLogRotationPeriod"),
+        },
         max_pods: r.parsed("maxPods", 110, |s| match s.trim().parse::<u32>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("{s:?} is not a positive number")),

@@ -18,8 +18,7 @@ fn evicted(s: &k8s_openapi::api::core::v1::PodStatus) -> bool {
 #[tokio::test]
 async fn memory_pressure_evicts_best_effort_then_burstable_and_never_a_critical_pod() {
     // SAFETY: nextest runs each test in a process of its own.
-    unsafe { std::env::set_var("NODELET_TEST_EVICTION_PERIOD", "1s") };
-    let mut node = Node::start("evict", &[]).await;
+    let mut node = Node::start("evict", &["--testing-eviction-period=1s"]).await;
     node.write_manifest("be.yaml", &pod_yaml("be", &[("app", FOREVER)], ""));
     node.write_manifest("bu.yaml", &burstable("bu"));
     let critical = "  priorityClassName: system-node-critical\n  priority: 2000001000\n";

@@ -105,10 +105,9 @@ async fn pull_policies_against_a_registry() {
 #[tokio::test]
 async fn a_missing_image_backs_off_and_starts_once_pushed() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
-    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
     let reg = registry(false);
     let image = format!("{reg}/{}/app:1", unique_repo("t-missing"));
-    let node = Node::start("imgmissing", &[]).await;
+    let node = Node::start("imgmissing", &["--testing-backoff=1s"]).await;
     node.write_manifest("m.yaml", &pod("missing", &image, "IfNotPresent"));
     node.wait_status("missing", "ErrImagePull", |s| {
         waiting(s).is_some_and(|(r, m)| r == "ErrImagePull" && m.contains(&image))
@@ -147,13 +146,12 @@ async fn a_missing_image_backs_off_and_starts_once_pushed() {
 #[tokio::test]
 async fn the_registry_with_auth_takes_node_credentials_which_are_never_logged() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
-    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
     let reg = registry(true);
     let (user, password) = registry_login();
     let login = format!("{user}:{password}");
     let image = format!("{reg}/private/{}:1", unique_repo("busybox"));
     copy_image(&format!("{reg}/private/busybox:1"), &image, Some(&login));
-    let node = Node::start("imgauth", &[]).await;
+    let node = Node::start("imgauth", &["--testing-backoff=1s"]).await;
     node.write_manifest("p.yaml", &pod("private", &image, "IfNotPresent"));
     node.wait_status("private", "refused without credentials", |s| {
         waiting(s).is_some_and(|(r, _)| r == "ErrImagePull" || r == "ImagePullBackOff")
@@ -369,7 +367,6 @@ async fn a_new_pod_shows_container_creating_while_its_image_is_pulled() {
 #[tokio::test]
 async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
-    unsafe { std::env::set_var("NODELET_TEST_IMAGE_GC_PERIOD", "1s") };
     let reg = registry(false);
     let image = format!("{reg}/{}/app:1", unique_repo("t-gc"));
     // Other content than the test bed's busybox, so removing it touches no image in use.
@@ -379,6 +376,7 @@ async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
     let node = Node::start(
         "imagegc",
         &[
+            "--testing-image-gc-period=1s",
             "--image-gc-high-threshold",
             "1",
             "--image-gc-low-threshold",

@@ -40,8 +40,7 @@ fn read(path: &std::path::Path) -> String {
 #[tokio::test]
 async fn restarts_back_off_with_growing_gaps() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
-    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
-    let node = Node::start("backoff", &[]).await;
+    let node = Node::start("backoff", &["--testing-backoff=1s"]).await;
     node.write_manifest(
         "crash.yaml",
         &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: crash}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n"),
@@ -361,8 +360,7 @@ async fn a_container_is_stopped_with_its_own_stop_signal() {
 #[tokio::test]
 async fn garbage_collection_keeps_one_dead_container_per_container_with_its_log() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
-    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
-    let node = Node::start("gcdead", &[]).await;
+    let node = Node::start("gcdead", &["--testing-backoff=1s"]).await;
     node.write_manifest(
         "g.yaml",
         &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: g}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo run; sleep 1; exit 1']}}\n"),
@@ -403,8 +401,7 @@ async fn garbage_collection_keeps_one_dead_container_per_container_with_its_log(
 #[tokio::test]
 async fn the_restart_backoff_goes_on_after_nodelet_restarts() {
     // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
-    unsafe { std::env::set_var("NODELET_TEST_BACKOFF", "1s") };
-    let mut node = Node::start("backoffkeep", &[]).await;
+    let mut node = Node::start("backoffkeep", &["--testing-backoff=1s"]).await;
     node.write_manifest(
         "k.yaml",
         &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: k}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n"),
@@ -444,7 +441,7 @@ async fn the_restart_backoff_goes_on_after_nodelet_restarts() {
         .await
         .expect("the exited container's status")
         .finished_at;
-    node.restart(&[]).await;
+    node.restart(&["--testing-backoff=1s"]).await;
     let restarted = std::time::SystemTime::now();
     let next = eventually("the next restart", Duration::from_secs(60), || async {
         latest().await.filter(|c| c.attempt > before.attempt)

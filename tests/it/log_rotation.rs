@@ -33,10 +33,10 @@ fn last_line_number(path: &Path) -> u64 {
 #[tokio::test]
 async fn a_chatty_containers_log_is_rotated_and_capped() {
     // SAFETY: nextest runs each test in its own process; set before the agent reads it.
-    unsafe { std::env::set_var("NODELET_TEST_LOG_ROTATION_PERIOD", "200ms") };
     let node = Node::start(
         "logrotate",
         &[
+            "--testing-log-rotation-period=200ms",
             "--container-log-max-size",
             "1Ki",
             "--container-log-max-files",
