@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use nodelet::runtime::{ContainerState, LABEL_POD_UID, cri};
+use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, cri};
 use nodelet::types::PodUid;
 
 use crate::bed::{BUSYBOX, eventually, runtime, testbed_dir};
@@ -32,6 +32,13 @@ async fn the_cri_client_runs_a_container_whose_output_lands_in_its_log() {
         hostname: "cri-client".into(),
         log_directory: dir.path().display().to_string(),
         labels: labels.clone(),
+        // Of a node no test runs: the nodelets of tests running meanwhile would otherwise
+        // collect this pod-labelled sandbox as their orphan (and stop its container).
+        annotations: [(
+            ANNOTATION_NODE_NAME.to_string(),
+            "t-cri-client-only".to_string(),
+        )]
+        .into(),
         ..Default::default()
     };
     let sandbox = rt
