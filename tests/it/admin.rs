@@ -200,9 +200,13 @@ async fn the_cli_says_when_no_agent_runs() {
 async fn the_cli_takes_the_root_dir_before_the_command_or_finds_the_agent() {
     let dir = test_dir("admin-find");
     let node = "t-admin-find";
-    let mut agent = crate::bed::nodelet_command(dir.path(), node)
+    let mut command = crate::bed::nodelet_command(dir.path(), node);
+    command
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // Killed however the test ends, a failed assertion included.
+    let mut agent = tokio::process::Command::from(command)
+        .kill_on_drop(true)
         .spawn()
         .expect("start nodelet");
     let root = dir.path().join("root");
@@ -233,7 +237,6 @@ async fn the_cli_takes_the_root_dir_before_the_command_or_finds_the_agent() {
         out.status.success() || err.contains(&format!("--root-dir {}", root.display())),
         "{err}"
     );
-    let _ = agent.kill();
-    let _ = agent.wait();
+    let _ = agent.kill().await;
     crate::bed::clean_node(node, dir.path()).await;
 }
