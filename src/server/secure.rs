@@ -301,6 +301,14 @@ fn open_log_path(log_dir: &Path, wanted: &str) -> Result<LogPath, StatusCode> {
     }
 }
 
+/// What a listing's link leaves as it is: unreserved characters and the path separator.
+const HREF: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
 /// A directory listing as upstream's file server writes it: each name HTML-escaped in the
 /// text and percent-encoded in its link (so a name is never read as a scheme or a query).
 fn listing(names: &[String]) -> String {
@@ -312,15 +320,7 @@ fn listing(names: &[String]) -> String {
             .replace('>', "&gt;")
             .replace('"', "&quot;")
             .replace('\'', "&#39;");
-        let href: String = n
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
-                    (b as char).to_string()
-                }
-                other => format!("%{other:02X}"),
-            })
-            .collect();
+        let href = percent_encoding::utf8_percent_encode(n, HREF);
         body.push_str(&format!("<a href=\"{href}\">{escaped}</a>\n"));
     }
     body.push_str("</pre>\n");
