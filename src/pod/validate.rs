@@ -641,11 +641,21 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
                 m.mount_path
             ));
         }
-        if let Some(sub) = m.sub_path.as_deref()
-            && (sub.starts_with('/') || sub.split('/').any(|part| part == ".."))
+        for (field, sub) in [("subPath", &m.sub_path), ("subPathExpr", &m.sub_path_expr)] {
+            if let Some(sub) = sub.as_deref()
+                && (sub.starts_with('/') || sub.split('/').any(|part| part == ".."))
+            {
+                p.push(format!(
+                    "{mf}.{field}: {sub:?} must be a relative path without '..'"
+                ));
+            }
+        }
+        if [&m.sub_path, &m.sub_path_expr]
+            .iter()
+            .all(|s| s.as_deref().is_some_and(|s| !s.is_empty()))
         {
             p.push(format!(
-                "{mf}.subPath: {sub:?} must be a relative path without '..'"
+                "{mf}.subPathExpr: subPath and subPathExpr are mutually exclusive"
             ));
         }
     }

@@ -197,6 +197,11 @@ fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<Str
 /// Expands `$(VAR)` references to earlier variables; `$$` is a literal `$`; unknown references
 /// stay as they are (the Kubernetes rules).
 pub fn expand(text: &str, vars: &HashMap<String, String>) -> String {
+    expand_by(text, |name| vars.get(name).cloned())
+}
+
+/// [`expand`] with `lookup` giving each referenced variable's value (`None`: left as written).
+fn expand_by(text: &str, mut lookup: impl FnMut(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(pos) = rest.find('$') {
@@ -209,8 +214,8 @@ pub fn expand(text: &str, vars: &HashMap<String, String>) -> String {
             && let Some(end) = inner.find(')')
         {
             let name = &inner[..end];
-            match vars.get(name) {
-                Some(v) => out.push_str(v),
+            match lookup(name) {
+                Some(v) => out.push_str(&v),
                 None => {
                     out.push_str("$(");
                     out.push_str(name);
@@ -362,6 +367,56 @@ fn environment(input: &ContainerInput<'_>) -> Result<Vec<(String, String)>, Stri
     Ok(envs)
 }
 
+/// The subPath of each volumeMount that has one, by index: `subPath` as written, or
+/// `subPathExpr` expanded against the container's environment. As upstream, a referenced
+/// variable that is unset or empty fails the container, and so does an expansion that is an
+/// absolute path or climbs out of the volume with '..'.
+pub fn sub_paths(input: &ContainerInput<'_>) -> Result<Vec<(usize, String)>, String> {
+    let mut out = Vec::new();
+    let mut vars: Option<HashMap<String, String>> = None;
+    for (i, m) in input.container.volume_mounts.iter().flatten().enumerate() {
+        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            out.push((i, sub.to_string()));
+            continue;
+        }
+        let Some(expr) = m.sub_path_expr.as_deref().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let vars = match &mut vars {
+            Some(vars) => vars,
+            None => vars.insert(environment(input)?.into_iter().collect()),
+        };
+        let mut missing = std::collections::BTreeSet::new();
+        let sub = expand_by(expr, |name| {
+            let value = vars.get(name).filter(|v| !v.is_empty());
+            if value.is_none() {
+                missing.insert(name.to_string());
+            }
+            Some(value.cloned().unwrap_or_default())
+        });
+        let problem = if !missing.is_empty() {
+            Some(format!(
+                "no value for {}",
+                missing.into_iter().collect::<Vec<_>>().join(", ")
+            ))
+        } else if sub.starts_with('/') {
+            Some(format!("expands to the absolute path {sub:?}"))
+        } else if sub.split('/').any(|part| part == "..") {
+            Some(format!("expands to {sub:?}, which contains '..'"))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(format!(
+                "volumeMount {}: subPathExpr {expr:?}: {problem}",
+                m.name
+            ));
+        }
+        out.push((i, sub));
+    }
+    Ok(out)
+}
+
 /// Builds the CRI container config, or says which field cannot be honoured.
 pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConfig, String> {
     let ContainerInput {
@@ -406,13 +461,16 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         let Some(volume) = input.volumes.get(&m.name) else {
             return Err(format!("volumeMount {}: volume is not set up", m.name));
         };
-        let host_path =
-            match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                Some(sub) => input.sub_paths.get(&i).cloned().ok_or_else(|| {
-                    format!("volumeMount {}: subPath {sub:?} is not mounted", m.name)
-                })?,
-                None => volume.path.clone(),
-            };
+        let has_sub_path = [&m.sub_path, &m.sub_path_expr]
+            .into_iter()
+            .any(|s| s.as_deref().is_some_and(|s| !s.is_empty()));
+        let host_path = match input.sub_paths.get(&i) {
+            Some(path) => path.clone(),
+            None if has_sub_path => {
+                return Err(format!("volumeMount {}: subPath is not mounted", m.name));
+            }
+            None => volume.path.clone(),
+        };
         mounts.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
@@ -728,6 +786,41 @@ mod tests {
     fn variable_expansion_follows_kubernetes_rules() {
         let vars: HashMap<String, String> = [("A".to_string(), "x".to_string())].into();
         assert_eq!(expand("$(A)-$(B)-$$(A)-$", &vars), "x-$(B)-$(A)-$");
+    }
+
+    #[test]
+    fn sub_path_exprs_expand_the_environment_and_refuse_what_upstream_refuses() {
+        let sub_paths_of = |annotations: &str, expr: &str| {
+            let p = pod(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: web, annotations: {{{annotations}}}}}\nspec:\n  containers:\n  - name: c\n    image: i\n    env:\n    - {{name: POD_NAME, value: foo}}\n    - {{name: A, valueFrom: {{fieldRef: {{fieldPath: \"metadata.annotations['sub']\"}}}}}}\n    volumeMounts:\n    - {{name: v, mountPath: /all}}\n    - {{name: v, mountPath: /plain, subPath: x/y}}\n    - {{name: v, mountPath: /expr, subPathExpr: '{expr}'}}\n"
+            ));
+            let c = &p.spec.as_ref().unwrap().containers[0];
+            sub_paths(&ContainerInput {
+                pod: &p,
+                container: c,
+                init: false,
+                restart_count: 0,
+                image_ref: "i",
+                volumes: &HashMap::new(),
+                objects: &crate::objects::View::empty("default"),
+                pod_ip: "",
+                host_ip: "",
+                node: &ctx().node,
+                termination_log: None,
+                etc_hosts: None,
+                sub_paths: &HashMap::new(),
+            })
+        };
+        assert_eq!(
+            sub_paths_of("sub: mypath", "$(A)/$(POD_NAME)").unwrap(),
+            [(1, "x/y".to_string()), (2, "mypath/foo".to_string())]
+        );
+        let unset = sub_paths_of("other: x", "$(A)/$(POD_NAME)").unwrap_err();
+        assert!(unset.contains("no value for A"), "{unset}");
+        let absolute = sub_paths_of("sub: /etc", "$(A)").unwrap_err();
+        assert!(absolute.contains("absolute path"), "{absolute}");
+        let climbing = sub_paths_of("sub: '..'", "x/$(A)").unwrap_err();
+        assert!(climbing.contains("'..'"), "{climbing}");
     }
 
     #[test]

@@ -617,29 +617,28 @@ impl Syncer {
         Ok(ips.into_iter().next().unwrap_or_default())
     }
 
-    /// Mounts the container's subPaths where nothing in a container can redirect them, by
-    /// volumeMount index.
+    /// Mounts the container's subPaths (`subPath`, or `subPathExpr` expanded) where nothing in
+    /// a container can redirect them, by volumeMount index.
     fn mount_sub_paths(
         &self,
-        pod: &Pod,
-        container: &k8s_openapi::api::core::v1::Container,
-        volumes: &HashMap<String, volumes::Mounted>,
+        input: &convert::ContainerInput<'_>,
     ) -> Result<HashMap<usize, PathBuf>, Error> {
-        let pod_dir = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0);
+        let container = input.container;
+        let config_error = |message| Error::Config {
+            container: container.name.clone(),
+            message,
+        };
+        let pod_dir = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(input.pod).0);
+        let mounts: Vec<_> = container.volume_mounts.iter().flatten().collect();
         let mut mounted = HashMap::new();
-        for (i, m) in container.volume_mounts.iter().flatten().enumerate() {
-            let (Some(sub), Some(volume)) = (
-                m.sub_path.as_deref().filter(|s| !s.is_empty()),
-                volumes.get(&m.name),
-            ) else {
+        for (i, sub) in convert::sub_paths(input).map_err(config_error)? {
+            let name = &mounts[i].name;
+            let Some(volume) = input.volumes.get(name) else {
                 continue;
             };
-            let target = volumes::subpath::target(&pod_dir, &m.name, &container.name, i);
-            let path =
-                volumes::subpath::mount(&volume.path, sub, &target).map_err(|e| Error::Config {
-                    container: container.name.clone(),
-                    message: format!("volumeMount {}: subPath {sub:?}: {e}", m.name),
-                })?;
+            let target = volumes::subpath::target(&pod_dir, name, &container.name, i);
+            let path = volumes::subpath::mount(&volume.path, &sub, &target)
+                .map_err(|e| config_error(format!("volumeMount {name}: subPath {sub:?}: {e}")))?;
             mounted.insert(i, path);
         }
         Ok(mounted)
@@ -698,8 +697,8 @@ impl Syncer {
             path: termination_log.clone(),
             source,
         })?;
-        let sub_paths = self.mount_sub_paths(pod, container, volumes)?;
-        let config = convert::container_config(&convert::ContainerInput {
+        let no_sub_paths = HashMap::new();
+        let mut input = convert::ContainerInput {
             pod,
             container,
             init: start.init,
@@ -712,9 +711,11 @@ impl Syncer {
             node: &self.ctx.node,
             termination_log: Some(&termination_log),
             etc_hosts: Some(&etc_hosts),
-            sub_paths: &sub_paths,
-        })
-        .map_err(|message| Error::Config {
+            sub_paths: &no_sub_paths,
+        };
+        let sub_paths = self.mount_sub_paths(&input)?;
+        input.sub_paths = &sub_paths;
+        let config = convert::container_config(&input).map_err(|message| Error::Config {
             container: start.name.clone(),
             message,
         })?;
