@@ -11,6 +11,8 @@ pub struct Backoff {
     initial: Duration,
     max: Duration,
     entries: HashMap<String, Entry>,
+    /// When this process began keeping the delays: only what started earlier is resumed.
+    created: SystemTime,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -25,6 +27,7 @@ impl Backoff {
             initial,
             max,
             entries: HashMap::new(),
+            created: SystemTime::now(),
         }
     }
 
@@ -67,10 +70,16 @@ impl Backoff {
     /// Takes up a backoff this process has not seen being built: a container already restarted
     /// `restarts` times (its restart count, from the runtime, e.g. after nodelet restarted) that
     /// ran from `started` to `finished` waits as long as it would have, counted from `finished`.
-    /// One that ran cleanly long enough to be forgiven starts over; known keys are left alone.
+    /// One that ran cleanly long enough to be forgiven starts over; known keys are left alone,
+    /// and so is a container started since this backoff was made: this process saw its
+    /// backoff being built, and a new key then means a new spec, which starts from the beginning.
     pub fn resume(&mut self, key: &str, restarts: u32, started: SystemTime, finished: SystemTime) {
         let ran = finished.duration_since(started).unwrap_or_default();
-        if restarts == 0 || self.entries.contains_key(key) || ran > self.max * 2 {
+        if restarts == 0
+            || self.entries.contains_key(key)
+            || ran > self.max * 2
+            || started >= self.created
+        {
             return;
         }
         let delay = self
@@ -176,6 +185,13 @@ mod tests {
         assert_eq!(
             b.remaining("many", at(100), at(100)),
             Some(Duration::from_secs(300))
+        );
+        let now = SystemTime::now() + Duration::from_secs(1);
+        b.resume("new-spec", 7, now, now + Duration::from_secs(5));
+        assert_eq!(
+            b.remaining("new-spec", now, now),
+            None,
+            "a container this process started (a changed spec) starts a new backoff"
         );
     }
 }
