@@ -412,6 +412,16 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         ),
         condition(old, now, "PodScheduled", true, None, None),
     ];
+    // Which spec this status describes (upstream's observedGeneration, on the pod and on the
+    // conditions the node owns).
+    let generation = input.pod.metadata.generation;
+    let conditions = conditions
+        .into_iter()
+        .map(|c| PodCondition {
+            observed_generation: generation,
+            ..c
+        })
+        .collect();
     let host_network = s.host_network.unwrap_or(false);
     let pod_ips: Vec<String> = if host_network && !input.host_ip.is_empty() {
         vec![input.host_ip.to_string()]
@@ -434,6 +444,7 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         qos_class: Some(qos_class(input.pod).into()),
         init_container_statuses: (!init.is_empty()).then_some(init),
         container_statuses: Some(app),
+        observed_generation: generation,
         ..Default::default()
     }
 }
@@ -648,7 +659,8 @@ mod tests {
 
     #[test]
     fn a_running_pod_is_ready_and_keeps_transition_times() {
-        let p = pod();
+        let mut p = pod();
+        p.metadata.generation = Some(3);
         let rt = runtime(vec![
             container("a2", "a", 1, ContainerState::Running, 0),
             container("a1", "a", 0, ContainerState::Exited, 137),
@@ -675,6 +687,14 @@ mod tests {
             "no transition, same times"
         );
         assert_eq!(second.start_time, first.start_time);
+        assert_eq!(first.observed_generation, Some(3), "the spec it describes");
+        assert!(
+            first
+                .conditions
+                .iter()
+                .flatten()
+                .all(|c| c.observed_generation == Some(3))
+        );
 
         let unready: HashMap<String, ProbeState> = [(
             "a2".to_string(),
