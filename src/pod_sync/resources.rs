@@ -116,10 +116,13 @@ pub fn resource_field_value(
         None if limits => capacity,
         None => 0.0,
     };
+    // A zero divisor is the API's unset value ("0" once serialized): 1, as upstream.
     let divisor = match divisor.filter(|d| !d.is_empty()) {
-        Some(d) => parse_quantity(d)
-            .filter(|d| *d > 0.0)
-            .ok_or_else(|| format!("invalid divisor {d:?}"))?,
+        Some(d) => match parse_quantity(d).filter(|d| d.is_finite() && *d >= 0.0) {
+            Some(0.0) => 1.0,
+            Some(d) => d,
+            None => return Err(format!("invalid divisor {d:?}")),
+        },
         None => 1.0,
     };
     // Rounded up like upstream; the epsilon absorbs float noise (0.1 cpu / 100m is exactly 1).
@@ -238,6 +241,12 @@ mod tests {
             resource_field_value(c, "limits.cpu", Some("1m"), &node).unwrap(),
             "250"
         );
+        assert_eq!(
+            resource_field_value(c, "limits.cpu", Some("0"), &node).unwrap(),
+            "1",
+            "a zero divisor is the unset one"
+        );
+        assert!(resource_field_value(c, "limits.cpu", Some("-1"), &node).is_err());
         assert_eq!(
             resource_field_value(c, "requests.cpu", Some("1m"), &node).unwrap(),
             "100"

@@ -98,8 +98,9 @@ fn downward_files(
     for item in items {
         let text = match (&item.field_ref, &item.resource_field_ref) {
             (Some(f), _) => field_file(pod, &f.field_path)?,
-            (None, Some(r)) => (inputs.resource_field)(r)
-                .map_err(|why| format!("{}: resourceFieldRef: {why}", item.path))?,
+            (None, Some(r)) => {
+                (inputs.resource_field)(r).map_err(|why| format!("{}: {why}", item.path))?
+            }
             (None, None) => return Err(format!("{}: no fieldRef or resourceFieldRef", item.path)),
         };
         out.insert(
