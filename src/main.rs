@@ -17,8 +17,11 @@ fn init_tracing(verbosity: u8, run_once: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("nodelet={default},warn")));
+    // Colours only on a terminal: a log file or a log shipper gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
 }
