@@ -281,17 +281,30 @@ fn unready_gates(pod: &Pod) -> Vec<String> {
 pub fn generate(input: &Input<'_>) -> PodStatus {
     let s = spec(input.pod);
     let policy = s.restart_policy.as_deref().unwrap_or("Always");
-    let init: Vec<ContainerStatus> = s
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|c| container_status(input, c, "PodInitializing"))
-        .collect();
     let is_sidecar: Vec<bool> = s
         .init_containers
         .iter()
         .flatten()
         .map(crate::pod_sync::actions::is_sidecar)
+        .collect();
+    // A regular init container is ready once it succeeded (upstream's rule); a sidecar as any
+    // running container.
+    let init: Vec<ContainerStatus> = s
+        .init_containers
+        .iter()
+        .flatten()
+        .zip(&is_sidecar)
+        .map(|(c, &sidecar)| {
+            let status = container_status(input, c, "PodInitializing");
+            ContainerStatus {
+                ready: if sidecar {
+                    status.ready
+                } else {
+                    succeeded(&status)
+                },
+                ..status
+            }
+        })
         .collect();
     // A regular init container is done when it succeeded; a sidecar once it runs and started.
     // Once an app container has run, the pod stays initialized whatever its sidecars do.
@@ -645,6 +658,7 @@ mod tests {
         );
         let init = &st.init_container_statuses.as_ref().unwrap()[0];
         assert!(init.state.as_ref().unwrap().running.is_some());
+        assert!(!init.ready, "a running init container is not ready yet");
         let initialized = st
             .conditions
             .as_ref()
@@ -688,6 +702,10 @@ mod tests {
         );
         assert_eq!(second.start_time, first.start_time);
         assert_eq!(first.observed_generation, Some(3), "the spec it describes");
+        assert!(
+            first.init_container_statuses.as_ref().unwrap()[0].ready,
+            "an init container that succeeded is ready"
+        );
         assert!(
             first
                 .conditions
