@@ -19,13 +19,14 @@ TESTBED := bash hack/testbed.sh
 # The upstream control plane's binaries, built from Go modules and cached by version.
 K8S_BIN = $(shell bash hack/k8s/build.sh bin)
 
-.PHONY: help deps runtime-up images registries runtime-down k8s nextest check unit build test run cluster bench fuzz clean
+.PHONY: help deps runtime-up images registries e2e-images runtime-down k8s nextest check unit build test run cluster conformance bench fuzz clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
 	@echo "make runtime-up    start the private containerd test bed in $(NODELET_TESTBED)"
 	@echo "make images        build and import localhost/pause:local and localhost/busybox:local"
 	@echo "make registries    start the two loopback image registries (open, basic auth) and push to them"
+	@echo "make e2e-images    build upstream's e2e.test and the test images it runs, push them to the open registry"
 	@echo "make runtime-down  stop the test bed and its registries, and clean up after them"
 	@echo "make k8s           build (once per version) etcd, kube-apiserver, controller manager, scheduler, kubectl"
 	@echo "make check         rustfmt, clippy (warnings are errors) and shellcheck"
@@ -34,6 +35,7 @@ help:
 	@echo "make test          run the tests against the test bed, then tear it down"
 	@echo "make run           run nodelet in the foreground against the test bed"
 	@echo "make cluster       a control plane plus one nodelet joined to it, in the foreground"
+	@echo "make conformance   upstream's node conformance tests against nodelet (long; target/conformance)"
 	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench)"
 	@echo "make fuzz          run the cargo-fuzz target over manifest decoding (FUZZ_SECONDS, default 300)"
 	@echo "make clean         cargo clean"
@@ -49,6 +51,9 @@ images: runtime-up
 
 registries: images
 	@bash hack/registry.sh up
+
+e2e-images: registries
+	@bash hack/k8s/conformance.sh images >/dev/null
 
 runtime-down:
 	@$(TESTBED) down
@@ -79,7 +84,7 @@ unit: nextest
 # Always tears the test bed down (also after a failure or Ctrl-C: the trap only
 # keeps the shell alive), and exits with the tests' status (or, when the tests
 # passed, with the tear-down's).
-test: deps nextest k8s runtime-up images registries
+test: deps nextest k8s runtime-up images registries e2e-images
 	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1 K8S_BIN="$(K8S_BIN)"; \
 	trap : INT TERM; \
 	cargo nextest run --locked; \
@@ -112,6 +117,13 @@ cluster: deps k8s runtime-up images build
 		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \
 		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
 		--hostname-override nodelet-dev --cgroup-root /nodelet-dev
+
+# All of upstream's [NodeConformance] tests and sig-node's [Conformance] tests, against a control
+# plane and CONFORMANCE_NODES nodelet nodes; the results land in target/conformance.
+CONFORMANCE_NODES ?= 1
+conformance: deps k8s runtime-up images registries e2e-images build
+	@status=0; bash hack/k8s/conformance.sh run $(CURDIR)/target/conformance $(CONFORMANCE_NODES) || status=$$?; \
+	$(TESTBED) down || true; exit $$status
 
 # BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60".
 bench: deps k8s runtime-up images

@@ -11,6 +11,13 @@ index.json carries `io.containerd.image.name` with the full reference
 
     mkimage.py pause   --binary PATH     --ref localhost/pause:local   --out FILE
     mkimage.py busybox --busybox PATH    --ref localhost/busybox:local --out FILE [--stamp TEXT]
+                       [--add SRC:DEST[:MODE]] [--dir DEST[:MODE]] [--link DEST:TARGET]
+                       [--passwd LINE] [--group LINE] [--user USER] [--path PATH]
+                       [--entrypoint JSON] [--cmd JSON]
+
+The busybox options add files, directories and symlinks (MODE in octal, setuid bits
+included), /etc/passwd and /etc/group lines, and set the config's User, PATH, Entrypoint
+and Cmd: enough to stand in for upstream's small test images.
 
 The manifest digest is printed on stdout (and written to --digest-file).
 """
@@ -182,13 +189,35 @@ def busybox_image(args):
     for applet in applets:
         if applet != "busybox":
             tree.symlink("bin/" + applet, "busybox")
-    tree.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
-    tree.file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
+    passwd = ["root:x:0:0:root:/root:/bin/sh", "nobody:x:65534:65534:nobody:/nonexistent:/bin/false"]
+    group = ["root:x:0:", "nogroup:x:65534:"]
+    tree.file("etc/passwd", "".join(line + "\n" for line in passwd + args.passwd).encode())
+    tree.file("etc/group", "".join(line + "\n" for line in group + args.group).encode())
     tree.dir("root", mode=0o700)
     tree.dir("tmp", mode=0o1777)
     if args.stamp:
         tree.file("etc/nodelet-stamp", args.stamp.encode() + b"\n")
-    config = {"Cmd": ["sh"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
+    for spec in args.dir:
+        dest, _, mode = spec.partition(":")
+        tree.dir(dest, mode=int(mode or "755", 8))
+    for spec in args.add:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3):
+            raise SystemExit(f"mkimage: --add {spec!r}: want SRC:DEST[:MODE]")
+        mode = int(parts[2], 8) if len(parts) == 3 else os.stat(parts[0]).st_mode & 0o7777
+        tree.file(parts[1], read_binary(parts[0]), mode=mode)
+    for spec in args.link:
+        dest, sep, target = spec.partition(":")
+        if not sep:
+            raise SystemExit(f"mkimage: --link {spec!r}: want DEST:TARGET")
+        tree.symlink(dest, target)
+    config = {"Cmd": ["sh"], "Env": ["PATH=" + args.path], "WorkingDir": "/"}
+    if args.entrypoint is not None:
+        config["Entrypoint"] = json.loads(args.entrypoint)
+    if args.cmd is not None:
+        config["Cmd"] = json.loads(args.cmd)
+    if args.user:
+        config["User"] = args.user
     return tree, config
 
 
@@ -206,6 +235,15 @@ def main():
         p.add_argument("--no-gzip", dest="gzip", action="store_false", help="store the layer uncompressed")
         if kind == "busybox":
             p.add_argument("--stamp", help="write this text to /etc/nodelet-stamp (a distinct image)")
+            p.add_argument("--add", action="append", default=[], help="SRC:DEST[:MODE], a file to add")
+            p.add_argument("--dir", action="append", default=[], help="DEST[:MODE], a directory to add")
+            p.add_argument("--link", action="append", default=[], help="DEST:TARGET, a symlink to add")
+            p.add_argument("--passwd", action="append", default=[], help="a line for /etc/passwd")
+            p.add_argument("--group", action="append", default=[], help="a line for /etc/group")
+            p.add_argument("--path", default="/bin", help="the config's PATH (default /bin)")
+            p.add_argument("--user", help="the config's User")
+            p.add_argument("--entrypoint", help="the config's Entrypoint, a JSON array")
+            p.add_argument("--cmd", help="the config's Cmd, a JSON array")
     args = parser.parse_args()
 
     tree, config = pause_image(args) if args.kind == "pause" else busybox_image(args)

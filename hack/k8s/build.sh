@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Build the upstream control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) from upstream's Go modules, cached by version outside the checkout.
+# kube-scheduler, kubectl) and upstream's conformance tests (e2e.test, the ginkgo runner and the
+# test image programs agnhost and nnp) from upstream's Go modules, cached by version outside the
+# checkout.
 #
-#   hack/k8s/build.sh bin      print the directory holding the binaries, building what is missing
+#   hack/k8s/build.sh bin      print the directory holding the control plane, building what is missing
+#   hack/k8s/build.sh e2e      the same for the conformance tests (same directory)
 #   hack/k8s/build.sh update   regenerate kube/go.mod and etcd/go.mod (after changing a version)
 #
 # A warm run finds every binary in the cache and builds nothing.
@@ -20,6 +23,10 @@ ETCD_VERSION=v3.6.16
 cache=${NODELET_CACHE:-${HOME:-/root}/.cache/nodelet}
 bindir="$cache/k8s/$K8S_VERSION-etcd$ETCD_VERSION/bin"
 kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# The conformance tests: binary name and package. e2e.test is a test binary (`go test -c`).
+e2e_test_pkg=k8s.io/kubernetes/test/e2e
+e2e_tools=(ginkgo=github.com/onsi/ginkgo/v2/ginkgo agnhost=k8s.io/kubernetes/test/images/agnhost
+    nnp=k8s.io/kubernetes/test/images/nonewprivs)
 
 log() { echo "k8s: $*" >&2; }
 
@@ -48,6 +55,7 @@ update() {
         echo "require k8s.io/kubernetes $K8S_VERSION"
         echo
         for b in "${kube_bins[@]}"; do echo "tool k8s.io/kubernetes/cmd/$b"; done
+        for b in "${e2e_tools[@]}"; do echo "tool ${b#*=}"; done
         echo
         echo "replace ("
         staging_replaces
@@ -55,7 +63,9 @@ update() {
     } > "$tmp"
     mv "$tmp" "$here/kube/go.mod"
     rm -f "$here/kube/go.sum"
-    (cd "$here/kube" && go mod tidy)
+    # tidy keeps the sums of our tools' imports, not those of a dependency's tests: load the
+    # e2e test package once so go.sum has what `go test -c` needs.
+    (cd "$here/kube" && go mod tidy && go list -mod=mod -test -deps "$e2e_test_pkg" >/dev/null)
 
     log "regenerating etcd/go.mod for etcd $ETCD_VERSION"
     cat > "$here/etcd/go.mod" <<MOD
@@ -109,8 +119,32 @@ build() {
     done
 }
 
+# e2e.test, ginkgo, agnhost and nnp (the nonewprivs image's program), beside the control plane.
+build_e2e() {
+    local b name start
+    export CGO_ENABLED=0 GOFLAGS=-mod=readonly
+    mkdir -p "$bindir"
+    if [[ ! -x $bindir/e2e.test ]]; then
+        start=$SECONDS
+        log "building e2e.test $K8S_VERSION"
+        (cd "$here/kube" && go test -c -trimpath -ldflags "$(kube_ldflags)" -o "$bindir/e2e.test.tmp" "$e2e_test_pkg")
+        mv "$bindir/e2e.test.tmp" "$bindir/e2e.test"
+        log "e2e.test built in $((SECONDS - start)) s"
+    fi
+    for b in "${e2e_tools[@]}"; do
+        name=${b%%=*}
+        [[ -x $bindir/$name ]] && continue
+        start=$SECONDS
+        log "building $name"
+        (cd "$here/kube" && go build -trimpath -ldflags "$(kube_ldflags)" -o "$bindir/$name.tmp" "${b#*=}")
+        mv "$bindir/$name.tmp" "$bindir/$name"
+        log "$name built in $((SECONDS - start)) s"
+    done
+}
+
 case ${1:-} in
     bin) build; echo "$bindir" ;;
+    e2e) build_e2e; echo "$bindir" ;;
     update) update ;;
-    *) echo "usage: $0 bin|update" >&2; exit 2 ;;
+    *) echo "usage: $0 bin|e2e|update" >&2; exit 2 ;;
 esac

@@ -166,15 +166,20 @@ impl ControlPlane {
         );
     }
 
-    /// Runs the kubectl built with the control plane as the admin; returns its output. Async:
-    /// the nodelet under test runs on this test's runtime and must answer meanwhile.
-    pub async fn kubectl(&self, args: &[&str]) -> std::process::Output {
+    /// The directory of the upstream binaries this control plane runs (kubectl, e2e.test, ...).
+    pub fn bin(&self) -> PathBuf {
         let env = std::fs::read_to_string(self.dir.join("env")).expect("the cluster env");
         let bin = env
             .lines()
             .find_map(|l| l.strip_prefix("BIN="))
             .expect("BIN in the cluster env");
-        tokio::process::Command::new(Path::new(bin).join("kubectl"))
+        PathBuf::from(bin)
+    }
+
+    /// Runs the kubectl built with the control plane as the admin; returns its output. Async:
+    /// the nodelet under test runs on this test's runtime and must answer meanwhile.
+    pub async fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        tokio::process::Command::new(self.bin().join("kubectl"))
             .env("KUBECONFIG", &self.kubeconfig)
             .args(args)
             .output()

@@ -7,6 +7,7 @@ mod cgroups;
 mod cluster;
 mod config;
 mod config_data;
+mod conformance;
 mod control_plane;
 mod cri;
 mod eviction;

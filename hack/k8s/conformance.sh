@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# Upstream's own node tests (e2e.test from k8s.io/kubernetes, at the control plane's version)
+# against nodelet: a control plane from cluster.sh, nodelet nodes on the test bed's containerd,
+# and the test images served from the open loopback registry, so no pull leaves the machine.
+#
+#   conformance.sh images        build the test images the node tests use and push them to the
+#                                open registry (registry.sh up first); prints the repo list file
+#   conformance.sh run OUT [N]   a control plane and N nodelet nodes (default 1), then the
+#                                [NodeConformance] tests and sig-node's [Conformance] tests;
+#                                OUT gets junit_01.xml, e2e.log, the nodes' logs and summary.md.
+#                                E2E_FOCUS / E2E_SKIP replace the focus and the skip list, E2E_PROCS
+#                                sets the parallel ginkgo processes (default 4), NODELET the binary.
+#   conformance.sh summary OUT   (re)write OUT/summary.md from OUT/junit_01.xml
+#
+# The images are upstream's where upstream builds them from this module (agnhost, nnp) on
+# busybox; the others are small stand-ins that behave as the tests expect (see IMAGES below).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+hack=$(dirname "$here")
+TB=${NODELET_TESTBED:-/var/lib/nodelet-testbed}
+while [[ $TB == */ && $TB != / ]]; do TB=${TB%/}; done
+REGISTRY=127.0.0.1:${NODELET_REGISTRY_PORT:-5811}
+E2E_DIR=$TB/e2e
+REPO_LIST=$E2E_DIR/repo-list.yaml
+BUSYBOX_BIN=${NODELET_BUSYBOX:-/bin/busybox}
+CLUSTER=$TB/clusters/conformance
+
+log() { echo "conformance: $*" >&2; }
+die() { echo "conformance: error: $*" >&2; exit 1; }
+
+# What the tests run by default: the node's conformance tests, and the conformance tests of
+# sig-node (whose names start with [sig-node]).
+FOCUS='\[NodeConformance\]|\[sig-node\].*\[Conformance\]'
+# Left out, each for a reason about this test bed (one machine, cgroup v1, no systemd, no
+# cloud): pattern <TAB> reason. summary.md lists them with the tests each one left out.
+SKIPS=$(cat <<'EOF'
+\[Serial\]|\[Disruptive\]	Serial and Disruptive tests need the whole cluster to themselves; they run in their own pass (E2E_FOCUS) rather than beside the parallel ones.
+\[Flaky\]	marked flaky upstream; not run by upstream's conformance jobs either.
+\[Feature:[^]]*\]	needs an optional feature (feature gates, special hardware or add-ons) this control plane does not turn on.
+\[Alpha\]|\[Beta\]	alpha or beta APIs behind feature gates this control plane leaves at their defaults.
+EOF
+)
+
+# ---------------------------------------------------------------- images
+
+# name:tag <TAB> what it stands for. Each is a busybox image (the test bed's static busybox)
+# with the additions in image_args.
+IMAGES=$(cat <<'EOF'
+e2e-test-images/busybox:1.37.0-1	upstream's busybox image: the same busybox applets
+e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with a curl stand-in for plain GETs (upstream: on alpine with curl, dig, iperf)
+e2e-test-images/agnhost:2.55	the previous agnhost (tests only change a pod's image to it): the same build
+e2e-test-images/nonroot:1.5	busybox with USER 1234, as upstream's
+e2e-test-images/nonewprivs:1.4	nnp built from this module, setuid root, as upstream's
+e2e-test-images/nginx:1.15-4	stand-in: busybox httpd serving on port 80 (tests only need a server that stays up)
+e2e-test-images/nginx:1.27-0	stand-in: as nginx:1.15-4
+e2e-test-images/glibc-dns-testing:2.0.0	stand-in: busybox sh and hostname (upstream: Debian with dnsutils)
+pause:3.10.2	the test bed's pause image
+EOF
+)
+
+image_args() { # name:tag bin -> mkimage.py busybox arguments
+    local path=(--path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+    case $1 in
+        e2e-test-images/busybox:*) ARGS=() ;;
+        e2e-test-images/agnhost:*) ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost
+            --add "$E2E_DIR/curl:usr/bin/curl:755"
+            --add "$AGNHOST_SRC/porter/localhost.crt:localhost.crt:644"
+            --add "$AGNHOST_SRC/porter/localhost.key:localhost.key:600"
+            --dir uploads --passwd "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh"
+            --group "user-defined-in-image:x:1000:" --group "group-defined-in-image:x:50000:user-defined-in-image"
+            --entrypoint '["/agnhost"]' --cmd '["pause"]') ;;
+        e2e-test-images/nonroot:*) ARGS=("${path[@]}" --user 1234) ;;
+        e2e-test-images/nonewprivs:*) ARGS=("${path[@]}" --add "$2/nnp:usr/local/bin/nnp:4755" --cmd '["nnp"]') ;;
+        e2e-test-images/nginx:*) ARGS=("${path[@]}" --dir usr/share/nginx/html
+            --cmd '["httpd", "-f", "-p", "80", "-h", "/usr/share/nginx/html"]') ;;
+        e2e-test-images/glibc-dns-testing:*) ARGS=("${path[@]}") ;;
+        *) die "no recipe for image $1" ;;
+    esac
+}
+
+push() { # archive ref
+    skopeo --insecure-policy copy -q --dest-tls-verify=false "oci-archive:$1" "docker://$2" >/dev/null
+}
+
+# The tests' hooks and dial helpers run `curl [options] URL` in agnhost containers: busybox
+# wget does those GETs.
+write_curl() {
+    cat >"$E2E_DIR/curl.tmp" <<'CURL'
+#!/bin/sh
+# curl stand-in for upstream's e2e tests: GET the one URL, print the body.
+url=
+while [ $# -gt 0 ]; do
+    case $1 in
+        -X|-m|--max-time|--connect-timeout|-H|-d|-w|-o) shift ;;
+        -*) ;;
+        *) url=$1 ;;
+    esac
+    shift
+done
+[ -n "$url" ] || { echo "curl: no URL given" >&2; exit 2; }
+exec wget -q -O - "$url"
+CURL
+    mv "$E2E_DIR/curl.tmp" "$E2E_DIR/curl"
+}
+
+cmd_images() {
+    local bin name ref what archive stamp ARGS
+    bin=$(bash "$here/build.sh" e2e)
+    mkdir -p "$E2E_DIR"
+    write_curl
+    AGNHOST_SRC=$(cd "$here/kube" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)
+    [[ -x $BUSYBOX_BIN ]] || die "no static busybox at $BUSYBOX_BIN (package busybox-static)"
+    [[ -s $TB/images/pause.tar ]] || die "no pause image yet: run 'hack/testbed.sh images' first"
+    mkdir -p "$E2E_DIR/images"
+    while IFS=$'\t' read -r name what; do
+        ref=$REGISTRY/$name
+        archive=$E2E_DIR/images/$(tr '/:' '__' <<<"$name").tar
+        if [[ $name == pause:* ]]; then
+            archive=$TB/images/pause.tar
+        else
+            image_args "$name" "$bin"
+            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$E2E_DIR/curl"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
+            if [[ ! -s $archive || $(cat "$archive.stamp" 2>/dev/null) != "$stamp" ]]; then
+                log "building $name ($what)"
+                python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
+                echo "$stamp" >"$archive.stamp"
+            fi
+        fi
+        push "$archive" "$ref"
+    done <<<"$IMAGES"
+    # Every registry upstream's image list names maps to the loopback registry; the invalid
+    # one to a closed loopback port, so a test's bad pull fails without leaving the machine.
+    cat >"$REPO_LIST.tmp" <<EOF
+promoterE2eRegistry: $REGISTRY/e2e-test-images
+buildImageRegistry: $REGISTRY/build-image
+invalidRegistry: 127.0.0.1:9/invalid
+gcEtcdRegistry: $REGISTRY
+gcRegistry: $REGISTRY
+sigStorageRegistry: $REGISTRY/sig-storage
+privateRegistry: $REGISTRY/k8s-authenticated-test
+dockerLibraryRegistry: $REGISTRY/library
+cloudProviderGcpRegistry: $REGISTRY/cloud-provider-gcp
+EOF
+    mv "$REPO_LIST.tmp" "$REPO_LIST"
+    log "test images pushed to $REGISTRY"
+    echo "$REPO_LIST"
+}
+
+# ---------------------------------------------------------------- run
+
+NODE_PIDS=()
+
+stop_nodes() {
+    local pid
+    for pid in "${NODE_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${NODE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    NODE_PIDS=()
+}
+
+cleanup() {
+    stop_nodes
+    bash "$here/cluster.sh" down "$CLUSTER" || log "warning: the control plane did not stop cleanly"
+}
+
+start_node() { # out name index
+    local out=$1 name=$2 i=$3 kubeconfig dir=$TB/conformance/$2
+    kubeconfig=$(bash "$here/cluster.sh" node "$CLUSTER" "$name")
+    mkdir -p "$dir"
+    "$NODELET" --kubeconfig "$kubeconfig" --client-ca-file "$CLUSTER/pki/ca.crt" \
+        --node-ip 127.0.0.1 --hostname-override "$name" \
+        --container-runtime-endpoint "unix://$TB/containerd.sock" \
+        --root-dir "$dir/root" --pod-logs-dir "$dir/pods" --container-logs-dir "$dir/containers" \
+        --cgroup-root "/nodelet-$name" --port $((10250 + 10 * i)) --read-only-port 0 \
+        --healthz-port $((10248 + 10 * i)) >"$out/$name.log" 2>&1 &
+    NODE_PIDS+=($!)
+}
+
+cmd_run() { # out [nodes]
+    local out=$1 nodes=${2:-1} i name status=0 skip=''
+    [[ $out == /* ]] || out=$PWD/$out
+    NODELET=${NODELET:-${CARGO_TARGET_DIR:-$HOME/.cache/nodelet/target}/debug/nodelet}
+    [[ -x $NODELET ]] || die "no nodelet binary at $NODELET (make build)"
+    [[ -s $REPO_LIST ]] || die "no test images yet: run '$0 images' first"
+    local bin
+    bin=$(bash "$here/build.sh" e2e)
+    rm -rf "$out"
+    mkdir -p "$out"
+    bash "$here/cluster.sh" down "$CLUSTER"
+    trap cleanup EXIT
+    trap 'exit 130' INT TERM
+    bash "$here/cluster.sh" up "$CLUSTER" --controllers
+    # shellcheck disable=SC1091
+    source "$CLUSTER/env"
+    export KUBECONFIG
+    for ((i = 0; i < nodes; i++)); do
+        name=conformance-$i
+        start_node "$out" "$name" "$i"
+    done
+    for ((i = 0; i < nodes; i++)); do
+        until "$BIN/kubectl" wait --for=condition=Ready "node/conformance-$i" --timeout=5s >/dev/null 2>&1; do
+            kill -0 "${NODE_PIDS[$i]}" 2>/dev/null || die "node conformance-$i exited; see $out/conformance-$i.log"
+        done
+    done
+    log "$nodes node(s) ready"
+    while IFS=$'\t' read -r pattern _; do skip+="${skip:+|}$pattern"; done <<<"$SKIPS"
+    local start=$SECONDS
+    set +e
+    "$bin/ginkgo" --procs="${E2E_PROCS:-4}" --timeout=3h --no-color --succinct \
+        --focus="${E2E_FOCUS:-$FOCUS}" --skip="${E2E_SKIP-$skip}" \
+        "$bin/e2e.test" -- \
+        --kubeconfig "$KUBECONFIG" --kubectl-path "$BIN/kubectl" \
+        --kube-test-repo-list "$REPO_LIST" --report-dir "$out" --disable-log-dump \
+        --e2e-output-dir "$out" --non-blocking-taints '' \
+        2>&1 | tee "$out/e2e.log" | grep -E --line-buffered '^(• \[|Ran |FAIL|PASS|SUCCESS)'
+    status=${PIPESTATUS[0]}
+    set -e
+    log "e2e.test ran for $((SECONDS - start)) s (exit $status)"
+    stop_nodes
+    cmd_summary "$out"
+    return "$status"
+}
+
+cmd_summary() { # out
+    local out=$1
+    [[ -s $out/junit_01.xml ]] || die "no $out/junit_01.xml"
+    python3 - "$out" "${E2E_FOCUS:-$FOCUS}" "$SKIPS" <<'PY'
+import re, sys, xml.etree.ElementTree as ET
+out, focus = sys.argv[1], re.compile(sys.argv[2])
+skips = [line.split("\t", 1) for line in sys.argv[3].splitlines() if line.strip()]
+passed, failed, skipped = [], [], []
+for case in ET.parse(out + "/junit_01.xml").getroot().iter("testcase"):
+    name = re.sub(r"^\[It\] ", "", case.get("name", ""))
+    if not focus.search(name):
+        continue  # not asked for: upstream's other tests
+    bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+    if bad is not None:
+        text = (bad.get("message") or "") + "\n" + (bad.text or "")
+        lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("[FAILED] in")]
+        failed.append((name, lines[0] if lines else ""))
+    elif case.find("skipped") is not None:
+        skipped.append((name, (case.find("skipped").get("message") or "").strip()))
+    else:
+        passed.append(name)
+
+def reason(name, message):
+    for pattern, why in skips:
+        if re.search(pattern, name):
+            return why
+    message = re.sub(r"^skipped\s*-?\s*", "", message)
+    return message or "skipped by the test itself"
+
+cell = lambda text: text.replace("|", "/").replace("\n", " ")
+with open(out + "/summary.md", "w") as f:
+    f.write("| result | tests |\n|---|---|\n")
+    f.write(f"| passed | {len(passed)} |\n| failed | {len(failed)} |\n| skipped | {len(skipped)} |\n\n")
+    if failed:
+        f.write("### Failed\n\n| test | first line of the failure |\n|---|---|\n")
+        for name, line in sorted(failed):
+            f.write(f"| {cell(name)} | {cell(line)[:240]} |\n")
+        f.write("\n")
+    if skipped:
+        reasons = {}
+        for name, message in skipped:
+            reasons.setdefault(reason(name, message), []).append(name)
+        f.write("### Skipped, by reason\n\n| reason | tests |\n|---|---|\n")
+        for why, names in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            f.write(f"| {cell(why)[:300]} | {len(names)} |\n")
+        f.write("\n")
+    f.write("### Passed\n\n")
+    for name in sorted(passed):
+        f.write(f"- {name}\n")
+print(f"conformance: {len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped; see {out}/summary.md", file=sys.stderr)
+PY
+}
+
+case ${1:-} in
+    images) cmd_images ;;
+    run) [[ $# -ge 2 ]] || { sed -n '2,18p' "$0" >&2; exit 2; }; cmd_run "$2" "${3:-1}" ;;
+    summary) [[ $# -eq 2 ]] || exit 2; cmd_summary "$2" ;;
+    *) sed -n '2,18p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+esac
