@@ -221,16 +221,15 @@ fn empty_dir(v: &Volume, pod_dir: &Path, fs_group: Option<i64>) -> Result<PathBu
             message: format!("cannot mount tmpfs on {}: {e}", path.display()),
         })?;
     }
-    // Containers running as any user may write an emptyDir, as upstream. With an fsGroup the
-    // directory belongs to that group, and files made in it inherit the group (setgid).
-    let mode = match fs_group {
-        Some(gid) => {
-            std::os::unix::fs::chown(&path, None, Some(gid as u32))
-                .map_err(io("cannot chown", &path))?;
-            0o2777
-        }
-        None => 0o777,
-    };
+    // Containers running as any user may write an emptyDir, as upstream; a tmpfs one keeps
+    // tmpfs's sticky bit, as upstream leaves it. With an fsGroup the directory belongs to that
+    // group, and files made in it inherit the group (setgid).
+    let mut mode = if tmpfs { 0o1777 } else { 0o777 };
+    if let Some(gid) = fs_group {
+        std::os::unix::fs::chown(&path, None, Some(gid as u32))
+            .map_err(io("cannot chown", &path))?;
+        mode |= 0o2000;
+    }
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
         .map_err(io("cannot chmod", &path))?;
     Ok(path)
