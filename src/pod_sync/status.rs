@@ -358,8 +358,14 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         };
     }
     let terminal = phase == "Succeeded" || phase == "Failed";
-    let unready: Vec<&str> = app
+    // Sidecars count for readiness as the app containers do (upstream, since sidecars).
+    let sidecars = init
         .iter()
+        .zip(&is_sidecar)
+        .filter(|(_, sidecar)| **sidecar)
+        .map(|(c, _)| c);
+    let unready: Vec<&str> = sidecars
+        .chain(&app)
         .filter(|c| !c.ready)
         .map(|c| c.name.as_str())
         .collect();
