@@ -185,6 +185,12 @@ pub fn sandbox_config(
 /// Values the downward API may hand to a container's environment.
 fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
     let s = spec(pod);
+    // A pod on the host's network has the host's address, as its status says.
+    let pod_ip = if s.host_network == Some(true) {
+        host_ip
+    } else {
+        pod_ip
+    };
     Some(match path {
         "spec.nodeName" => s.node_name.clone().unwrap_or_default(),
         "spec.serviceAccountName" => s.service_account_name.clone().unwrap_or_default(),
@@ -786,6 +792,36 @@ mod tests {
     fn variable_expansion_follows_kubernetes_rules() {
         let vars: HashMap<String, String> = [("A".to_string(), "x".to_string())].into();
         assert_eq!(expand("$(A)-$(B)-$$(A)-$", &vars), "x-$(B)-$(A)-$");
+    }
+
+    #[test]
+    fn a_host_network_pod_sees_the_host_address_as_its_own() {
+        let p = pod(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  hostNetwork: true\n  containers:\n  - name: c\n    image: i\n    env:\n    - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}\n    - {name: HOST_IP, valueFrom: {fieldRef: {fieldPath: status.hostIP}}}\n",
+        );
+        let env = environment(&ContainerInput {
+            pod: &p,
+            container: &p.spec.as_ref().unwrap().containers[0],
+            init: false,
+            restart_count: 0,
+            image_ref: "i",
+            volumes: &HashMap::new(),
+            objects: &crate::objects::View::empty("default"),
+            pod_ip: "",
+            host_ip: "192.0.2.1",
+            node: &ctx().node,
+            termination_log: None,
+            etc_hosts: None,
+            sub_paths: &HashMap::new(),
+        })
+        .unwrap();
+        assert_eq!(
+            env,
+            [
+                ("POD_IP".to_string(), "192.0.2.1".to_string()),
+                ("HOST_IP".to_string(), "192.0.2.1".to_string())
+            ]
+        );
     }
 
     #[test]
