@@ -74,11 +74,14 @@ pub struct SyncLoop<S> {
     done: mpsc::UnboundedReceiver<PodUid>,
     /// Requests (cpu, memory, ephemeral storage) of the pods admitted to run.
     admitted: HashMap<PodUid, (f64, f64, f64)>,
+    /// When each admitted pod was admitted: its activeDeadlineSeconds count from there.
+    started: HashMap<PodUid, Instant>,
     /// Pods admission refused (or the eviction manager evicted); they stay refused until they
     /// leave their source.
     rejected: std::collections::HashSet<PodUid>,
-    /// Evicted pods being stopped, with the message their status will carry.
-    evicted: HashMap<PodUid, (Arc<Pod>, String)>,
+    /// Pods being stopped to fail (evicted, or past their active deadline), with the reason
+    /// and message their status will carry.
+    evicted: HashMap<PodUid, (Arc<Pod>, &'static str, String)>,
     evictions: (mpsc::Sender<Eviction>, mpsc::Receiver<Eviction>),
     /// Becomes true once the sources' first pods are handled (the eviction manager waits).
     ready: watch::Sender<bool>,
@@ -103,6 +106,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             objects,
             workers: PodWorkers::new(syncer.clone(), done_tx, tracker.clone(), cancel),
             admitted: HashMap::new(),
+            started: HashMap::new(),
             rejected: Default::default(),
             evicted: HashMap::new(),
             evictions: mpsc::channel(4),
@@ -145,6 +149,9 @@ impl<S: PodSyncer> SyncLoop<S> {
         if self.admitted.contains_key(&uid) {
             return None;
         }
+        if let Some(refusal) = os_refusal(pod) {
+            return Some(refusal);
+        }
         let (cpu, memory) = requests(pod);
         let wanted = (cpu, memory, ephemeral_storage_request(pod));
         if let Some(message) = self
@@ -182,6 +189,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 return Some(refusal);
             }
         }
+        self.started.insert(uid.clone(), Instant::now());
         self.admitted.insert(uid, wanted);
         None
     }
@@ -318,6 +326,7 @@ impl<S: PodSyncer> SyncLoop<S> {
 
     fn resync_due(&mut self) {
         let now = Instant::now();
+        self.enforce_active_deadlines(now);
         let due: Vec<Arc<Pod>> = self
             .mux
             .desired()
@@ -372,21 +381,49 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// Stops an evicted pod (with upstream's 1 s grace for hard evictions) and keeps it from
     /// running again; once it is down its status becomes Failed / Evicted.
     fn evict(&mut self, eviction: Eviction) {
-        let uid = eviction.uid;
+        let grace = Some(EVICTION_GRACE_SECONDS);
+        self.fail(eviction.uid, "Evicted", eviction.message, grace);
+    }
+
+    /// Fails the admitted pods that have been active longer than their activeDeadlineSeconds
+    /// (which an update may shorten), with their own grace period, as upstream.
+    fn enforce_active_deadlines(&mut self, now: Instant) {
+        self.started
+            .retain(|uid, _| self.admitted.contains_key(uid));
+        let expired: Vec<PodUid> = self
+            .mux
+            .desired()
+            .filter_map(|p| {
+                let uid = PodUid::of(p);
+                let deadline = crate::pod::spec(p).active_deadline_seconds?;
+                let started = self.started.get(&uid)?;
+                let limit = Duration::from_secs(u64::try_from(deadline).unwrap_or(0));
+                (now.duration_since(*started) >= limit).then_some(uid)
+            })
+            .collect();
+        for uid in expired {
+            let message = "Pod was active on the node longer than the specified deadline";
+            self.fail(uid, "DeadlineExceeded", message.into(), None);
+        }
+    }
+
+    /// Stops a pod (with `grace` in place of its own grace period, if given) and keeps it from
+    /// running again; once it is down its status becomes Failed with `reason` and `message`.
+    fn fail(&mut self, uid: PodUid, reason: &'static str, message: String, grace: Option<i64>) {
         let Some(pod) = self.mux.desired().find(|p| PodUid::of(p) == uid).cloned() else {
             return;
         };
         if !self.rejected.insert(uid.clone()) {
             return;
         }
-        tracing::warn!(pod = %full_name(&pod), "evicting pod: {}", eviction.message);
+        tracing::warn!(pod = %full_name(&pod), reason, "stopping pod: {message}");
         self.admitted.remove(&uid);
         self.next_resync.remove(&uid);
         let mut doomed = (*pod).clone();
-        if let Some(spec) = doomed.spec.as_mut() {
-            spec.termination_grace_period_seconds = Some(EVICTION_GRACE_SECONDS);
+        if let (Some(spec), Some(grace)) = (doomed.spec.as_mut(), grace) {
+            spec.termination_grace_period_seconds = Some(grace);
         }
-        self.evicted.insert(uid, (pod, eviction.message));
+        self.evicted.insert(uid, (pod, reason, message));
         self.workers.update(Work::Terminate(Arc::new(doomed)));
     }
 
@@ -429,10 +466,10 @@ impl<S: PodSyncer> SyncLoop<S> {
                     {
                         self.rejected.insert(uid.clone());
                     }
-                    if let Some((pod, message)) = self.evicted.remove(&uid) {
+                    if let Some((pod, reason, message)) = self.evicted.remove(&uid) {
                         let syncer = self.syncer.clone();
                         self.tracker.spawn(async move {
-                            syncer.reject_pod(pod, "Evicted", &message).await
+                            syncer.reject_pod(pod, reason, &message).await
                         });
                     }
                     self.terminating_names.retain(|_, old| *old != uid);
@@ -457,6 +494,29 @@ impl<S: PodSyncer> SyncLoop<S> {
             self.heartbeat.send_replace(Instant::now());
         }
     }
+}
+
+/// Upstream's OS checks: a pod for another OS, by its `kubernetes.io/os` node selector or its
+/// `spec.os.name`, is refused on this Linux node.
+fn os_refusal(pod: &Pod) -> Option<(&'static str, String)> {
+    let spec = crate::pod::spec(pod);
+    let selected = spec
+        .node_selector
+        .as_ref()
+        .and_then(|s| s.get("kubernetes.io/os"));
+    if selected.is_some_and(|os| os != "linux") {
+        return Some((
+            "PodOSSelectorNodeLabelDoesNotMatch",
+            "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label".into(),
+        ));
+    }
+    if spec.os.as_ref().is_some_and(|os| os.name != "linux") {
+        return Some((
+            "PodOSNotSupported",
+            "Failed to admit pod as the OS field doesn't match node OS".into(),
+        ));
+    }
+    None
 }
 
 /// Is the pod's phase (as its source gives it) Succeeded or Failed?
