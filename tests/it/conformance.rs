@@ -11,7 +11,7 @@ use crate::control_plane::ControlPlane;
 
 /// The subset, by the full names of upstream's tests (each matched at its end): pods, probes,
 /// lifecycle hooks, ConfigMap/Secret/downward API/projected and emptyDir volumes, the container
-/// runtime's statuses and termination messages, logs and exec.
+/// runtime's statuses and termination messages, logs and exec, active deadlines, OS admission.
 const SUBSET: &[&str] = &[
     "[sig-node] Pods should get a host IP [NodeConformance] [Conformance]",
     "[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
@@ -29,6 +29,8 @@ const SUBSET: &[&str] = &[
     "[sig-node] Pods should support remote command execution over websockets [NodeConformance] [Conformance]",
     "[sig-node] InitContainer [NodeConformance] should invoke init containers on a RestartNever pod [Conformance]",
     "[sig-node] Downward API should provide pod name, namespace and IP address as env vars [NodeConformance] [Conformance]",
+    "[sig-node] Pods should allow activeDeadlineSeconds to be updated [NodeConformance] [Conformance]",
+    "[sig-node] PodOSRejection [NodeConformance] Kubelet [LinuxOnly] should reject pod when the node OS doesn't match pod's OS",
 ];
 
 /// `text` as a regular expression that matches it literally.
