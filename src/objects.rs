@@ -386,7 +386,8 @@ impl View {
 pub fn references(pod: &Pod) -> BTreeSet<(Kind, String)> {
     let mut out = BTreeSet::new();
     let s = spec(pod);
-    for c in crate::pod::all_containers(s) {
+    let ephemeral = crate::pod::ephemeral_containers(s);
+    for c in crate::pod::all_containers(s).chain(&ephemeral) {
         for e in c.env.iter().flatten() {
             let Some(from) = &e.value_from else { continue };
             if let Some(r) = &from.config_map_key_ref {

@@ -44,6 +44,28 @@ pub fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
         .chain(spec.containers.iter())
 }
 
+/// The pod's ephemeral containers (`kubectl debug`) as containers: the API gives them the
+/// same fields, and validation leaves out what they may not have (probes, ports, lifecycle).
+pub fn ephemeral_containers(spec: &PodSpec) -> Vec<Container> {
+    spec.ephemeral_containers
+        .iter()
+        .flatten()
+        .filter_map(|e| serde_json::from_value(serde_json::to_value(e).ok()?).ok())
+        .collect()
+}
+
+/// The container of the pod named `name`: init, app or ephemeral.
+pub fn find_container(spec: &PodSpec, name: &str) -> Option<Container> {
+    all_containers(spec)
+        .find(|c| c.name == name)
+        .cloned()
+        .or_else(|| {
+            ephemeral_containers(spec)
+                .into_iter()
+                .find(|c| c.name == name)
+        })
+}
+
 /// The value of one of the pod's annotations.
 pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata

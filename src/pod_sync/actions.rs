@@ -299,6 +299,13 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
             }
         }
     }
+    // Ephemeral containers run once, as upstream: never restarted, nor started again in a new
+    // sandbox.
+    for want in crate::pod::ephemeral_containers(s) {
+        if rt.latest_container(&want.name).is_none() {
+            plan.start.push(start(rt, &want, false));
+        }
+    }
     plan
 }
 
@@ -418,6 +425,35 @@ mod tests {
             .iter()
             .map(|s| (s.name.as_str(), s.restart_count))
             .collect()
+    }
+
+    #[test]
+    fn an_ephemeral_container_starts_once_and_is_never_restarted() {
+        let mut p = pod("Always", &[], &["a"]);
+        p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![serde_json::from_value(
+            serde_json::json!({"name": "debugger", "image": "busybox:1", "targetContainerName": "a"}),
+        )
+        .unwrap()]);
+        let sb = sandbox("s1", 0, true);
+        let running = container(&p, "a1", "s1", "a", 0, ContainerState::Running, None);
+        let mut rt = PodRuntime {
+            sandboxes: vec![sb],
+            containers: vec![running.clone()],
+            ..Default::default()
+        };
+        let plan = plan(&p, &rt, &ProbeView::default());
+        assert_eq!(names(&plan), [("debugger", 0)]);
+        rt.containers.insert(
+            0,
+            Container {
+                id: "d1".into(),
+                sandbox_id: "s1".into(),
+                name: "debugger".into(),
+                state: ContainerState::Exited,
+                ..Default::default()
+            },
+        );
+        assert!(super::plan(&p, &rt, &ProbeView::default()).start.is_empty());
     }
 
     #[test]

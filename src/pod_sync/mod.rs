@@ -658,9 +658,10 @@ impl Syncer {
             pod_ip,
         } = *prepared;
         let s = spec(pod);
-        let Some(container) = crate::pod::all_containers(s).find(|c| c.name == start.name) else {
+        let Some(container) = crate::pod::find_container(s, &start.name) else {
             return Ok(());
         };
+        let container = &container;
         let image = container.image.as_deref().unwrap_or_default();
         let policy = container
             .image_pull_policy

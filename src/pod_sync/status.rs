@@ -441,6 +441,14 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
             ..c
         })
         .collect();
+    // Ephemeral containers are never ready and count for nothing else (upstream).
+    let ephemeral: Vec<ContainerStatus> = crate::pod::ephemeral_containers(s)
+        .iter()
+        .map(|c| ContainerStatus {
+            ready: false,
+            ..container_status(input, c, "ContainerCreating")
+        })
+        .collect();
     let host_network = s.host_network.unwrap_or(false);
     let pod_ips: Vec<String> = if host_network && !input.host_ip.is_empty() {
         vec![input.host_ip.to_string()]
@@ -463,6 +471,7 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         qos_class: Some(qos_class(input.pod).into()),
         init_container_statuses: (!init.is_empty()).then_some(init),
         container_statuses: Some(app),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         observed_generation: generation,
         ..Default::default()
     }

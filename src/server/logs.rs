@@ -172,7 +172,7 @@ pub async fn locate(
             });
         }
     };
-    if !crate::pod::all_containers(spec).any(|c| c.name == container) {
+    if crate::pod::find_container(spec, &container).is_none() {
         return Err(Error::ContainerNotFound { pod, container });
     }
     let rt = runtime

@@ -11,7 +11,7 @@ use crate::control_plane::ControlPlane;
 
 /// The subset, by the full names of upstream's tests (each matched at its end): pods, probes,
 /// lifecycle hooks, ConfigMap/Secret/downward API/projected and emptyDir volumes, the container
-/// runtime's statuses and termination messages, logs and exec, active deadlines, OS admission.
+/// runtime's statuses and termination messages, logs and exec, active deadlines, OS admission, ephemeral containers.
 const SUBSET: &[&str] = &[
     "[sig-node] Pods should get a host IP [NodeConformance] [Conformance]",
     "[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
@@ -30,6 +30,8 @@ const SUBSET: &[&str] = &[
     "[sig-node] InitContainer [NodeConformance] should invoke init containers on a RestartNever pod [Conformance]",
     "[sig-node] Downward API should provide pod name, namespace and IP address as env vars [NodeConformance] [Conformance]",
     "[sig-node] Pods should allow activeDeadlineSeconds to be updated [NodeConformance] [Conformance]",
+    "[sig-node] Ephemeral Containers [NodeConformance] will start an ephemeral container in an existing pod [Conformance]",
+    "[sig-node] Ephemeral Containers [NodeConformance] should update the ephemeral containers in an existing pod [Conformance]",
     "[sig-node] PodOSRejection [NodeConformance] Kubelet [LinuxOnly] should reject pod when the node OS doesn't match pod's OS",
 ];
 
