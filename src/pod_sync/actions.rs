@@ -438,8 +438,7 @@ mod tests {
         let running = container(&p, "a1", "s1", "a", 0, ContainerState::Running, None);
         let mut rt = PodRuntime {
             sandboxes: vec![sb],
-            containers: vec![running.clone()],
-            ..Default::default()
+            containers: vec![running],
         };
         let plan = plan(&p, &rt, &ProbeView::default());
         assert_eq!(names(&plan), [("debugger", 0)]);
