@@ -119,7 +119,7 @@ build() {
     done
 }
 
-# e2e.test, ginkgo, agnhost and nnp (the nonewprivs image's program), beside the control plane.
+# e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program) and nc, beside the control plane.
 build_e2e() {
     local b name start
     export CGO_ENABLED=0 GOFLAGS=-mod=readonly
@@ -130,6 +130,11 @@ build_e2e() {
         (cd "$here/kube" && go test -c -trimpath -ldflags "$(kube_ldflags)" -o "$bindir/e2e.test.tmp" "$e2e_test_pkg")
         mv "$bindir/e2e.test.tmp" "$bindir/e2e.test"
         log "e2e.test built in $((SECONDS - start)) s"
+    fi
+    # Our own netcat stand-in for the test images (see kube/nc): rebuilt when its source changes.
+    if [[ ! $bindir/nc -nt $here/kube/nc/main.go ]]; then
+        (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$bindir/nc.tmp" ./nc)
+        mv "$bindir/nc.tmp" "$bindir/nc"
     fi
     for b in "${e2e_tools[@]}"; do
         name=${b%%=*}

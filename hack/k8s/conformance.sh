@@ -48,7 +48,7 @@ EOF
 # with the additions in image_args.
 IMAGES=$(cat <<'EOF'
 e2e-test-images/busybox:1.37.0-1	upstream's busybox image: the same busybox applets
-e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with a curl stand-in for plain GETs (upstream: on alpine with curl, dig, iperf)
+e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with stand-ins for curl (plain GETs) and netcat (TCP and UDP) (upstream: on alpine with curl, netcat, dig, iperf)
 e2e-test-images/agnhost:2.55	the previous agnhost (tests only change a pod's image to it): the same build
 e2e-test-images/nonroot:1.5	busybox with USER 1234, as upstream's
 e2e-test-images/nonewprivs:1.4	nnp built from this module, setuid root, as upstream's
@@ -64,7 +64,7 @@ image_args() { # name:tag bin -> mkimage.py busybox arguments
     case $1 in
         e2e-test-images/busybox:*) ARGS=() ;;
         e2e-test-images/agnhost:*) ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost
-            --add "$E2E_DIR/curl:usr/bin/curl:755"
+            --add "$E2E_DIR/curl:usr/bin/curl:755" --add "$2/nc:usr/bin/nc:755"
             --add "$AGNHOST_SRC/porter/localhost.crt:localhost.crt:644"
             --add "$AGNHOST_SRC/porter/localhost.key:localhost.key:600"
             --dir uploads --passwd "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh"
@@ -120,7 +120,7 @@ cmd_images() {
             archive=$TB/images/pause.tar
         else
             image_args "$name" "$bin"
-            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$E2E_DIR/curl"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
+            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$E2E_DIR/curl"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
             if [[ ! -s $archive || $(cat "$archive.stamp" 2>/dev/null) != "$stamp" ]]; then
                 log "building $name ($what)"
                 python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
