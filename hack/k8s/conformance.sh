@@ -9,7 +9,7 @@
 #                                [NodeConformance] tests and sig-node's [Conformance] tests;
 #                                OUT gets junit_01.xml, e2e.log, the nodes' logs and summary.md.
 #                                E2E_FOCUS / E2E_SKIP replace the focus and the skip list, E2E_PROCS
-#                                sets the parallel ginkgo processes (default 4), NODELET the binary.
+#                                sets the parallel ginkgo processes (default 8), NODELET the binary.
 #   conformance.sh summary OUT   (re)write OUT/summary.md from OUT/junit_01.xml
 #
 # The images are upstream's where upstream builds them from this module (agnhost, nnp) on
@@ -206,7 +206,7 @@ cmd_run() { # out [nodes]
     while IFS=$'\t' read -r pattern _; do skip+="${skip:+|}$pattern"; done <<<"$SKIPS"
     local start=$SECONDS
     set +e
-    "$bin/ginkgo" --procs="${E2E_PROCS:-4}" --timeout=3h --no-color --succinct \
+    "$bin/ginkgo" --procs="${E2E_PROCS:-8}" --timeout=3h --no-color --succinct \
         --focus="${E2E_FOCUS:-$FOCUS}" --skip="${E2E_SKIP-$skip}" \
         "$bin/e2e.test" -- \
         --kubeconfig "$KUBECONFIG" --kubectl-path "$BIN/kubectl" \

@@ -794,25 +794,42 @@ mod tests {
         assert_eq!(expand("$(A)-$(B)-$$(A)-$", &vars), "x-$(B)-$(A)-$");
     }
 
+    /// The input for the pod's first container, with nothing mounted and no addresses.
+    fn bare<'a>(
+        p: &'a Pod,
+        objects: &'a crate::objects::View,
+        ctx: &'a Context,
+    ) -> ContainerInput<'a> {
+        static NO_VOLUMES: std::sync::LazyLock<HashMap<String, crate::volumes::Mounted>> =
+            std::sync::LazyLock::new(HashMap::new);
+        static NO_SUB_PATHS: std::sync::LazyLock<HashMap<usize, PathBuf>> =
+            std::sync::LazyLock::new(HashMap::new);
+        ContainerInput {
+            pod: p,
+            container: &p.spec.as_ref().unwrap().containers[0],
+            init: false,
+            restart_count: 0,
+            image_ref: "i",
+            volumes: &NO_VOLUMES,
+            objects,
+            pod_ip: "",
+            host_ip: "",
+            node: &ctx.node,
+            termination_log: None,
+            etc_hosts: None,
+            sub_paths: &NO_SUB_PATHS,
+        }
+    }
+
     #[test]
     fn a_host_network_pod_sees_the_host_address_as_its_own() {
         let p = pod(
             "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  hostNetwork: true\n  containers:\n  - name: c\n    image: i\n    env:\n    - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}\n    - {name: HOST_IP, valueFrom: {fieldRef: {fieldPath: status.hostIP}}}\n",
         );
+        let (ctx, objects) = (ctx(), crate::objects::View::empty("default"));
         let env = environment(&ContainerInput {
-            pod: &p,
-            container: &p.spec.as_ref().unwrap().containers[0],
-            init: false,
-            restart_count: 0,
-            image_ref: "i",
-            volumes: &HashMap::new(),
-            objects: &crate::objects::View::empty("default"),
-            pod_ip: "",
             host_ip: "192.0.2.1",
-            node: &ctx().node,
-            termination_log: None,
-            etc_hosts: None,
-            sub_paths: &HashMap::new(),
+            ..bare(&p, &objects, &ctx)
         })
         .unwrap();
         assert_eq!(
@@ -830,22 +847,8 @@ mod tests {
             let p = pod(&format!(
                 "apiVersion: v1\nkind: Pod\nmetadata: {{name: web, annotations: {{{annotations}}}}}\nspec:\n  containers:\n  - name: c\n    image: i\n    env:\n    - {{name: POD_NAME, value: foo}}\n    - {{name: A, valueFrom: {{fieldRef: {{fieldPath: \"metadata.annotations['sub']\"}}}}}}\n    volumeMounts:\n    - {{name: v, mountPath: /all}}\n    - {{name: v, mountPath: /plain, subPath: x/y}}\n    - {{name: v, mountPath: /expr, subPathExpr: '{expr}'}}\n"
             ));
-            let c = &p.spec.as_ref().unwrap().containers[0];
-            sub_paths(&ContainerInput {
-                pod: &p,
-                container: c,
-                init: false,
-                restart_count: 0,
-                image_ref: "i",
-                volumes: &HashMap::new(),
-                objects: &crate::objects::View::empty("default"),
-                pod_ip: "",
-                host_ip: "",
-                node: &ctx().node,
-                termination_log: None,
-                etc_hosts: None,
-                sub_paths: &HashMap::new(),
-            })
+            let (ctx, objects) = (ctx(), crate::objects::View::empty("default"));
+            sub_paths(&bare(&p, &objects, &ctx))
         };
         assert_eq!(
             sub_paths_of("sub: mypath", "$(A)/$(POD_NAME)").unwrap(),

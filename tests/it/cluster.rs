@@ -14,8 +14,27 @@ use nodelet::pod::annotation;
 
 /// Starts nodelet as node `t-<test>` joined to `cp`, with quick status updates and a short
 /// lease (renewed every second), plus `extra` flags.
-pub async fn join(cp: &ControlPlane, test: &str, extra: &[&str]) -> Node {
+async fn join(cp: &ControlPlane, test: &str, extra: &[&str]) -> Node {
     join_on(&crate::bed::endpoint(), cp, test, extra).await
+}
+
+/// [`join`], serving the node API on a port of its own (returned) to the API server, which dials
+/// the node's InternalIP (loopback here) with its kubelet-client certificate, signed by the CA the
+/// node trusts.
+pub async fn join_serving(cp: &ControlPlane, test: &str, extra: &[&str]) -> (Node, String) {
+    let port = crate::bed::free_port().to_string();
+    let ca = cp.dir.join("pki/ca.crt").display().to_string();
+    let mut args = vec![
+        "--port",
+        &port,
+        "--client-ca-file",
+        &ca,
+        "--node-ip",
+        "127.0.0.1",
+    ];
+    args.extend_from_slice(extra);
+    let node = join(cp, test, &args).await;
+    (node, port)
 }
 
 /// [`join`] on the runtime at `endpoint`.
@@ -665,23 +684,7 @@ spec:
 #[tokio::test]
 async fn kubectl_logs_exec_and_port_forward_reach_pods_through_the_api_server() {
     let cp = ControlPlane::start("proxy", true).await;
-    let port = crate::bed::free_port().to_string();
-    let ca = cp.dir.join("pki/ca.crt").display().to_string();
-    // The API server dials the node's InternalIP: loopback here, and it presents its
-    // kubelet-client certificate, which the node's CA bundle accepts.
-    let node = join(
-        &cp,
-        "proxy",
-        &[
-            "--port",
-            &port,
-            "--client-ca-file",
-            &ca,
-            "--node-ip",
-            "127.0.0.1",
-        ],
-    )
-    .await;
+    let (node, _) = join_serving(&cp, "proxy", &[]).await;
     let web = format!(
         r#"
 apiVersion: v1
@@ -854,20 +857,10 @@ async fn node_api(port: &str, path: &str, token: Option<&str>) -> (u16, String) 
 #[tokio::test]
 async fn the_node_api_asks_the_api_server_who_may_do_what() {
     let cp = ControlPlane::start("webhook", true).await;
-    let port = crate::bed::free_port().to_string();
-    let ca = cp.dir.join("pki/ca.crt").display().to_string();
-    let node = join(
+    let (node, port) = join_serving(
         &cp,
         "webhook",
-        &[
-            "--port",
-            &port,
-            "--client-ca-file",
-            &ca,
-            "--node-ip",
-            "127.0.0.1",
-            "--authorization-webhook-cache-unauthorized-ttl=1s",
-        ],
+        &["--authorization-webhook-cache-unauthorized-ttl=1s"],
     )
     .await;
     cp.kubectl_ok(&["create", "serviceaccount", "reader"]).await;

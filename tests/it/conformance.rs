@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::bed::{eventually, testbed_dir};
-use crate::cluster::join;
+use crate::cluster::join_serving;
 use crate::control_plane::ControlPlane;
 
 /// The subset, by the full names of upstream's tests (each matched at its end): pods, probes,
@@ -50,23 +50,8 @@ fn literal(text: &str) -> String {
 #[tokio::test]
 async fn upstreams_node_conformance_subset_passes() {
     let cp = ControlPlane::start("conformance", true).await;
-    // The tests read logs and exec through the API server, which dials the node's InternalIP
-    // with its kubelet-client certificate.
-    let port = crate::bed::free_port().to_string();
-    let ca = cp.dir.join("pki/ca.crt").display().to_string();
-    let node = join(
-        &cp,
-        "conformance",
-        &[
-            "--port",
-            &port,
-            "--client-ca-file",
-            &ca,
-            "--node-ip",
-            "127.0.0.1",
-        ],
-    )
-    .await;
+    // The tests read logs and exec through the API server.
+    let (node, _) = join_serving(&cp, "conformance", &[]).await;
     let nodes = cp.nodes();
     eventually("the node Ready", Duration::from_secs(60), || async {
         let n = nodes.get_opt(&node.name).await.ok().flatten()?;
