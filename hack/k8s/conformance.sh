@@ -39,6 +39,7 @@ SKIPS=$(cat <<'EOF'
 \[Flaky\]	marked flaky upstream; not run by upstream's conformance jobs either.
 \[Feature:[^]]*\]	needs an optional feature (feature gates, special hardware or add-ons) this control plane does not turn on.
 \[Alpha\]|\[Beta\]	alpha or beta APIs behind feature gates this control plane leaves at their defaults.
+\[sig-node\] (ConfigMap|Secrets) should be consumable (via the environment|as environment variable names)	the test bed's busybox (Debian bookworm's 1.35) drops environment variables whose names are not shell identifiers (the tests' keys are data-1, ...) before `env` prints them; upstream's busybox 1.37 image keeps them.
 EOF
 )
 
@@ -48,7 +49,7 @@ EOF
 # with the additions in image_args.
 IMAGES=$(cat <<'EOF'
 e2e-test-images/busybox:1.37.0-1	upstream's busybox image: the same busybox applets
-e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with stand-ins for curl (plain GETs) and netcat (TCP and UDP) (upstream: on alpine with curl, netcat, dig, iperf)
+e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with stand-ins for curl (plain GETs), netcat (TCP and UDP) and bash (busybox sh) (upstream: on alpine with bash, curl, netcat, dig, iperf)
 e2e-test-images/agnhost:2.55	the previous agnhost (tests only change a pod's image to it): the same build
 e2e-test-images/nonroot:1.5	busybox with USER 1234, as upstream's
 e2e-test-images/nonewprivs:1.4	nnp built from this module, setuid root, as upstream's
@@ -65,6 +66,7 @@ image_args() { # name:tag bin -> mkimage.py busybox arguments
         e2e-test-images/busybox:*) ARGS=() ;;
         e2e-test-images/agnhost:*) ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost
             --add "$E2E_DIR/curl:usr/bin/curl:755" --add "$2/nc:usr/bin/nc:755"
+            --add "$E2E_DIR/bash:bin/bash:755"
             --add "$AGNHOST_SRC/porter/localhost.crt:localhost.crt:644"
             --add "$AGNHOST_SRC/porter/localhost.key:localhost.key:600"
             --dir uploads --passwd "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh"
@@ -84,8 +86,8 @@ push() { # archive ref
 }
 
 # The tests' hooks and dial helpers run `curl [options] URL` in agnhost containers: busybox
-# wget does those GETs.
-write_curl() {
+# wget does those GETs. Their scripts run under /bin/bash: busybox sh runs them.
+write_standins() {
     cat >"$E2E_DIR/curl.tmp" <<'CURL'
 #!/bin/sh
 # curl stand-in for upstream's e2e tests: GET the one URL, print the body.
@@ -102,13 +104,14 @@ done
 exec wget -q -O - "$url"
 CURL
     mv "$E2E_DIR/curl.tmp" "$E2E_DIR/curl"
+    printf '#!/bin/sh\n# bash stand-in for upstream'"'"'s e2e tests: busybox sh.\nexec /bin/sh "$@"\n' >"$E2E_DIR/bash"
 }
 
 cmd_images() {
     local bin name ref what archive stamp ARGS
     bin=$(bash "$here/build.sh" e2e)
     mkdir -p "$E2E_DIR"
-    write_curl
+    write_standins
     AGNHOST_SRC=$(cd "$here/kube" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)
     [[ -x $BUSYBOX_BIN ]] || die "no static busybox at $BUSYBOX_BIN (package busybox-static)"
     [[ -s $TB/images/pause.tar ]] || die "no pause image yet: run 'hack/testbed.sh images' first"
@@ -120,7 +123,7 @@ cmd_images() {
             archive=$TB/images/pause.tar
         else
             image_args "$name" "$bin"
-            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$E2E_DIR/curl"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
+            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$E2E_DIR/curl" "$E2E_DIR/bash"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
             if [[ ! -s $archive || $(cat "$archive.stamp" 2>/dev/null) != "$stamp" ]]; then
                 log "building $name ($what)"
                 python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
