@@ -85,9 +85,16 @@ pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
-/// The pod's termination grace period in seconds (30 when unset, as the API defaults it).
+/// The pod's termination grace period in seconds: the one its deletion asked for once it is
+/// being deleted (a delete may shorten it), else its spec's (30 when unset, as the API
+/// defaults it).
 pub fn grace_period_seconds(pod: &Pod) -> i64 {
-    spec(pod).termination_grace_period_seconds.unwrap_or(30)
+    let m = &pod.metadata;
+    m.deletion_timestamp
+        .as_ref()
+        .and(m.deletion_grace_period_seconds)
+        .or(spec(pod).termination_grace_period_seconds)
+        .unwrap_or(30)
 }
 
 /// The downward API's value of a `metadata.*` fieldRef (name, namespace, uid, and one label or

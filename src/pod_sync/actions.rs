@@ -32,6 +32,9 @@ pub struct Start {
     pub name: String,
     pub init: bool,
     pub restart_count: u32,
+    /// The running container whose process namespace an ephemeral container joins
+    /// (`targetContainerName`).
+    pub pid_target: Option<String>,
 }
 
 /// What one sync does, in order: kill the old pod, create a sandbox, kill containers, start
@@ -81,6 +84,7 @@ fn start(rt: &PodRuntime, c: &SpecContainer, init: bool) -> Start {
         name: c.name.clone(),
         init,
         restart_count: next_restart_count(rt, &c.name),
+        pid_target: None,
     }
 }
 
@@ -301,10 +305,29 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
     }
     // Ephemeral containers run once, as upstream: never restarted, nor started again in a new
     // sandbox.
+    // One that targets a container joins that container's process namespace, so it waits
+    // for the target to exist.
     for want in crate::pod::ephemeral_containers(s) {
-        if rt.latest_container(&want.name).is_none() {
-            plan.start.push(start(rt, &want, false));
+        if rt.latest_container(&want.name).is_some() {
+            continue;
         }
+        let target = s
+            .ephemeral_containers
+            .iter()
+            .flatten()
+            .find(|e| e.name == want.name)
+            .and_then(|e| e.target_container_name.as_deref());
+        let pid_target = match target {
+            None => None,
+            Some(name) => match rt.latest_container(name) {
+                Some(c) if c.state == ContainerState::Running => Some(c.id.clone()),
+                _ => continue,
+            },
+        };
+        plan.start.push(Start {
+            pid_target,
+            ..start(rt, &want, false)
+        });
     }
     plan
 }
@@ -442,6 +465,7 @@ mod tests {
         };
         let plan = plan(&p, &rt, &ProbeView::default());
         assert_eq!(names(&plan), [("debugger", 0)]);
+        assert_eq!(plan.start[0].pid_target.as_deref(), Some("a1"));
         rt.containers.insert(
             0,
             Container {
@@ -453,6 +477,29 @@ mod tests {
             },
         );
         assert!(super::plan(&p, &rt, &ProbeView::default()).start.is_empty());
+    }
+
+    #[test]
+    fn an_ephemeral_container_waits_for_its_target_to_run() {
+        let mut p = pod("Always", &[], &["a"]);
+        p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![serde_json::from_value(
+            serde_json::json!({"name": "debugger", "image": "busybox:1", "targetContainerName": "a"}),
+        )
+        .unwrap()]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(
+                &p,
+                "a1",
+                "s1",
+                "a",
+                0,
+                ContainerState::Exited,
+                Some(1),
+            )],
+        };
+        let plan = plan(&p, &rt, &ProbeView::default());
+        assert_eq!(names(&plan), [("a", 1)]);
     }
 
     #[test]

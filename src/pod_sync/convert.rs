@@ -258,6 +258,8 @@ pub struct ContainerInput<'a> {
     pub etc_hosts: Option<&'a std::path::Path>,
     /// The host paths of the container's subPath mounts, by volumeMount index.
     pub sub_paths: &'a HashMap<usize, PathBuf>,
+    /// The container whose process namespace this one joins.
+    pub pid_target: Option<&'a str>,
 }
 
 /// May `name` be an environment variable's name (printable ASCII without '=', as upstream
@@ -550,7 +552,7 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
-        linux: Some(linux_config(pod, c, input.node.memory)),
+        linux: Some(linux_config(pod, c, input)),
         ..Default::default()
     })
 }
@@ -572,7 +574,7 @@ fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri:
     }
 }
 
-fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContainerConfig {
+fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxContainerConfig {
     let (requests, limits) = (false, true);
     let quantity = |limits: bool, key: &str| container_quantity(c, limits, key);
     let mut resources = cri::LinuxContainerResources {
@@ -589,7 +591,7 @@ fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContain
     if let Some(mem) = quantity(limits, "memory") {
         resources.memory_limit_in_bytes = mem as i64;
     }
-    resources.oom_score_adj = super::resources::oom_score_adj(pod, c, node_memory);
+    resources.oom_score_adj = super::resources::oom_score_adj(pod, c, input.node.memory);
     let pod_sc = spec(pod).security_context.as_ref();
     let sc = c.security_context.as_ref();
     let run_as_user = sc
@@ -608,7 +610,14 @@ fn linux_config(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContain
                 ..Default::default()
             }),
             privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
-            namespace_options: Some(namespace_options(pod)),
+            namespace_options: Some(match input.pid_target {
+                Some(target) => cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Target as i32,
+                    target_id: target.to_string(),
+                    ..namespace_options(pod)
+                },
+                None => namespace_options(pod),
+            }),
             run_as_user: run_as_user.map(|value| cri::Int64Value { value }),
             run_as_group: run_as_group.map(|value| cri::Int64Value { value }),
             readonly_rootfs: sc
@@ -752,20 +761,14 @@ mod tests {
     fn container_config_expands_env_and_labels_everything() {
         let p = pod(POD);
         let c = &p.spec.as_ref().unwrap().containers[0];
+        let (ctx, objects) = (ctx(), crate::objects::View::empty("default"));
         let cfg = container_config(&ContainerInput {
-            pod: &p,
-            container: c,
-            init: false,
             restart_count: 3,
             image_ref: "sha256:abc",
-            volumes: &HashMap::new(),
-            objects: &crate::objects::View::empty("default"),
             pod_ip: "10.0.0.2",
             host_ip: "192.0.2.1",
-            node: &ctx().node,
             termination_log: Some(std::path::Path::new("/r/pods/u/containers/c/abc")),
-            etc_hosts: None,
-            sub_paths: &HashMap::new(),
+            ..bare(&p, &objects, &ctx)
         })
         .unwrap();
         assert_eq!(cfg.command[2], "echo hello-world $HOME");
@@ -818,6 +821,7 @@ mod tests {
             termination_log: None,
             etc_hosts: None,
             sub_paths: &NO_SUB_PATHS,
+            pid_target: None,
         }
     }
 
@@ -880,22 +884,8 @@ mod tests {
             "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: c\n    image: i\n    envFrom: [{configMapRef: {name: cfg}, prefix: CFG_}, {configMapRef: {name: cfg}}]\n    env:\n    - {name: A, value: 'own-$(CFG_MODE)'}\n    - {name: PW, valueFrom: {secretKeyRef: {name: creds, key: password}}}\n    - {name: OPT, valueFrom: {configMapKeyRef: {name: missing, key: k, optional: true}}}\n",
         );
         let view = reader.view(&p);
-        let c = &p.spec.as_ref().unwrap().containers[0];
-        let input = ContainerInput {
-            pod: &p,
-            container: c,
-            init: false,
-            restart_count: 0,
-            image_ref: "i",
-            volumes: &HashMap::new(),
-            objects: &view,
-            pod_ip: "",
-            host_ip: "",
-            node: &ctx().node,
-            termination_log: None,
-            etc_hosts: None,
-            sub_paths: &HashMap::new(),
-        };
+        let ctx = ctx();
+        let input = bare(&p, &view, &ctx);
         let env = environment(&input).unwrap();
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, ["CFG_A", "CFG_MODE", "A", "MODE", "PW"]);

@@ -713,6 +713,7 @@ impl Syncer {
             termination_log: Some(&termination_log),
             etc_hosts: Some(&etc_hosts),
             sub_paths: &no_sub_paths,
+            pid_target: start.pid_target.as_deref(),
         };
         let sub_paths = self.mount_sub_paths(&input)?;
         input.sub_paths = &sub_paths;

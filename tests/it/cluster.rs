@@ -416,6 +416,41 @@ spec:
     cp.kubectl_ok(&["delete", "pod", "greedy", "--wait=false"])
         .await;
     cp.wait_pod_gone("default", "greedy").await;
+
+    // A delete may shorten the grace period: its preStop hook and the container's stop get
+    // what the delete asked for, not the ten minutes of the spec.
+    let shortened = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: shortened
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 600
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, "trap '' TERM; while true; do sleep 1; done"]
+    lifecycle:
+      preStop:
+        sleep: {{seconds: 600}}
+"#
+    );
+    pods.create(&PostParams::default(), &bound_pod(&shortened, &node.name))
+        .await
+        .expect("create the pod");
+    cp.wait_pod("default", "shortened", "Running", |p| phase(p) == "Running")
+        .await;
+    cp.kubectl_ok(&[
+        "delete",
+        "pod",
+        "shortened",
+        "--grace-period=3",
+        "--wait=false",
+    ])
+    .await;
+    cp.wait_pod_gone("default", "shortened").await;
     node.finish().await;
 }
 
@@ -770,6 +805,30 @@ spec:
     .await;
     assert!(page.contains("200"), "{page}");
     let _ = forward.kill().await;
+
+    // kubectl debug --target: an ephemeral container in the target's process namespace.
+    cp.kubectl_ok(&[
+        "debug",
+        "web",
+        &format!("--image={BUSYBOX}"),
+        "--image-pull-policy=IfNotPresent",
+        "--target=c",
+        "--container=dbg",
+        "--",
+        "ps",
+    ])
+    .await;
+    let ps = eventually(
+        "the debug container's ps",
+        Duration::from_secs(60),
+        || async {
+            let out = cp.kubectl(&["logs", "web", "-c", "dbg"]).await;
+            let out = String::from_utf8_lossy(&out.stdout).into_owned();
+            out.contains("httpd -f -p 8080").then_some(out)
+        },
+    )
+    .await;
+    assert!(ps.contains("ps"), "{ps}");
     node.finish().await;
 }
 
