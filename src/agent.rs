@@ -86,6 +86,8 @@ pub(crate) struct Core {
     allocatable: crate::types::Allocatable,
     /// The runtime's name and version, as it reports them.
     runtime_version: (String, String),
+    /// The Services for the containers' service links, filled in cluster mode.
+    services: crate::service_links::Store,
 }
 
 impl Core {
@@ -203,7 +205,12 @@ impl Core {
             tracker.clone(),
             cancel.clone(),
         ));
-        let (objects_writer, objects) = crate::objects::store(config.static_pod_url_local_secrets);
+        let services = match config.kubeconfig {
+            Some(_) => crate::service_links::Store::unlisted(),
+            None => crate::service_links::Store::standalone(),
+        };
+        let (objects_writer, objects) =
+            crate::objects::store(config.static_pod_url_local_secrets, services.clone());
         let puller = crate::images::Puller::new(
             runtime.clone(),
             crate::images::Config {
@@ -278,6 +285,7 @@ impl Core {
             capacity,
             allocatable,
             runtime_version: (version.runtime_name, version.runtime_version),
+            services,
         }))
     }
 
@@ -504,6 +512,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             desired: core.sync_loop.desired(),
             snapshots: snapshots_tx.clone(),
             recorder: core.recorder.clone(),
+            services: core.services.clone(),
         };
         crate::cluster::start(cluster, clients, handles, &core.tracker, &cancel);
     }

@@ -5,8 +5,9 @@
 //! desired state and hands each pod to its worker in `pod_workers`; a worker runs `pod_sync`,
 //! which plans the pod's actions and carries them out through `runtime` (CRI).
 //!
-//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod` and
-//! `objects` (the ConfigMaps and Secrets beside static pods) are leaves; `config`, `runtime`,
+//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod`,
+//! `service_links` (the Services containers learn of through their environment) and `objects`
+//! (the ConfigMaps and Secrets beside static pods, which carries the service links) are leaves; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
 //! `log_rotation` and `eviction` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
@@ -36,6 +37,7 @@ pub mod probe;
 pub mod run_once;
 pub mod runtime;
 pub mod server;
+pub mod service_links;
 pub mod sources;
 pub mod status;
 pub mod sync_loop;

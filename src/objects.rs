@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 
 use crate::pod::{ANNOTATION_CONFIG_SOURCE, is_config_key, is_dns1123_subdomain, spec};
+use crate::service_links;
 use crate::types::Source;
 
 /// The most data one ConfigMap or Secret may hold, as upstream.
@@ -266,11 +267,13 @@ pub struct Writer {
 pub struct Reader {
     state: Arc<RwLock<HashMap<Source, Set>>>,
     url_local_secrets: bool,
+    services: service_links::Store,
 }
 
 /// A new, empty store. With `url_local_secrets` (`--manifest-url-local-secrets`), pods from
-/// the manifest URL may use the manifest directory's Secrets.
-pub fn store(url_local_secrets: bool) -> (Writer, Reader) {
+/// the manifest URL may use the manifest directory's Secrets. Views also carry the Services
+/// of `services`, for the containers' service links.
+pub fn store(url_local_secrets: bool, services: service_links::Store) -> (Writer, Reader) {
     let state = Arc::new(RwLock::new(HashMap::new()));
     (
         Writer {
@@ -279,6 +282,7 @@ pub fn store(url_local_secrets: bool) -> (Writer, Reader) {
         Reader {
             state,
             url_local_secrets,
+            services,
         },
     )
 }
@@ -339,6 +343,7 @@ impl Reader {
                 .iter()
                 .filter_map(|(s, secrets)| Some((state.get(s).cloned()?, *secrets)))
                 .collect(),
+            services: self.services.get(),
         }
     }
 }
@@ -348,15 +353,25 @@ pub struct View {
     namespace: String,
     /// In lookup order, each with whether its Secrets may be used.
     sets: Vec<(Set, bool)>,
+    /// The node's Services; `None` before the API server's were listed once.
+    services: Option<Arc<Vec<service_links::Service>>>,
 }
 
 impl View {
-    /// A view with no objects, for pods that use none.
+    /// A view with no objects and no Services, for pods that use none.
     pub fn empty(namespace: &str) -> View {
         View {
             namespace: namespace.into(),
             sets: Vec::new(),
+            services: Some(Arc::default()),
         }
+    }
+
+    /// The service link variables of a pod in this view's namespace; `None` before the API
+    /// server's Services were listed once.
+    pub fn service_links(&self, enable_links: bool) -> Option<Vec<(String, String)>> {
+        let all = self.services.as_ref()?;
+        Some(service_links::variables(all, &self.namespace, enable_links))
     }
 
     /// The object of this kind and name in the pod's namespace.
@@ -483,7 +498,7 @@ mod tests {
 
     #[test]
     fn replace_reports_changes_and_views_prefer_the_pods_source() {
-        let (writer, reader) = store(false);
+        let (writer, reader) = store(false, crate::service_links::Store::standalone());
         let a = cm("metadata: {name: a}\ndata: {k: file}\n").unwrap();
         let b = cm("metadata: {name: b}\ndata: {k: v}\n").unwrap();
         let changed = writer.replace(Source::File, vec![a.clone(), b.clone()]);
@@ -535,7 +550,7 @@ mod tests {
             !found(&reader, "file", "remote"),
             "a URL's Secret filled in for a file pod"
         );
-        let (opened, allowing) = store(true);
+        let (opened, allowing) = store(true, service_links::Store::standalone());
         opened.replace(Source::File, vec![sec("local")]);
         assert!(found(&allowing, "http", "local"));
     }

@@ -12,6 +12,7 @@ pub mod node;
 pub mod objects;
 pub mod pods;
 pub mod review;
+pub mod services;
 pub mod status;
 
 use std::path::PathBuf;
@@ -72,6 +73,8 @@ pub struct Handles {
     pub desired: watch::Receiver<Desired>,
     pub snapshots: mpsc::Sender<SourceSnapshot>,
     pub recorder: crate::events::Recorder,
+    /// Where the Services go, for the containers' service links.
+    pub services: crate::service_links::Store,
 }
 
 /// The agent's API clients, each paced on its own as upstream keeps them apart (a flood of one
@@ -139,6 +142,11 @@ pub fn start(
         cancel.clone(),
     );
     tracker.spawn(watch);
+    tracker.spawn(services::run(
+        client.clone(),
+        handles.services,
+        cancel.clone(),
+    ));
     tracker.spawn(status::run(
         client.clone(),
         handles.statuses,

@@ -292,14 +292,26 @@ fn object_key(
 }
 
 /// The container's environment in upstream order: envFrom sources first, then env (a later
-/// name replaces an earlier one in place). Only `value`s are expanded, against the variables
-/// defined before them.
+/// name replaces an earlier one in place), then the service links that neither defines. Only
+/// `value`s are expanded, against the variables defined before them and the service links.
 fn environment(input: &ContainerInput<'_>) -> Result<Vec<(String, String)>, String> {
     let ContainerInput {
         pod, container: c, ..
     } = *input;
+    let enable_links = spec(pod).enable_service_links.unwrap_or(true);
+    // An API pod waits for the first list of Services, as upstream, so that it never starts
+    // without KUBERNETES_SERVICE_HOST; a static pod does not depend on the API server.
+    let links = match input.objects.service_links(enable_links) {
+        Some(links) => links,
+        None if crate::pod::source(pod) == Some(crate::types::Source::Api) => {
+            return Err(
+                "services have not yet been read at least once, cannot construct envvars".into(),
+            );
+        }
+        None => Vec::new(),
+    };
     let mut envs: Vec<(String, String)> = Vec::new();
-    let mut vars: HashMap<String, String> = HashMap::new();
+    let mut vars: HashMap<String, String> = links.iter().cloned().collect();
     let set = |envs: &mut Vec<(String, String)>,
                vars: &mut HashMap<String, String>,
                name: String,
@@ -372,6 +384,8 @@ fn environment(input: &ContainerInput<'_>) -> Result<Vec<(String, String)>, Stri
         };
         set(&mut envs, &mut vars, e.name.clone(), value);
     }
+    let defined: std::collections::HashSet<String> = envs.iter().map(|(n, _)| n.clone()).collect();
+    envs.extend(links.into_iter().filter(|(n, _)| !defined.contains(n)));
     Ok(envs)
 }
 
@@ -868,7 +882,8 @@ mod tests {
 
     #[test]
     fn env_from_objects_follows_upstream_order_and_errors() {
-        let (writer, reader) = crate::objects::store(false);
+        let (writer, reader) =
+            crate::objects::store(false, crate::service_links::Store::standalone());
         let cm = crate::objects::config_map(
             serde_yaml_ng::from_str("metadata: {name: cfg}\ndata: {MODE: fast, A: from-cm}\n")
                 .unwrap(),

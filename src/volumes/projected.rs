@@ -223,7 +223,8 @@ mod tests {
 
     #[test]
     fn items_pick_keys_and_modes_and_missing_ones_fail_unless_optional() {
-        let (writer, reader) = crate::objects::store(false);
+        let (writer, reader) =
+            crate::objects::store(false, crate::service_links::Store::standalone());
         let cm = crate::objects::config_map(
             serde_yaml_ng::from_str("metadata: {name: cm}\ndata: {a: '1', b: '2'}\n").unwrap(),
         )

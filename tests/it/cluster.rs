@@ -583,7 +583,8 @@ fn kubectl_binary(cp: &ControlPlane) -> String {
 }
 
 #[tokio::test]
-async fn a_deployment_runs_through_the_scheduler_with_its_token_configmap_and_secret() {
+async fn a_deployment_runs_through_the_scheduler_with_its_token_configmap_secret_and_service_links()
+{
     let cp = ControlPlane::start("deploy", true).await;
     let node = join(&cp, "deploy", &[]).await;
     let env = std::fs::read_to_string(cp.dir.join("env")).expect("the cluster env");
@@ -601,6 +602,11 @@ apiVersion: v1
 kind: Secret
 metadata: {name: creds}
 stringData: {password: s3cret}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {selector: {app: web}, ports: [{name: http, port: 80}]}
 "#;
     let file = cp.dir.join("deploy-objects.yaml");
     std::fs::write(&file, config).expect("write the objects");
@@ -642,6 +648,7 @@ spec:
           sa=/var/run/secrets/kubernetes.io/serviceaccount
           /kubectl --server={server} --token="$(cat $sa/token)" --certificate-authority=$sa/ca.crt auth whoami -o jsonpath='whoami={{.status.userInfo.username}}{{"\n"}}'
           echo "password=$PASSWORD"
+          echo "links=$KUBERNETES_SERVICE_PORT,$WEB_SERVICE_PORT_HTTP,$WEB_PORT_80_TCP_PROTO"
           trap 'exit 0' TERM
           while true; do echo "greeting=$(cat /settings/greeting)"; sleep 1; done
 "#,
@@ -693,6 +700,10 @@ spec:
         "the token did not authenticate the pod: {log}"
     );
     assert!(log.contains("password=s3cret"), "{log}");
+    assert!(
+        log.contains("links=443,80,tcp"),
+        "no service links for the API server and the namespace's Service: {log}"
+    );
 
     // A ConfigMap update reaches the running pods' volumes.
     cp.kubectl_ok(&[

@@ -10,11 +10,13 @@ use crate::cluster::join_serving;
 use crate::control_plane::ControlPlane;
 
 /// The subset, by the full names of upstream's tests (each matched at its end): pods, probes,
-/// lifecycle hooks, ConfigMap/Secret/downward API/projected and emptyDir volumes, the container
-/// runtime's statuses and termination messages, logs and exec, active deadlines, OS admission, ephemeral containers.
+/// service links, lifecycle hooks, ConfigMap/Secret/downward API/projected and emptyDir volumes,
+/// the container runtime's statuses and termination messages, logs and exec, active deadlines,
+/// OS admission, ephemeral containers.
 const SUBSET: &[&str] = &[
     "[sig-node] Pods should get a host IP [NodeConformance] [Conformance]",
     "[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
+    "[sig-node] Pods should contain environment variables for services [NodeConformance] [Conformance]",
     "[sig-node] Probing container should be restarted with a /healthz http liveness probe [NodeConformance] [Conformance]",
     "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart http hook properly [NodeConformance] [Conformance]",
     "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute prestop exec hook properly [NodeConformance] [Conformance]",
