@@ -82,9 +82,11 @@ pub struct PodLimits {
     pub memory: Option<i64>,
 }
 
-/// CPU shares for `cores` of cpu (1024 per core, at least 2).
+/// CPU shares for `cores` of cpu: 1024 per core, from whole millicores rounded down as upstream
+/// computes them (25m is 25 shares), at least 2.
 pub fn shares(cores: f64) -> u64 {
-    ((cores * 1024.0).round() as u64).clamp(2, MAX_SHARES)
+    let milli = (cores * 1000.0).round().max(0.0) as u64;
+    (milli * 1024 / 1000).clamp(2, MAX_SHARES)
 }
 
 /// The largest cpu.shares the kernel takes (cgroup v1).
@@ -287,10 +289,36 @@ impl Manager {
     /// Creates the pod's cgroup with its limits, or writes them again when they changed or the
     /// cgroup went missing.
     pub fn ensure_pod(&self, pod: &Pod) -> Result<()> {
+        self.ensure_pod_limits(pod, pod_limits(pod))
+    }
+
+    /// Before the pod's containers are resized: its cgroup's cpu quota and memory limit become
+    /// the larger of the old and the new ones, so that neither a container's new limit (above
+    /// the old) nor the pod's new limit (below a container's old) is refused; `ensure_pod`
+    /// after the resize sets the new ones.
+    pub fn widen_pod(&self, pod: &Pod) -> Result<()> {
         let Some(path) = self.pod_path(pod) else {
             return Ok(());
         };
-        let limits = pod_limits(pod);
+        let Some(old) = self.applied().get(&path).copied() else {
+            return Ok(());
+        };
+        let new = pod_limits(pod);
+        let larger = |a: Option<i64>, b: Option<i64>| Some(a?.max(b?));
+        self.ensure_pod_limits(
+            pod,
+            PodLimits {
+                cpu_shares: new.cpu_shares,
+                cpu_quota: larger(old.cpu_quota, new.cpu_quota),
+                memory: larger(old.memory, new.memory),
+            },
+        )
+    }
+
+    fn ensure_pod_limits(&self, pod: &Pod, limits: PodLimits) -> Result<()> {
+        let Some(path) = self.pod_path(pod) else {
+            return Ok(());
+        };
         if self.applied().get(&path) == Some(&limits)
             && Cgroup::load(self.hierarchy(), path.as_str()).exists()
         {
@@ -525,6 +553,15 @@ mod tests {
             pod_pids_limit: None,
         });
         assert_eq!(flat.pod_parent(&b), "/r");
+    }
+
+    #[test]
+    fn cpu_shares_round_down_from_millicores_as_upstream() {
+        assert_eq!(shares(0.025), 25);
+        assert_eq!(shares(0.15), 153);
+        assert_eq!(shares(1.0), 1024);
+        assert_eq!(shares(0.0), 2);
+        assert_eq!(shares(1000.0), MAX_SHARES);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Container as SpecContainer, Pod};
 
+use super::convert::{ResourcesDigest, resources_digest};
 use crate::pod::{container_hash, spec};
 use crate::runtime::{Container, ContainerState, PodRuntime, SandboxState};
 
@@ -37,6 +38,13 @@ pub struct Start {
     pub pid_target: Option<String>,
 }
 
+/// A running container to resize in place to its spec's resources.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resize {
+    pub id: String,
+    pub name: String,
+}
+
 /// What one sync does, in order: kill the old pod, create a sandbox, kill containers, start
 /// containers, collect dead ones.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,6 +57,8 @@ pub struct Plan {
     pub sandbox_id: Option<String>,
     pub kill: Vec<Kill>,
     pub start: Vec<Start>,
+    /// Running containers whose cgroup limits change in place (an in-place resize).
+    pub resize: Vec<Resize>,
     /// Dead containers no longer needed (older attempts, old sandboxes).
     pub remove_containers: Vec<String>,
     /// Old, not ready sandboxes.
@@ -64,6 +74,7 @@ impl Plan {
             && self.create_sandbox.is_none()
             && self.kill.is_empty()
             && self.start.is_empty()
+            && self.resize.is_empty()
             && self.remove_containers.is_empty()
             && self.remove_sandboxes.is_empty()
             && self.stop_sandbox.is_none()
@@ -234,6 +245,8 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
                         plan.start.push(start(rt, init, true));
                     } else if !initialized && probes.unstarted.contains(&c.id) {
                         return plan;
+                    } else {
+                        resize(&mut plan, rt, c, init, true);
                     }
                 }
                 _ if app_done => {}
@@ -290,6 +303,8 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
                     if policy != "Never" {
                         plan.start.push(start(rt, want, false));
                     }
+                } else {
+                    resize(&mut plan, rt, c, want, false);
                 }
             }
             ContainerState::Exited => {
@@ -330,6 +345,39 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
         });
     }
     plan
+}
+
+/// A running container whose spec's resources differ from the limits it runs with is resized
+/// in place; or restarted, where its `resizePolicy` says so for a resource that changed. One
+/// created without a recorded digest is left alone.
+fn resize(plan: &mut Plan, rt: &PodRuntime, c: &Container, want: &SpecContainer, init: bool) {
+    let Some(have) = ResourcesDigest::decode(&c.resources) else {
+        return;
+    };
+    let wanted = resources_digest(want);
+    if have == wanted {
+        return;
+    }
+    let restarts_on = |resource: &str| {
+        want.resize_policy
+            .iter()
+            .flatten()
+            .any(|p| p.resource_name == resource && p.restart_policy == "RestartContainer")
+    };
+    if (have.cpu != wanted.cpu && restarts_on("cpu"))
+        || (have.memory != wanted.memory && restarts_on("memory"))
+    {
+        plan.kill.push(kill(
+            c,
+            "its resources changed and its resize policy restarts it",
+        ));
+        plan.start.push(start(rt, want, init));
+    } else {
+        plan.resize.push(Resize {
+            id: c.id.clone(),
+            name: c.name.clone(),
+        });
+    }
 }
 
 fn kill(c: &Container, reason: &str) -> Kill {
@@ -450,13 +498,19 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn an_ephemeral_container_starts_once_and_is_never_restarted() {
+    /// A pod with app container `a` and an ephemeral container `debugger` that targets it.
+    fn debugged_pod() -> Pod {
         let mut p = pod("Always", &[], &["a"]);
         p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![serde_json::from_value(
             serde_json::json!({"name": "debugger", "image": "busybox:1", "targetContainerName": "a"}),
         )
         .unwrap()]);
+        p
+    }
+
+    #[test]
+    fn an_ephemeral_container_starts_once_and_is_never_restarted() {
+        let p = debugged_pod();
         let sb = sandbox("s1", 0, true);
         let running = container(&p, "a1", "s1", "a", 0, ContainerState::Running, None);
         let mut rt = PodRuntime {
@@ -481,11 +535,7 @@ mod tests {
 
     #[test]
     fn an_ephemeral_container_waits_for_its_target_to_run() {
-        let mut p = pod("Always", &[], &["a"]);
-        p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![serde_json::from_value(
-            serde_json::json!({"name": "debugger", "image": "busybox:1", "targetContainerName": "a"}),
-        )
-        .unwrap()]);
+        let p = debugged_pod();
         let rt = PodRuntime {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![container(
@@ -499,6 +549,89 @@ mod tests {
             )],
         };
         let plan = plan(&p, &rt, &ProbeView::default());
+        assert_eq!(names(&plan), [("a", 1)]);
+    }
+
+    /// A pod whose container `a` has `resources` and `resizePolicy`, and the runtime running
+    /// `a` with the limits of `running_with`.
+    fn resized(
+        resources: serde_json::Value,
+        policy: serde_json::Value,
+        running_with: serde_json::Value,
+    ) -> (Pod, PodRuntime) {
+        let mut p = pod("Always", &[], &["a"]);
+        let a = &mut p.spec.as_mut().unwrap().containers[0];
+        a.resources = serde_json::from_value(resources).unwrap();
+        a.resize_policy = serde_json::from_value(policy).unwrap();
+        let mut before = a.clone();
+        before.resources = serde_json::from_value(running_with).unwrap();
+        let mut c = container(&p, "a1", "s1", "a", 0, ContainerState::Running, None);
+        c.resources = resources_digest(&before).encode();
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![c],
+        };
+        (p, rt)
+    }
+
+    #[test]
+    fn changed_resources_resize_a_running_container_in_place() {
+        let limits =
+            |cpu: &str, mem: &str| serde_json::json!({"limits": {"cpu": cpu, "memory": mem}});
+        let (p, rt) = resized(
+            limits("200m", "64Mi"),
+            serde_json::json!(null),
+            limits("100m", "64Mi"),
+        );
+        let plan = plan(&p, &rt, &ProbeView::default());
+        assert!(plan.kill.is_empty() && plan.start.is_empty(), "{plan:?}");
+        assert_eq!(
+            plan.resize,
+            [Resize {
+                id: "a1".into(),
+                name: "a".into()
+            }]
+        );
+
+        // The same limits written another way change nothing.
+        let (p, rt) = resized(
+            limits("1", "1Gi"),
+            serde_json::json!(null),
+            limits("1000m", "1024Mi"),
+        );
+        assert!(super::plan(&p, &rt, &ProbeView::default()).is_empty());
+
+        // A container whose limits were not recorded is left alone.
+        let (p, mut rt) = resized(
+            limits("1", "1Gi"),
+            serde_json::json!(null),
+            limits("2", "1Gi"),
+        );
+        rt.containers[0].resources.clear();
+        assert!(super::plan(&p, &rt, &ProbeView::default()).is_empty());
+    }
+
+    #[test]
+    fn a_resize_policy_of_restart_restarts_the_container_for_its_resource_only() {
+        let limits =
+            |cpu: &str, mem: &str| serde_json::json!({"limits": {"cpu": cpu, "memory": mem}});
+        let policy = serde_json::json!([
+            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+            {"resourceName": "memory", "restartPolicy": "RestartContainer"},
+        ]);
+        let (p, rt) = resized(
+            limits("200m", "64Mi"),
+            policy.clone(),
+            limits("100m", "64Mi"),
+        );
+        let plan = plan(&p, &rt, &ProbeView::default());
+        assert!(plan.kill.is_empty(), "{plan:?}");
+        assert_eq!(plan.resize.len(), 1);
+
+        let (p, rt) = resized(limits("100m", "128Mi"), policy, limits("100m", "64Mi"));
+        let plan = super::plan(&p, &rt, &ProbeView::default());
+        assert!(plan.resize.is_empty(), "{plan:?}");
+        assert_eq!(plan.kill[0].id, "a1");
         assert_eq!(names(&plan), [("a", 1)]);
     }
 

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use crate::objects::Kind;
 use crate::pod::{container_hash, container_quantity, grace_period_seconds, spec};
 use crate::runtime::{
-    ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ANNOTATION_RESTART_COUNT,
-    ANNOTATION_TERMINATION_GRACE, ANNOTATION_TERMINATION_MESSAGE_PATH,
+    ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ANNOTATION_RESOURCES,
+    ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_GRACE, ANNOTATION_TERMINATION_MESSAGE_PATH,
     ANNOTATION_TERMINATION_MESSAGE_POLICY, LABEL_CONTAINER_NAME, LABEL_POD_NAME,
     LABEL_POD_NAMESPACE, LABEL_POD_UID, cri,
 };
@@ -525,6 +525,10 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         grace_period_seconds(pod).to_string(),
     );
     annotations.insert(
+        ANNOTATION_RESOURCES.to_string(),
+        resources_digest(c).encode(),
+    );
+    annotations.insert(
         "io.kubernetes.container.type".to_string(),
         if input.init { "init" } else { "container" }.to_string(),
     );
@@ -588,7 +592,9 @@ fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri:
     }
 }
 
-fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxContainerConfig {
+/// The container's cgroup limits and OOM score: cpu shares from its cpu request, a CFS quota
+/// from its cpu limit, a memory limit.
+pub fn linux_resources(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContainerResources {
     let (requests, limits) = (false, true);
     let quantity = |limits: bool, key: &str| container_quantity(c, limits, key);
     let mut resources = cri::LinuxContainerResources {
@@ -605,7 +611,46 @@ fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxC
     if let Some(mem) = quantity(limits, "memory") {
         resources.memory_limit_in_bytes = mem as i64;
     }
-    resources.oom_score_adj = super::resources::oom_score_adj(pod, c, input.node.memory);
+    resources.oom_score_adj = super::resources::oom_score_adj(pod, c, node_memory);
+    resources
+}
+
+/// What the container's cgroup limits come from, as a digest recorded on the container: its cpu
+/// part, then its memory part. Equal digests mean equal limits, however the quantities were
+/// written (`1` and `1000m`).
+pub fn resources_digest(c: &Container) -> ResourcesDigest {
+    let r = linux_resources(&Pod::default(), c, 0.0);
+    ResourcesDigest {
+        cpu: format!("{}/{}", r.cpu_shares, r.cpu_quota),
+        memory: r.memory_limit_in_bytes.to_string(),
+    }
+}
+
+/// See [`resources_digest`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourcesDigest {
+    pub cpu: String,
+    pub memory: String,
+}
+
+impl ResourcesDigest {
+    /// The annotation's form.
+    pub fn encode(&self) -> String {
+        format!("cpu={};memory={}", self.cpu, self.memory)
+    }
+
+    /// From the annotation's form; `None` for anything else.
+    pub fn decode(text: &str) -> Option<ResourcesDigest> {
+        let (cpu, memory) = text.split_once(';')?;
+        Some(ResourcesDigest {
+            cpu: cpu.strip_prefix("cpu=")?.to_string(),
+            memory: memory.strip_prefix("memory=")?.to_string(),
+        })
+    }
+}
+
+fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxContainerConfig {
+    let resources = linux_resources(pod, c, input.node.memory);
     let pod_sc = spec(pod).security_context.as_ref();
     let sc = c.security_context.as_ref();
     let run_as_user = sc

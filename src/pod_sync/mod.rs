@@ -109,6 +109,8 @@ pub struct Syncer {
     /// Sandboxes of the runtime left alone because their pod's identity is no safe path part
     /// (each is reported once).
     refused: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Containers resized in place since they were created: their resources digest now.
+    resized: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
@@ -160,6 +162,7 @@ impl Syncer {
             waiting: Default::default(),
             backoff: std::sync::Mutex::new(backoff),
             refused: Default::default(),
+            resized: Default::default(),
         }
     }
 
@@ -426,9 +429,17 @@ impl Syncer {
         // listings were a third of the agent's runtime calls. The wait delays only what the
         // sync reads (the status of what the last one started), never a start of its own.
         let listed = self.cache.newer(&uid, RELIST_WAIT).await;
-        let rt = self.details(listed, &uid).await?;
+        let mut rt = self.details(listed, &uid).await?;
         if self.rejected(pod, &rt) {
             return Ok(None);
+        }
+        {
+            let resized = self.resized.lock().unwrap_or_else(|e| e.into_inner());
+            for c in &mut rt.containers {
+                if let Some(digest) = resized.get(&c.id) {
+                    c.resources.clone_from(digest);
+                }
+            }
         }
         let plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
@@ -463,6 +474,12 @@ impl Syncer {
                 crate::types::error_chain(e),
             )
         })?;
+        if !plan.resize.is_empty() {
+            self.cgroups.widen_pod(pod)?;
+            for r in &plan.resize {
+                self.resize(pod, r).await?;
+            }
+        }
         self.cgroups.ensure_pod(pod)?;
         let host_dns = network::host_dns(self.ctx.resolv_conf.as_deref());
         let (dns, dns_warnings) = network::dns_config(pod, &host_dns, &self.ctx.cluster_dns);
@@ -801,8 +818,30 @@ impl Syncer {
         }
     }
 
+    /// Resizes a running container in place to its spec's resources.
+    async fn resize(&self, pod: &Pod, r: &actions::Resize) -> Result<(), Error> {
+        let Some(want) = crate::pod::all_containers(spec(pod)).find(|c| c.name == r.name) else {
+            return Ok(());
+        };
+        let resources = convert::linux_resources(pod, want, self.ctx.node.memory);
+        self.runtime
+            .update_container_resources(&r.id, resources)
+            .await?;
+        let digest = convert::resources_digest(want).encode();
+        tracing::info!(pod = %full_name(pod), container = %r.name, resources = %digest, "resized container in place");
+        self.resized
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(r.id.clone(), digest);
+        Ok(())
+    }
+
     async fn remove_container(&self, pod: &Pod, rt: &PodRuntime, id: &str) -> Result<(), Error> {
         ignore_not_found(self.runtime.remove_container(id).await)?;
+        self.resized
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
         // Its logs go with it, as upstream: the log file, its rotated files and its
         // /var/log/containers link; only under names that stay inside the log directories.
         let named = |c: &&crate::runtime::Container| {

@@ -151,6 +151,10 @@ fn container_status(
         state: Some(state),
         last_state: Some(last.unwrap_or_default()),
         stop_signal: want.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
+        // A container the runtime has runs with its spec's resources (resized in place when
+        // they change); as upstream, a container not created yet reports none.
+        resources: latest.map(|_| want.resources.clone().unwrap_or_default()),
+        allocated_resources: latest.and_then(|_| want.resources.as_ref()?.requests.clone()),
         ..Default::default()
     }
 }

@@ -32,6 +32,9 @@ pub const ANNOTATION_TERMINATION_MESSAGE_POLICY: &str =
     "io.kubernetes.container.terminationMessagePolicy";
 /// CRI annotation: the pod's termination grace period in seconds.
 pub const ANNOTATION_TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+/// CRI annotation: the cgroup limits the container was created with (see
+/// `pod_sync::convert::resources_digest`), so an in-place resize knows what changed.
+pub const ANNOTATION_RESOURCES: &str = "nodelet.io/resources";
 /// Sandbox annotation naming the node agent that owns the sandbox, so agents sharing one runtime
 /// (tests, several nodes on one host) never collect each other's pods.
 pub const ANNOTATION_NODE_NAME: &str = "nodelet.io/node-name";
@@ -106,6 +109,8 @@ pub struct Container {
     pub termination_message_policy: String,
     /// The pod's termination grace period recorded at creation, for pods no longer desired.
     pub grace_seconds: Option<i64>,
+    /// The digest of the cgroup limits it was created with (empty when not recorded).
+    pub resources: String,
 }
 
 /// Everything the runtime holds for one pod UID.
@@ -179,6 +184,11 @@ fn container_from_cri(c: cri::Container) -> Container {
             .annotations
             .get(ANNOTATION_TERMINATION_GRACE)
             .and_then(|g| g.parse().ok()),
+        resources: c
+            .annotations
+            .get(ANNOTATION_RESOURCES)
+            .cloned()
+            .unwrap_or_default(),
     }
 }
 

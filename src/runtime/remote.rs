@@ -428,6 +428,27 @@ impl RuntimeClient {
             .map(drop)
     }
 
+    /// Changes a running container's cgroup limits in place (an in-place resize).
+    pub async fn update_container_resources(
+        &self,
+        id: &str,
+        resources: cri::LinuxContainerResources,
+    ) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::UpdateContainerResourcesRequest {
+            container_id: id.into(),
+            linux: Some(resources),
+            ..Default::default()
+        };
+        self.call(
+            "UpdateContainerResources",
+            self.timeout,
+            c.update_container_resources(req),
+        )
+        .await
+        .map(drop)
+    }
+
     pub async fn remove_container(&self, id: &str) -> Result<()> {
         let mut c = self.runtime.clone();
         let req = cri::RemoveContainerRequest {

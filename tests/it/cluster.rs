@@ -844,6 +844,131 @@ spec:
 }
 
 #[tokio::test]
+async fn a_pod_is_resized_in_place_and_restarted_only_where_its_resize_policy_says() {
+    let cp = ControlPlane::start("resize", true).await;
+    let (node, _) = join_serving(&cp, "resize", &[]).await;
+    let pod = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: resized}}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, "trap 'exit 0' TERM; while true; do sleep 1; done"]
+    resources:
+      requests: {{cpu: 100m, memory: 32Mi}}
+      limits: {{cpu: 200m, memory: 64Mi}}
+    resizePolicy:
+    - {{resourceName: memory, restartPolicy: RestartContainer}}
+"#
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&pod, &node.name))
+        .await
+        .expect("create the pod");
+    let status_of = |p: &Pod| {
+        p.status
+            .clone()
+            .unwrap_or_default()
+            .container_statuses
+            .unwrap_or_default()
+    };
+    let before = cp
+        .wait_pod("default", "resized", "Running and Ready", |p| {
+            phase(p) == "Running" && condition(p, "Ready")
+        })
+        .await;
+    let first = status_of(&before)[0].clone();
+    let limit = |s: &k8s_openapi::api::core::v1::ContainerStatus, r: &str| {
+        s.resources
+            .as_ref()
+            .and_then(|x| x.limits.as_ref())
+            .and_then(|l| l.get(r))
+            .map(|q| q.0.clone())
+    };
+    assert_eq!(limit(&first, "cpu").as_deref(), Some("200m"));
+    let cgroup = |file: &'static str| {
+        let cp = &cp;
+        async move {
+            let out = cp.kubectl(&["exec", "resized", "--", "cat", file]).await;
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        }
+    };
+    assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await, "20000");
+
+    // cpu changes in place: the same container, its cgroup and status follow.
+    cp.kubectl_ok(&[
+        "patch", "pod", "resized", "--subresource", "resize", "-p",
+        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m"}}}]}}"#,
+    ])
+    .await;
+    eventually(
+        "the cpu resize in the container's cgroup",
+        Duration::from_secs(60),
+        || async {
+            (cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await == "30000"
+                && cgroup("/sys/fs/cgroup/cpu/cpu.shares").await == "153")
+                .then_some(())
+        },
+    )
+    .await;
+    let after = cp
+        .wait_pod("default", "resized", "the cpu resize in the status", |p| {
+            let s = status_of(p);
+            s.first().and_then(|s| limit(s, "cpu")).as_deref() == Some("300m")
+                && p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation
+        })
+        .await;
+    let resized = status_of(&after)[0].clone();
+    assert_eq!(
+        resized.container_id, first.container_id,
+        "a cpu resize restarted the container"
+    );
+    assert_eq!(resized.restart_count, 0);
+    assert_eq!(
+        resized
+            .allocated_resources
+            .and_then(|a| a.get("cpu").map(|q| q.0.clone()))
+            .as_deref(),
+        Some("150m")
+    );
+
+    // memory's resize policy restarts the container.
+    cp.kubectl_ok(&[
+        "patch",
+        "pod",
+        "resized",
+        "--subresource",
+        "resize",
+        "-p",
+        r#"{"spec":{"containers":[{"name":"c","resources":{"limits":{"memory":"96Mi"}}}]}}"#,
+    ])
+    .await;
+    let restarted = cp
+        .wait_pod(
+            "default",
+            "resized",
+            "restarted with the new memory limit",
+            |p| {
+                let s = status_of(p);
+                s.first().is_some_and(|s| s.restart_count == 1 && s.ready)
+                    && s.first().and_then(|s| limit(s, "memory")).as_deref() == Some("96Mi")
+            },
+        )
+        .await;
+    assert_ne!(status_of(&restarted)[0].container_id, first.container_id);
+    assert_eq!(
+        cgroup("/sys/fs/cgroup/memory/memory.limit_in_bytes").await,
+        (96 * 1024 * 1024).to_string()
+    );
+    node.finish().await;
+}
+
+#[tokio::test]
 async fn an_api_pod_pulls_a_private_image_with_its_image_pull_secret() {
     use base64::Engine as _;
     let reg = crate::bed::registry(true);
