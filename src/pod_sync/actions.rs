@@ -203,14 +203,27 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
     };
     collect_garbage(rt, &current.id, &mut plan);
 
-    // Once every regular init container succeeded the pod is initialized for good: init
-    // containers are not run again, and only sidecars are kept running.
-    let initialized = s
+    // Once every regular init container succeeded and every sidecar started (its startup probe
+    // passed), or once an app container ran, the pod is initialized for good: init containers
+    // are not run again, and only sidecars are kept running.
+    let regular_done = s
         .init_containers
         .iter()
         .flatten()
         .filter(|c| !is_sidecar(c))
         .all(|c| in_sandbox(&c.name).is_some_and(exited_ok));
+    let sidecars_started = s
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| is_sidecar(c))
+        .all(|c| {
+            in_sandbox(&c.name).is_some_and(|c| {
+                c.state == ContainerState::Running && !probes.unstarted.contains(&c.id)
+            })
+        });
+    let app_started = s.containers.iter().any(|c| in_sandbox(&c.name).is_some());
+    let initialized = regular_done && (sidecars_started || app_started);
     let app_done = policy != "Always"
         && s.containers.iter().all(|c| {
             in_sandbox(&c.name)
@@ -807,6 +820,29 @@ mod tests {
         );
         assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("i2", 1)]);
         rt.containers[0] = container(&p, "c2", "s1", "i2", 0, ContainerState::Exited, Some(0));
+        assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("a", 0)]);
+    }
+
+    #[test]
+    fn app_containers_wait_for_a_lone_sidecars_startup_probe() {
+        let p = pod("Always", &["+side"], &["a"]);
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(
+                &p,
+                "c1",
+                "s1",
+                "side",
+                0,
+                ContainerState::Running,
+                None,
+            )],
+        };
+        let unstarted = ProbeView {
+            unstarted: ["c1".to_string()].into(),
+            ..Default::default()
+        };
+        assert!(plan(&p, &rt, &unstarted).start.is_empty());
         assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("a", 0)]);
     }
 

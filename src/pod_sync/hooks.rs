@@ -79,7 +79,7 @@ pub async fn run(
         pod_ip: host,
         ports: &ports,
     };
-    probe::attempt(&as_probe, &target, runtime).await
+    probe::attempt(&as_probe, &target, runtime).await.map(drop)
 }
 
 /// Stops a container gracefully: its preStop hook first (cut at the grace deadline), then the

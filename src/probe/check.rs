@@ -60,12 +60,16 @@ fn output(stdout: &[u8], stderr: &[u8]) -> String {
     crate::types::printable(text.trim()).into_owned()
 }
 
+/// A successful attempt that has something to say (upstream's probe.Warning): an HTTP probe
+/// redirected to another host, whose redirect is not followed.
+pub type Warning = Option<String>;
+
 /// Runs one attempt; `Err` carries the failure's description.
 pub async fn attempt(
     probe: &Probe,
     target: &Target<'_>,
     runtime: &RuntimeClient,
-) -> Result<(), String> {
+) -> Result<Warning, String> {
     let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
     if let Some(exec) = &probe.exec {
         let cmd = exec.command.clone().unwrap_or_default();
@@ -74,7 +78,7 @@ pub async fn attempt(
             .await
             .map_err(|e| e.to_string())?;
         return if out.exit_code == 0 {
-            Ok(())
+            Ok(None)
         } else {
             Err(format!(
                 "exit code {}: {}",
@@ -113,7 +117,7 @@ pub async fn attempt(
         let connect = async move {
             TcpStream::connect((host.as_str(), port))
                 .await
-                .map(drop)
+                .map(|_| None)
                 .map_err(|e| format!("dial tcp {host}:{port}: {e}"))
         };
         return bounded(timeout, connect).await;
@@ -121,15 +125,16 @@ pub async fn attempt(
     if let Some(grpc) = &probe.grpc {
         let addr = format!("http://{}:{}", bracket(target.pod_ip), grpc.port);
         let service = grpc.service.clone().unwrap_or_default();
-        return bounded(timeout, grpc_check(addr, service)).await;
+        let check = async move { grpc_check(addr, service).await.map(|()| None) };
+        return bounded(timeout, check).await;
     }
     Err("the probe has no handler".into())
 }
 
 async fn bounded(
     timeout: Duration,
-    fut: impl Future<Output = Result<(), String>>,
-) -> Result<(), String> {
+    fut: impl Future<Output = Result<Warning, String>>,
+) -> Result<Warning, String> {
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
         Err(_) => Err(format!("timed out after {timeout:?}")),
@@ -145,14 +150,14 @@ fn bracket(host: &str) -> String {
 }
 
 /// GET with upstream's rules: 200-399 is success; redirects are followed (up to 10) only to the
-/// same host, a redirect elsewhere counts as success.
+/// same host, a redirect elsewhere counts as success with a warning that carries its body.
 async fn http_get(
     tls: bool,
     host: String,
     port: u16,
     mut path: String,
     headers: Vec<(String, String)>,
-) -> Result<(), String> {
+) -> Result<Warning, String> {
     let scheme = if tls { "https" } else { "http" };
     for _ in 0..10 {
         let stream = TcpStream::connect((host.as_str(), port))
@@ -171,7 +176,7 @@ async fn http_get(
             get_once(stream, &host, port, &path, &headers).await?
         };
         match reply {
-            (300..=399, Some(loc)) => {
+            (300..=399, Some(loc), body) => {
                 let same_host = [
                     format!("{scheme}://{host}:{port}"),
                     format!("{scheme}://{host}"),
@@ -190,11 +195,13 @@ async fn http_get(
                 } else if loc.starts_with('/') {
                     path = loc;
                 } else {
-                    return Ok(());
+                    return Ok(Some(format!(
+                        "Probe terminated redirects, Response body: {body}"
+                    )));
                 }
             }
-            (200..=399, _) => return Ok(()),
-            (code, _) => return Err(format!("HTTP probe failed with statuscode: {code}")),
+            (200..=399, ..) => return Ok(None),
+            (code, ..) => return Err(format!("HTTP probe failed with statuscode: {code}")),
         }
     }
     Err("stopped after 10 redirects".into())
@@ -269,13 +276,15 @@ impl ServerCertVerifier for AcceptAnyCertificate {
     }
 }
 
+/// One GET: the status code, the Location header and the body's first 10 KiB (as upstream
+/// keeps it).
 async fn get_once(
     mut stream: impl AsyncRead + AsyncWrite + Unpin,
     host: &str,
     port: u16,
     path: &str,
     headers: &[(String, String)],
-) -> Result<(u16, Option<String>), String> {
+) -> Result<(u16, Option<String>, String), String> {
     let mut request = format!("GET {path} HTTP/1.1\r\n");
     let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     if !has("Host") {
@@ -304,6 +313,19 @@ async fn get_once(
         }
         head.extend_from_slice(&buf[..n]);
     }
+    let body_at = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(head.len(), |i| i + 4);
+    let mut body = head.split_off(body_at);
+    while body.len() < MAX_OUTPUT {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => body.extend_from_slice(&buf[..n]),
+        }
+    }
+    body.truncate(MAX_OUTPUT);
+    let body = String::from_utf8_lossy(&body).into_owned();
     let text = String::from_utf8_lossy(&head);
     let mut lines = text.split("\r\n");
     let code = lines
@@ -318,7 +340,7 @@ async fn get_once(
                 .filter(|(k, _)| k.trim().eq_ignore_ascii_case("location"))
         })
         .map(|(_, v)| v.trim().to_string());
-    Ok((code, location))
+    Ok((code, location, body))
 }
 
 async fn grpc_check(addr: String, service: String) -> Result<(), String> {
@@ -370,5 +392,39 @@ mod tests {
         assert_eq!(port(&IntOrString::String("81".into()), &ports), Ok(81));
         assert!(port(&IntOrString::String("nope".into()), &ports).is_err());
         assert!(port(&IntOrString::Int(0), &ports).is_err());
+    }
+
+    /// A loopback server answering each connection with the next of `replies`.
+    async fn serve(replies: Vec<&'static str>) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            for reply in replies {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut request = [0u8; 4096];
+                let _ = conn.read(&mut request).await;
+                let _ = conn.write_all(reply.as_bytes()).await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn http_probes_follow_same_host_redirects_and_warn_about_others() {
+        let elsewhere = "HTTP/1.1 302 Found\r\nLocation: http://0.0.0.0/\r\n\r\n<a href=\"http://0.0.0.0/\">Found</a>.\n";
+        let port = serve(vec![elsewhere]).await;
+        let got = http_get(false, "127.0.0.1".into(), port, "/redirect".into(), vec![]).await;
+        assert_eq!(
+            got,
+            Ok(Some(
+                "Probe terminated redirects, Response body: <a href=\"http://0.0.0.0/\">Found</a>.\n".into()
+            ))
+        );
+
+        let here = "HTTP/1.1 301 Moved\r\nLocation: /healthz\r\n\r\n";
+        let broken = "HTTP/1.1 500 Oops\r\n\r\n";
+        let port = serve(vec![here, broken]).await;
+        let got = http_get(false, "127.0.0.1".into(), port, "/".into(), vec![]).await;
+        assert_eq!(got, Err("HTTP probe failed with statuscode: 500".into()));
     }
 }

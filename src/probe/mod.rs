@@ -159,6 +159,8 @@ impl Manager {
             keep
         });
         for c in running.values() {
+            // The container's startup worker wakes its other workers when it succeeds.
+            let started = Arc::new(tokio::sync::Notify::new());
             // App containers and sidecars are probed; run-to-completion init containers are not.
             let Some(want) = s
                 .containers
@@ -197,6 +199,7 @@ impl Manager {
                     pod_ip: pod_ip.to_string(),
                     kind,
                     probe: probe.clone(),
+                    started: started.clone(),
                 };
                 self.tracker.spawn(worker.run(token));
             }
@@ -229,6 +232,8 @@ struct Worker {
     pod_ip: String,
     kind: Kind,
     probe: Probe,
+    /// Notified when the container's startup probe succeeds.
+    started: Arc<tokio::sync::Notify>,
 }
 
 impl Worker {
@@ -249,12 +254,21 @@ impl Worker {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut successes, mut failures) = (0u32, 0u32);
         let ports = self.container.ports.clone().unwrap_or_default();
+        // Gated by the startup probe, a worker probes at once when it succeeds, as upstream
+        // (a readiness probe with a long period does not hold readiness back for a period).
+        let mut gated = false;
         loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = ticker.tick() => {}
+            let started = self.started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
+            if !gated || self.results.get(&self.container_id, Kind::Startup) != Some(true) {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = ticker.tick() => {}
+                    _ = started, if gated => {}
+                }
             }
-            let gated = self.kind != Kind::Startup
+            gated = self.kind != Kind::Startup
                 && self.container.startup_probe.is_some()
                 && self.results.get(&self.container_id, Kind::Startup) != Some(true);
             if gated {
@@ -280,9 +294,16 @@ impl Worker {
                 took: began.elapsed(),
             });
             match &outcome {
-                Ok(()) => {
+                Ok(warning) => {
                     successes += 1;
                     failures = 0;
+                    if let Some(warning) = warning {
+                        self.events.warning(
+                            self.target.clone(),
+                            "ProbeWarning",
+                            format!("{} probe warning: {warning}", self.kind.metric_name()),
+                        );
+                    }
                 }
                 Err(why) => {
                     failures += 1;
@@ -304,6 +325,9 @@ impl Worker {
             let Some(success) = result else { continue };
             if !self.results.set(&self.container_id, self.kind, success) {
                 continue;
+            }
+            if self.kind == Kind::Startup && success {
+                self.started.notify_waiters();
             }
             let _ = self.updates.send(Update {
                 uid: self.uid.clone(),

@@ -18,6 +18,7 @@ const SUBSET: &[&str] = &[
     "[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
     "[sig-node] Pods should contain environment variables for services [NodeConformance] [Conformance]",
     "[sig-node] Probing container should be restarted with a /healthz http liveness probe [NodeConformance] [Conformance]",
+    "[sig-node] [NodeConformance] [FeatureGate:SidecarContainers] Probing restartable init container should be ready immediately after startupProbe succeeds",
     "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart http hook properly [NodeConformance] [Conformance]",
     "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute prestop exec hook properly [NodeConformance] [Conformance]",
     "[sig-storage] ConfigMap should be consumable from pods in volume with mappings [NodeConformance] [Conformance]",
