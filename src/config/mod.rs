@@ -229,9 +229,9 @@ impl Config {
             },
             // What the API client speaks, whichever was asked for (both are accepted).
             "contentType": "application/json",
-            "kubeAPIQPS": self.kube_api_qps,
+            "kubeAPIQPS": int32(self.kube_api_qps),
             "kubeAPIBurst": self.kube_api_burst,
-            "eventRecordQPS": self.event_record_qps,
+            "eventRecordQPS": int32(self.event_record_qps),
             "eventBurst": self.event_burst,
             "registerNode": self.register_node,
             "registerWithTaints": self.register_with_taints.iter().map(|t| serde_json::json!({
@@ -254,7 +254,7 @@ impl Config {
             "imageMinimumGCAge": d(self.image_minimum_gc_age),
             "serializeImagePulls": self.serialize_image_pulls,
             "maxParallelImagePulls": self.max_parallel_image_pulls,
-            "registryPullQPS": self.registry_pull_qps,
+            "registryPullQPS": int32(self.registry_pull_qps),
             "registryBurst": self.registry_burst,
             "kubeReserved": self.kube_reserved,
             "systemReserved": self.system_reserved,
@@ -273,6 +273,11 @@ impl Config {
         }
         config
     }
+}
+
+/// A rate as upstream's KubeletConfiguration types it (int32): its clients read /configz.
+fn int32(rate: f64) -> i32 {
+    rate.round().clamp(f64::from(i32::MIN), f64::from(i32::MAX)) as i32
 }
 
 /// A byte count as a quantity in the largest binary unit that divides it (`10Mi`).
@@ -965,6 +970,20 @@ mod tests {
             .map(|f| f.name)
             .collect();
         assert!(missing.is_empty(), "/configz lacks {missing:?}");
+        // Upstream's clients decode /configz into KubeletConfiguration, whose numbers (but
+        // memoryThrottlingFactor, not shown) are integers: 50.0 fails to decode.
+        let config = c.kubelet_configuration();
+        let floats: Vec<&String> = shown
+            .iter()
+            .filter(|k| {
+                let v = k.split('.').try_fold(&config, |v, part| v.get(part));
+                v.is_some_and(|v| v.is_f64())
+            })
+            .collect();
+        assert!(
+            floats.is_empty(),
+            "/configz has non-integer numbers at {floats:?}"
+        );
     }
 
     #[test]
