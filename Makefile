@@ -19,7 +19,7 @@ TESTBED := bash hack/testbed.sh
 # The upstream control plane's binaries, built from Go modules and cached by version.
 K8S_BIN = $(shell bash hack/k8s/build.sh bin)
 
-.PHONY: help deps runtime-up images registries e2e-images runtime-down k8s nextest check unit build test run cluster conformance bench fuzz clean
+.PHONY: help deps runtime-up images registries e2e-images runtime-down k8s nextest check unit build test run cluster conformance conformance-node bench fuzz clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
@@ -36,6 +36,7 @@ help:
 	@echo "make run           run nodelet in the foreground against the test bed"
 	@echo "make cluster       a control plane plus one nodelet joined to it, in the foreground"
 	@echo "make conformance   upstream's node conformance tests against nodelet (long; target/conformance)"
+	@echo "make conformance-node  upstream's node e2e suite against a running nodelet node (target/conformance-node)"
 	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench)"
 	@echo "make fuzz          run the cargo-fuzz target over manifest decoding (FUZZ_SECONDS, default 300)"
 	@echo "make clean         cargo clean"
@@ -123,6 +124,12 @@ cluster: deps k8s runtime-up images build
 CONFORMANCE_NODES ?= 1
 conformance: deps k8s runtime-up images registries e2e-images build
 	@status=0; bash hack/k8s/conformance.sh run $(CURDIR)/target/conformance $(CONFORMANCE_NODES) || status=$$?; \
+	$(TESTBED) down || true; exit $$status
+
+# Upstream's node e2e suite (e2e_node.test): its [NodeConformance] tests against one running
+# nodelet node; the results land in target/conformance-node.
+conformance-node: deps k8s runtime-up images registries e2e-images build
+	@status=0; bash hack/k8s/conformance.sh node $(CURDIR)/target/conformance-node || status=$$?; \
 	$(TESTBED) down || true; exit $$status
 
 # BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60".

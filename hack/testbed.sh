@@ -49,6 +49,7 @@ NET_NAME=nodelet-testbed
 (( NET == 0 )) || NET_NAME=nodelet-testbed-$NET
 BRIDGE=nodelet$NET
 SUBNET=10.$((213 + NET)).0.0/16
+GATEWAY=10.$((213 + NET)).0.1        # the bridge's own address (the CNI bridge plugin's gateway)
 BEDS=$TB/beds                        # the test beds of other nodes (NET > 0), each in a dir
 CRI_NS=k8s.io
 PAUSE_REF=localhost/pause:local
@@ -786,8 +787,18 @@ cmd_up() {
         touch "$DIRTY"
         start_containerd "$CONFIG"
     fi
+    bridge_up
     images
     log "up"
+}
+
+# The bridge with its gateway address from the start (the CNI plugin would make it with the
+# first pod): a local address that is not loopback, for nodes the API server must reach through
+# its proxy, which refuses loopback addresses.
+bridge_up() {
+    ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+    ip -4 addr show dev "$BRIDGE" | grep -q " $GATEWAY/" || ip addr add "$GATEWAY/16" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
 }
 
 cmd_down() {
@@ -827,6 +838,7 @@ cmd_images() {
 cmd_env() {
     echo "NODELET_TEST_ENDPOINT=unix://$SOCK"
     echo "NODELET_TESTBED=$TB"
+    echo "NODELET_TEST_NODE_IP=$GATEWAY"
     bash "$HERE/registry.sh" env
 }
 

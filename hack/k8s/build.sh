@@ -6,6 +6,7 @@
 #
 #   hack/k8s/build.sh bin      print the directory holding the control plane, building what is missing
 #   hack/k8s/build.sh e2e      the same for the conformance tests (same directory)
+#   hack/k8s/build.sh e2e-node the same, and upstream's node e2e suite (e2e_node.test)
 #   hack/k8s/build.sh update   regenerate kube/go.mod and etcd/go.mod (after changing a version)
 #
 # A warm run finds every binary in the cache and builds nothing.
@@ -23,8 +24,10 @@ ETCD_VERSION=v3.6.16
 cache=${NODELET_CACHE:-${HOME:-/root}/.cache/nodelet}
 bindir="$cache/k8s/$K8S_VERSION-etcd$ETCD_VERSION/bin"
 kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-# The conformance tests: binary name and package. e2e.test is a test binary (`go test -c`).
+# The conformance tests: binary name and package. e2e.test and e2e_node.test are test
+# binaries (`go test -c`).
 e2e_test_pkg=k8s.io/kubernetes/test/e2e
+e2e_node_pkg=k8s.io/kubernetes/test/e2e_node
 e2e_tools=(ginkgo=github.com/onsi/ginkgo/v2/ginkgo agnhost=k8s.io/kubernetes/test/images/agnhost
     nnp=k8s.io/kubernetes/test/images/nonewprivs)
 
@@ -64,8 +67,9 @@ update() {
     mv "$tmp" "$here/kube/go.mod"
     rm -f "$here/kube/go.sum"
     # tidy keeps the sums of our tools' imports, not those of a dependency's tests: load the
-    # e2e test package once so go.sum has what `go test -c` needs.
-    (cd "$here/kube" && go mod tidy && go list -mod=mod -test -deps "$e2e_test_pkg" >/dev/null)
+    # e2e test packages once so go.sum has what `go test -c` needs.
+    (cd "$here/kube" && go mod tidy &&
+        go list -mod=mod -test -deps "$e2e_test_pkg" "$e2e_node_pkg" >/dev/null)
 
     log "regenerating etcd/go.mod for etcd $ETCD_VERSION"
     cat > "$here/etcd/go.mod" <<MOD
@@ -119,18 +123,22 @@ build() {
     done
 }
 
+# One test binary (`go test -c`) of package $2 as $bindir/$1, unless cached.
+build_test_binary() {
+    local start=$SECONDS
+    [[ -x $bindir/$1 ]] && return
+    log "building $1 $K8S_VERSION"
+    (cd "$here/kube" && go test -c -trimpath -ldflags "$(kube_ldflags)" -o "$bindir/$1.tmp" "$2")
+    mv "$bindir/$1.tmp" "$bindir/$1"
+    log "$1 built in $((SECONDS - start)) s"
+}
+
 # e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program) and nc, beside the control plane.
 build_e2e() {
     local b name start
     export CGO_ENABLED=0 GOFLAGS=-mod=readonly
     mkdir -p "$bindir"
-    if [[ ! -x $bindir/e2e.test ]]; then
-        start=$SECONDS
-        log "building e2e.test $K8S_VERSION"
-        (cd "$here/kube" && go test -c -trimpath -ldflags "$(kube_ldflags)" -o "$bindir/e2e.test.tmp" "$e2e_test_pkg")
-        mv "$bindir/e2e.test.tmp" "$bindir/e2e.test"
-        log "e2e.test built in $((SECONDS - start)) s"
-    fi
+    build_test_binary e2e.test "$e2e_test_pkg"
     # Our own netcat stand-in for the test images (see kube/nc): rebuilt when its source changes.
     if [[ ! $bindir/nc -nt $here/kube/nc/main.go ]]; then
         (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$bindir/nc.tmp" ./nc)
@@ -150,6 +158,11 @@ build_e2e() {
 case ${1:-} in
     bin) build; echo "$bindir" ;;
     e2e) build_e2e; echo "$bindir" ;;
+    e2e-node)
+        build_e2e
+        build_test_binary e2e_node.test "$e2e_node_pkg"
+        echo "$bindir"
+        ;;
     update) update ;;
-    *) echo "usage: $0 bin|e2e|update" >&2; exit 2 ;;
+    *) echo "usage: $0 bin|e2e|e2e-node|update" >&2; exit 2 ;;
 esac

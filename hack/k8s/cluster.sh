@@ -4,7 +4,10 @@
 #
 #   cluster.sh up DIR [--controllers]   start a control plane in DIR (its own data, ports, PKI);
 #                                       NODE_MONITOR_GRACE sets the controller manager's
-#                                       --node-monitor-grace-period (default 40s)
+#                                       --node-monitor-grace-period (default 40s),
+#                                       ENABLE_ADMISSION / DISABLE_ADMISSION the API server's
+#                                       admission plugins turned on (default NodeRestriction,
+#                                       ServiceAccount) and off (default none)
 #   cluster.sh node DIR NAME            write DIR/nodes/NAME.kubeconfig: the identity of node NAME
 #                                       (CN=system:node:NAME, O=system:nodes)
 #   cluster.sh stop DIR COMPONENT       stop one component (etcd, kube-apiserver, ...)
@@ -144,7 +147,8 @@ component_args() { # dir component
             --api-audiences https://kubernetes.default.svc.cluster.local
             --service-cluster-ip-range "$SERVICE_CIDR"
             --authorization-mode "Node,RBAC"
-            --enable-admission-plugins "NodeRestriction,ServiceAccount"
+            --enable-admission-plugins "$ENABLE_ADMISSION"
+            --disable-admission-plugins "$DISABLE_ADMISSION"
             --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt"
             --kubelet-client-key "$pki/apiserver-kubelet-client.key"
             --kubelet-preferred-address-types "InternalIP,Hostname"
@@ -230,6 +234,8 @@ SERVER=https://127.0.0.1:$APISERVER_PORT
 KUBECONFIG=$dir/admin.kubeconfig
 CA=$dir/pki/ca.crt
 NODE_MONITOR_GRACE=${NODE_MONITOR_GRACE:-40s}
+ENABLE_ADMISSION=${ENABLE_ADMISSION:-NodeRestriction,ServiceAccount}
+DISABLE_ADMISSION=${DISABLE_ADMISSION:-}
 EOF
     make_pki "$dir/pki"
     kubeconfig "$dir" admin admin

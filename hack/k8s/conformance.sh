@@ -10,6 +10,8 @@
 #                                OUT gets junit_01.xml, e2e.log, the nodes' logs and summary.md.
 #                                E2E_FOCUS / E2E_SKIP replace the focus and the skip list, E2E_PROCS
 #                                sets the parallel ginkgo processes (default 8), NODELET the binary.
+#   conformance.sh node OUT      one nodelet node, then upstream's node e2e suite (e2e_node.test)
+#                                against it: its [NodeConformance] tests, with the same skip list
 #   conformance.sh summary OUT   (re)write OUT/summary.md from OUT/junit_01.xml
 #
 # The images are upstream's where upstream builds them from this module (agnhost, nnp) on
@@ -39,6 +41,7 @@ SKIPS=$(cat <<'EOF'
 \[Flaky\]	marked flaky upstream; not run by upstream's conformance jobs either.
 \[Feature:[^]]*\]	needs an optional feature (feature gates, special hardware or add-ons) this control plane does not turn on.
 \[Alpha\]|\[Beta\]	alpha or beta APIs behind feature gates this control plane leaves at their defaults.
+\[sig-node\] PrivilegedPod \[NodeConformance\] should enable privileged commands	creates a dummy network link (ip link add dummy1 type dummy); this machine's kernel has no dummy link type (no module to load), so the command fails for any node agent.
 \[sig-node\] (ConfigMap|Secrets) should be consumable (via the environment|as environment variable names)	the test bed's busybox (Debian bookworm's 1.35) drops environment variables whose names are not shell identifiers (the tests' keys are data-1, ...) before `env` prints them; upstream's busybox 1.37 image keeps them.
 EOF
 )
@@ -49,7 +52,7 @@ EOF
 # with the additions in image_args.
 IMAGES=$(cat <<'EOF'
 e2e-test-images/busybox:1.37.0-1	upstream's busybox image: the same busybox applets
-e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with stand-ins for curl (plain GETs), netcat (TCP and UDP) and bash (busybox sh) (upstream: on alpine with bash, curl, netcat, dig, iperf)
+e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with dash as /bin/sh and stand-ins for curl (plain GETs), netcat (TCP and UDP) and bash (busybox sh) (upstream: on alpine with bash, curl, netcat, dig, iperf)
 e2e-test-images/agnhost:2.55	the previous agnhost (tests only change a pod's image to it): the same build
 e2e-test-images/nonroot:1.5	busybox with USER 1234, as upstream's
 e2e-test-images/nonewprivs:1.4	nnp built from this module, setuid root, as upstream's
@@ -60,13 +63,24 @@ pause:3.10.2	the test bed's pause image
 EOF
 )
 
+# The host's dash as /bin/sh, with the libraries it loads: the test bed's busybox shell runs
+# its own applets ahead of PATH (its nc has no UDP), dash finds the stand-ins in /usr/bin.
+dash_args() {
+    local lib
+    echo --add; echo "$(command -v dash):bin/sh:755"
+    for lib in $(ldd "$(command -v dash)" | grep -o '/[^ ]*'); do
+        echo --add; echo "$(readlink -f "$lib"):${lib#/}:755"
+    done
+}
+
 image_args() { # name:tag bin -> mkimage.py busybox arguments
-    local path=(--path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+    local path=(--path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin) dash
     case $1 in
         e2e-test-images/busybox:*) ARGS=() ;;
-        e2e-test-images/agnhost:*) ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost
+        e2e-test-images/agnhost:*) mapfile -t dash < <(dash_args)
+            ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost
             --add "$E2E_DIR/curl:usr/bin/curl:755" --add "$2/nc:usr/bin/nc:755"
-            --add "$E2E_DIR/bash:bin/bash:755"
+            --add "$E2E_DIR/bash:bin/bash:755" "${dash[@]}"
             --add "$AGNHOST_SRC/porter/localhost.crt:localhost.crt:644"
             --add "$AGNHOST_SRC/porter/localhost.key:localhost.key:600"
             --dir uploads --passwd "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh"
@@ -104,7 +118,7 @@ done
 exec wget -q -O - "$url"
 CURL
     mv "$E2E_DIR/curl.tmp" "$E2E_DIR/curl"
-    printf '#!/bin/sh\n# bash stand-in for upstream'"'"'s e2e tests: busybox sh.\nexec /bin/sh "$@"\n' >"$E2E_DIR/bash"
+    printf '#!/bin/busybox sh\n# bash stand-in for upstream'"'"'s e2e tests: busybox sh.\nexec /bin/busybox sh "$@"\n' >"$E2E_DIR/bash"
 }
 
 cmd_images() {
@@ -128,6 +142,8 @@ cmd_images() {
                 log "building $name ($what)"
                 python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
                 echo "$stamp" >"$archive.stamp"
+                # The runtime pulls by tag only when it has none: drop its stale copy.
+                timeout 60 ctr -a "$TB/containerd.sock" -n k8s.io images rm "$ref" >/dev/null 2>&1 || true
             fi
         fi
         push "$archive" "$ref"
@@ -166,12 +182,16 @@ cleanup() {
     bash "$here/cluster.sh" down "$CLUSTER" || log "warning: the control plane did not stop cleanly"
 }
 
+# A node's address: the test bed bridge's, local but not loopback, since the API server's
+# proxy to nodes (nodes/proxy, which upstream's node suite reads /configz through) refuses
+# loopback addresses.
 start_node() { # out name index
-    local out=$1 name=$2 i=$3 kubeconfig dir=$TB/conformance/$2
+    local out=$1 name=$2 i=$3 kubeconfig dir=$TB/conformance/$2 node_ip
+    node_ip=$(bash "$hack/testbed.sh" env | sed -n 's/^NODELET_TEST_NODE_IP=//p')
     kubeconfig=$(bash "$here/cluster.sh" node "$CLUSTER" "$name")
     mkdir -p "$dir"
     "$NODELET" --kubeconfig "$kubeconfig" --client-ca-file "$CLUSTER/pki/ca.crt" \
-        --node-ip 127.0.0.1 --hostname-override "$name" \
+        --node-ip "$node_ip" --hostname-override "$name" \
         --container-runtime-endpoint "unix://$TB/containerd.sock" \
         --root-dir "$dir/root" --pod-logs-dir "$dir/pods" --container-logs-dir "$dir/containers" \
         --cgroup-root "/nodelet-$name" --port $((10250 + 10 * i)) --read-only-port 0 \
@@ -179,14 +199,12 @@ start_node() { # out name index
     NODE_PIDS+=($!)
 }
 
-cmd_run() { # out [nodes]
-    local out=$1 nodes=${2:-1} i name status=0 skip=''
-    [[ $out == /* ]] || out=$PWD/$out
+# A fresh OUT, a control plane and N nodelet nodes, until they are Ready (stopped on exit).
+cluster_up() { # out nodes
+    local out=$1 nodes=$2 i name
     NODELET=${NODELET:-${CARGO_TARGET_DIR:-$HOME/.cache/nodelet/target}/debug/nodelet}
     [[ -x $NODELET ]] || die "no nodelet binary at $NODELET (make build)"
     [[ -s $REPO_LIST ]] || die "no test images yet: run '$0 images' first"
-    local bin
-    bin=$(bash "$here/build.sh" e2e)
     rm -rf "$out"
     mkdir -p "$out"
     bash "$here/cluster.sh" down "$CLUSTER"
@@ -206,22 +224,59 @@ cmd_run() { # out [nodes]
         done
     done
     log "$nodes node(s) ready"
+}
+
+# The skip list as one pattern.
+skip_pattern() {
+    local skip='' pattern
     while IFS=$'\t' read -r pattern _; do skip+="${skip:+|}$pattern"; done <<<"$SKIPS"
-    local start=$SECONDS
+    echo "$skip"
+}
+
+cmd_run() { # out [nodes]
+    local out=$1 nodes=${2:-1} bin
+    [[ $out == /* ]] || out=$PWD/$out
+    bin=$(bash "$here/build.sh" e2e)
+    cluster_up "$out" "$nodes"
+    run_suite "$out" "$bin" e2e.test \
+        --kubeconfig "$KUBECONFIG" --e2e-output-dir "$out" --disable-log-dump --non-blocking-taints ''
+}
+
+# Runs upstream test binary $3 of directory $2 under ginkgo with the focus and skip list and
+# the arguments after $3, writes OUT/e2e.log and OUT/summary.md, and stops the nodes.
+run_suite() { # out bin test-binary args...
+    local out=$1 bin=$2 test=$3 start=$SECONDS status
+    shift 3
     set +e
     "$bin/ginkgo" --procs="${E2E_PROCS:-8}" --timeout=3h --no-color --succinct \
-        --focus="${E2E_FOCUS:-$FOCUS}" --skip="${E2E_SKIP-$skip}" \
-        "$bin/e2e.test" -- \
-        --kubeconfig "$KUBECONFIG" --kubectl-path "$BIN/kubectl" \
-        --kube-test-repo-list "$REPO_LIST" --report-dir "$out" --disable-log-dump \
-        --e2e-output-dir "$out" --non-blocking-taints '' \
-        2>&1 | tee "$out/e2e.log" | grep -E --line-buffered '^(• \[|Ran |FAIL|PASS|SUCCESS)'
+        --focus="${E2E_FOCUS:-$FOCUS}" --skip="${E2E_SKIP-$(skip_pattern)}" \
+        "$bin/$test" -- "$@" --kubectl-path "$BIN/kubectl" --kube-test-repo-list "$REPO_LIST" \
+        --report-dir "$out" 2>&1 | tee "$out/e2e.log" | grep -E --line-buffered '^(• \[|Ran |FAIL|PASS|SUCCESS)'
     status=${PIPESTATUS[0]}
     set -e
-    log "e2e.test ran for $((SECONDS - start)) s (exit $status)"
+    log "$test ran for $((SECONDS - start)) s (exit $status)"
     stop_nodes
     cmd_summary "$out"
     return "$status"
+}
+
+# Upstream's node e2e suite (e2e_node.test) against the running node (--start-services=false):
+# one nodelet node, the suite reaching the API server with a cluster-admin service account
+# token. The API server runs without the ServiceAccount admission plugin, as the suite's own
+# services run it: its tests create pods in new namespaces without waiting for their service
+# account.
+cmd_node() { # out
+    local out=$1 bin token
+    [[ $out == /* ]] || out=$PWD/$out
+    bin=$(bash "$here/build.sh" e2e-node)
+    ENABLE_ADMISSION=NodeRestriction DISABLE_ADMISSION=ServiceAccount cluster_up "$out" 1
+    "$BIN/kubectl" -n kube-system create serviceaccount e2e-node >/dev/null
+    "$BIN/kubectl" create clusterrolebinding e2e-node --clusterrole cluster-admin \
+        --serviceaccount kube-system:e2e-node >/dev/null
+    token=$("$BIN/kubectl" -n kube-system create token e2e-node --duration 24h)
+    run_suite "$out" "$bin" e2e_node.test \
+        --start-services=false --prepull-images=false --host "$SERVER" --bearer-token "$token" \
+        --node-name conformance-0 --container-runtime-endpoint "unix://$TB/containerd.sock"
 }
 
 cmd_summary() { # out
@@ -279,7 +334,8 @@ PY
 
 case ${1:-} in
     images) cmd_images ;;
-    run) [[ $# -ge 2 ]] || { sed -n '2,18p' "$0" >&2; exit 2; }; cmd_run "$2" "${3:-1}" ;;
+    run) [[ $# -ge 2 ]] || { sed -n '2,20p' "$0" >&2; exit 2; }; cmd_run "$2" "${3:-1}" ;;
+    node) [[ $# -eq 2 ]] || exit 2; FOCUS='\[NodeConformance\]'; cmd_node "$2" ;;
     summary) [[ $# -eq 2 ]] || exit 2; cmd_summary "$2" ;;
-    *) sed -n '2,18p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    *) sed -n '2,20p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac
