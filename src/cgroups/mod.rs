@@ -293,17 +293,20 @@ impl Manager {
     }
 
     /// Before the pod's containers are resized: its cgroup's cpu quota and memory limit become
-    /// the larger of the old and the new ones, so that neither a container's new limit (above
-    /// the old) nor the pod's new limit (below a container's old) is refused; `ensure_pod`
-    /// after the resize sets the new ones.
+    /// the larger of the old and the new ones (none, when the old ones are not known since a
+    /// restart), so that neither a container's new limit (above the old) nor the pod's new
+    /// limit (below a container's old) is refused; `ensure_pod` after the resize sets the new
+    /// ones.
     pub fn widen_pod(&self, pod: &Pod) -> Result<()> {
         let Some(path) = self.pod_path(pod) else {
             return Ok(());
         };
-        let Some(old) = self.applied().get(&path).copied() else {
-            return Ok(());
-        };
         let new = pod_limits(pod);
+        let old = self.applied().get(&path).copied().unwrap_or(PodLimits {
+            cpu_quota: None,
+            memory: None,
+            ..new
+        });
         let larger = |a: Option<i64>, b: Option<i64>| Some(a?.max(b?));
         self.ensure_pod_limits(
             pod,
