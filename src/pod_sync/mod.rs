@@ -468,11 +468,15 @@ impl Syncer {
             resource_field: &resource_field,
         };
         let volumes = volumes::setup(pod, &self.ctx.root_dir, &inputs).inspect_err(|e| {
-            self.events.warning(
-                Target::pod(pod),
-                "FailedMount",
-                crate::types::error_chain(e),
-            )
+            // Worded as upstream's, which tools and tests match on.
+            let message = match e {
+                volumes::Error::Volume { volume, message } => {
+                    format!("MountVolume.SetUp failed for volume {volume:?} : {message}")
+                }
+                other => crate::types::error_chain(other),
+            };
+            self.events
+                .warning(Target::pod(pod), "FailedMount", message)
         })?;
         if !plan.resize.is_empty() {
             self.cgroups.widen_pod(pod)?;

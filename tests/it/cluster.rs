@@ -360,6 +360,24 @@ spec:
         Some("OutOfcpu")
     );
 
+    // A pod whose Secret is missing waits, with upstream's FailedMount wording.
+    let unmounted = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: unmounted}}
+spec:
+  automountServiceAccountToken: false
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: [sleep, "600"], volumeMounts: [{{name: s, mountPath: /s}}]}}
+  volumes:
+  - {{name: s, secret: {{secretName: missing}}}}
+"#
+    );
+    pods.create(&PostParams::default(), &bound_pod(&unmounted, &node.name))
+        .await
+        .expect("create the pod");
+
     // The node's events reach the API server.
     let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(cp.admin.clone(), "default");
@@ -376,7 +394,16 @@ spec:
                             == Some(node.name.as_str())
                 })
             };
-            (has("graceful", "Started") && has("graceful", "Created") && has("greedy", "OutOfcpu"))
+            let failed_mount = list.items.iter().any(|e| {
+                e.involved_object.name.as_deref() == Some("unmounted")
+                    && e.reason.as_deref() == Some("FailedMount")
+                    && e.message.as_deref()
+                        == Some(r#"MountVolume.SetUp failed for volume "s" : secret "missing" not found"#)
+            });
+            (has("graceful", "Started")
+                && has("graceful", "Created")
+                && has("greedy", "OutOfcpu")
+                && failed_mount)
                 .then_some(())
         },
     )
@@ -413,9 +440,10 @@ spec:
             "the container never wrote /marks/{mark}"
         );
     }
-    cp.kubectl_ok(&["delete", "pod", "greedy", "--wait=false"])
+    cp.kubectl_ok(&["delete", "pod", "greedy", "unmounted", "--wait=false"])
         .await;
     cp.wait_pod_gone("default", "greedy").await;
+    cp.wait_pod_gone("default", "unmounted").await;
 
     // A delete may shorten the grace period: its preStop hook and the container's stop get
     // what the delete asked for, not the ten minutes of the spec.
@@ -863,7 +891,7 @@ spec:
       requests: {{cpu: 100m, memory: 32Mi}}
       limits: {{cpu: 200m, memory: 64Mi}}
     resizePolicy:
-    - {{resourceName: memory, restartPolicy: RestartContainer}}
+    - {{resourceName: cpu, restartPolicy: RestartContainer}}
 "#
     );
     cp.pods("default")
@@ -900,44 +928,7 @@ spec:
     };
     assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await, "20000");
 
-    // cpu changes in place: the same container, its cgroup and status follow.
-    cp.kubectl_ok(&[
-        "patch", "pod", "resized", "--subresource", "resize", "-p",
-        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m"}}}]}}"#,
-    ])
-    .await;
-    eventually(
-        "the cpu resize in the container's cgroup",
-        Duration::from_secs(60),
-        || async {
-            (cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await == "30000"
-                && cgroup("/sys/fs/cgroup/cpu/cpu.shares").await == "153")
-                .then_some(())
-        },
-    )
-    .await;
-    let after = cp
-        .wait_pod("default", "resized", "the cpu resize in the status", |p| {
-            let s = status_of(p);
-            s.first().and_then(|s| limit(s, "cpu")).as_deref() == Some("300m")
-                && p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation
-        })
-        .await;
-    let resized = status_of(&after)[0].clone();
-    assert_eq!(
-        resized.container_id, first.container_id,
-        "a cpu resize restarted the container"
-    );
-    assert_eq!(resized.restart_count, 0);
-    assert_eq!(
-        resized
-            .allocated_resources
-            .and_then(|a| a.get("cpu").map(|q| q.0.clone()))
-            .as_deref(),
-        Some("150m")
-    );
-
-    // memory's resize policy restarts the container.
+    // memory changes in place: the same container sees its new limit, and the status follows.
     cp.kubectl_ok(&[
         "patch",
         "pod",
@@ -948,23 +939,64 @@ spec:
         r#"{"spec":{"containers":[{"name":"c","resources":{"limits":{"memory":"96Mi"}}}]}}"#,
     ])
     .await;
+    eventually(
+        "the memory resize in the container's cgroup",
+        Duration::from_secs(60),
+        || async {
+            (cgroup("/sys/fs/cgroup/memory/memory.limit_in_bytes").await
+                == (96 * 1024 * 1024).to_string())
+            .then_some(())
+        },
+    )
+    .await;
+    let after = cp
+        .wait_pod(
+            "default",
+            "resized",
+            "the memory resize in the status",
+            |p| {
+                let s = status_of(p);
+                s.first().and_then(|s| limit(s, "memory")).as_deref() == Some("96Mi")
+                    && p.status.as_ref().and_then(|s| s.observed_generation)
+                        == p.metadata.generation
+            },
+        )
+        .await;
+    let resized = status_of(&after)[0].clone();
+    assert_eq!(
+        resized.container_id, first.container_id,
+        "a memory resize restarted the container"
+    );
+    assert_eq!(resized.restart_count, 0);
+    assert_eq!(
+        resized
+            .allocated_resources
+            .and_then(|a| a.get("memory").map(|q| q.0.clone()))
+            .as_deref(),
+        Some("32Mi")
+    );
+
+    // cpu's resize policy restarts the container, with upstream's shares for 150m.
+    cp.kubectl_ok(&[
+        "patch", "pod", "resized", "--subresource", "resize", "-p",
+        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m"}}}]}}"#,
+    ])
+    .await;
     let restarted = cp
         .wait_pod(
             "default",
             "resized",
-            "restarted with the new memory limit",
+            "restarted with the new cpu limit",
             |p| {
                 let s = status_of(p);
                 s.first().is_some_and(|s| s.restart_count == 1 && s.ready)
-                    && s.first().and_then(|s| limit(s, "memory")).as_deref() == Some("96Mi")
+                    && s.first().and_then(|s| limit(s, "cpu")).as_deref() == Some("300m")
             },
         )
         .await;
     assert_ne!(status_of(&restarted)[0].container_id, first.container_id);
-    assert_eq!(
-        cgroup("/sys/fs/cgroup/memory/memory.limit_in_bytes").await,
-        (96 * 1024 * 1024).to_string()
-    );
+    assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await, "30000");
+    assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.shares").await, "153");
     node.finish().await;
 }
 
