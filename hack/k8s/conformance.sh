@@ -189,11 +189,14 @@ start_node() { # out name index
     local out=$1 name=$2 i=$3 kubeconfig dir=$TB/conformance/$2 node_ip
     node_ip=$(bash "$hack/testbed.sh" env | sed -n 's/^NODELET_TEST_NODE_IP=//p')
     kubeconfig=$(bash "$here/cluster.sh" node "$CLUSTER" "$name")
-    mkdir -p "$dir"
+    # The node suite writes static pods here; none survives from an earlier run.
+    rm -rf "$dir/manifests"
+    mkdir -p "$dir/manifests"
     "$NODELET" --kubeconfig "$kubeconfig" --client-ca-file "$CLUSTER/pki/ca.crt" \
         --node-ip "$node_ip" --hostname-override "$name" \
         --container-runtime-endpoint "unix://$TB/containerd.sock" \
         --root-dir "$dir/root" --pod-logs-dir "$dir/pods" --container-logs-dir "$dir/containers" \
+        --pod-manifest-path "$dir/manifests" \
         --cgroup-root "/nodelet-$name" --port $((10250 + 10 * i)) --read-only-port 0 \
         --healthz-port $((10248 + 10 * i)) >"$out/$name.log" 2>&1 &
     NODE_PIDS+=($!)
@@ -248,7 +251,9 @@ run_suite() { # out bin test-binary args...
     local out=$1 bin=$2 test=$3 start=$SECONDS status
     shift 3
     set +e
-    "$bin/ginkgo" --procs="${E2E_PROCS:-8}" --timeout=3h --no-color --succinct \
+    # The repo list also as the environment: test packages that name images in package
+    # variables (the node suite's) read it before the flags are parsed.
+    KUBE_TEST_REPO_LIST=$REPO_LIST "$bin/ginkgo" --procs="${E2E_PROCS:-8}" --timeout=3h --no-color --succinct \
         --focus="${E2E_FOCUS:-$FOCUS}" --skip="${E2E_SKIP-$(skip_pattern)}" \
         "$bin/$test" -- "$@" --kubectl-path "$BIN/kubectl" --kube-test-repo-list "$REPO_LIST" \
         --report-dir "$out" 2>&1 | tee "$out/e2e.log" | grep -E --line-buffered '^(• \[|Ran |FAIL|PASS|SUCCESS)'
