@@ -823,25 +823,25 @@ mod tests {
         assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("a", 0)]);
     }
 
-    #[test]
-    fn app_containers_wait_for_a_lone_sidecars_startup_probe() {
-        let p = pod("Always", &["+side"], &["a"]);
+    /// The runtime running sidecar `side` of `p` as container c1, and probes that have not
+    /// seen it start yet.
+    fn running_sidecar(p: &Pod) -> (PodRuntime, ProbeView) {
+        let side = container(p, "c1", "s1", "side", 0, ContainerState::Running, None);
         let rt = PodRuntime {
             sandboxes: vec![sandbox("s1", 0, true)],
-            containers: vec![container(
-                &p,
-                "c1",
-                "s1",
-                "side",
-                0,
-                ContainerState::Running,
-                None,
-            )],
+            containers: vec![side],
         };
         let unstarted = ProbeView {
             unstarted: ["c1".to_string()].into(),
             ..Default::default()
         };
+        (rt, unstarted)
+    }
+
+    #[test]
+    fn app_containers_wait_for_a_lone_sidecars_startup_probe() {
+        let p = pod("Always", &["+side"], &["a"]);
+        let (rt, unstarted) = running_sidecar(&p);
         assert!(plan(&p, &rt, &unstarted).start.is_empty());
         assert_eq!(names(&plan(&p, &rt, &ProbeView::default())), [("a", 0)]);
     }
@@ -853,22 +853,7 @@ mod tests {
             names(&plan(&p, &PodRuntime::default(), &ProbeView::default())),
             [("side", 0)]
         );
-        let mut rt = PodRuntime {
-            sandboxes: vec![sandbox("s1", 0, true)],
-            containers: vec![container(
-                &p,
-                "c1",
-                "s1",
-                "side",
-                0,
-                ContainerState::Running,
-                None,
-            )],
-        };
-        let unstarted = ProbeView {
-            unstarted: ["c1".to_string()].into(),
-            ..Default::default()
-        };
+        let (mut rt, unstarted) = running_sidecar(&p);
         assert!(
             plan(&p, &rt, &unstarted).start.is_empty(),
             "waits for the sidecar's startup probe"

@@ -51,7 +51,8 @@ async fn pods_get_cgroups_per_qos_class_with_their_limits() {
         read(cgroup_dir("cpu", &g_dir).join("cpu.cfs_quota_us")),
         "20000"
     );
-    assert_eq!(read(cgroup_dir("cpu", &g_dir).join("cpu.shares")), "205");
+    // 200m: 204.8 shares, rounded down as upstream.
+    assert_eq!(read(cgroup_dir("cpu", &g_dir).join("cpu.shares")), "204");
     assert_eq!(read(cgroup_dir("cpu", &b_dir).join("cpu.shares")), "102");
     assert_eq!(read(cgroup_dir("cpu", &be_dir).join("cpu.shares")), "2");
     assert!(
