@@ -133,17 +133,21 @@ build_test_binary() {
     log "$1 built in $((SECONDS - start)) s"
 }
 
-# e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program) and nc, beside the control plane.
+# e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program), nc and nmeter, beside the
+# control plane.
 build_e2e() {
     local b name start
     export CGO_ENABLED=0 GOFLAGS=-mod=readonly
     mkdir -p "$bindir"
     build_test_binary e2e.test "$e2e_test_pkg"
-    # Our own netcat stand-in for the test images (see kube/nc): rebuilt when its source changes.
-    if [[ ! $bindir/nc -nt $here/kube/nc/main.go ]]; then
-        (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$bindir/nc.tmp" ./nc)
-        mv "$bindir/nc.tmp" "$bindir/nc"
-    fi
+    # Our own stand-ins for the test images (see kube/nc, kube/nmeter): rebuilt when their
+    # source changes.
+    for name in nc nmeter; do
+        if [[ ! $bindir/$name -nt $here/kube/$name/main.go ]]; then
+            (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$bindir/$name.tmp" "./$name")
+            mv "$bindir/$name.tmp" "$bindir/$name"
+        fi
+    done
     for b in "${e2e_tools[@]}"; do
         name=${b%%=*}
         [[ -x $bindir/$name ]] && continue

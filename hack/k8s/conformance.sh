@@ -51,8 +51,8 @@ EOF
 # name:tag <TAB> what it stands for. Each is a busybox image (the test bed's static busybox)
 # with the additions in image_args.
 IMAGES=$(cat <<'EOF'
-e2e-test-images/busybox:1.37.0-1	upstream's busybox image: the same busybox applets
-e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with dash as /bin/sh and stand-ins for curl (plain GETs), netcat (TCP and UDP) and bash (busybox sh) (upstream: on alpine with bash, curl, netcat, dig, iperf)
+e2e-test-images/busybox:1.37.0-1	upstream's busybox image: the same busybox applets, and a stand-in for nmeter (the time of day with milliseconds), which Debian's busybox lacks
+e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with dash as /bin/sh and stand-ins for curl (plain GETs), netcat (TCP and UDP), nmeter (as in the busybox image) and bash (busybox sh) (upstream: on alpine with bash, curl, netcat, dig, iperf)
 e2e-test-images/agnhost:2.55	the previous agnhost (tests only change a pod's image to it): the same build
 e2e-test-images/nonroot:1.5	busybox with USER 1234, as upstream's
 e2e-test-images/nonewprivs:1.4	nnp built from this module, setuid root, as upstream's
@@ -76,10 +76,10 @@ dash_args() {
 image_args() { # name:tag bin -> mkimage.py busybox arguments
     local path=(--path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin) dash
     case $1 in
-        e2e-test-images/busybox:*) ARGS=() ;;
+        e2e-test-images/busybox:*) ARGS=(--add "$2/nmeter:bin/nmeter:755") ;;
         e2e-test-images/agnhost:*) mapfile -t dash < <(dash_args)
             ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost
-            --add "$E2E_DIR/curl:usr/bin/curl:755" --add "$2/nc:usr/bin/nc:755"
+            --add "$E2E_DIR/curl:usr/bin/curl:755" --add "$2/nc:usr/bin/nc:755" --add "$2/nmeter:usr/bin/nmeter:755"
             --add "$E2E_DIR/bash:bin/bash:755" "${dash[@]}"
             --add "$AGNHOST_SRC/porter/localhost.crt:localhost.crt:644"
             --add "$AGNHOST_SRC/porter/localhost.key:localhost.key:600"
@@ -137,7 +137,7 @@ cmd_images() {
             archive=$TB/images/pause.tar
         else
             image_args "$name" "$bin"
-            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$E2E_DIR/curl" "$E2E_DIR/bash"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
+            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$bin/nmeter" "$E2E_DIR/curl" "$E2E_DIR/bash"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
             if [[ ! -s $archive || $(cat "$archive.stamp" 2>/dev/null) != "$stamp" ]]; then
                 log "building $name ($what)"
                 python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
