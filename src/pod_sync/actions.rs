@@ -185,14 +185,19 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
         }
         return plan;
     };
-    if finished(pod, rt)
-        && !rt
+    if finished(pod, rt) {
+        // The pod is done: what still runs (sidecars, or those beside a failed init container)
+        // is stopped in upstream's termination order, and its sandbox with it; its containers
+        // and logs are kept.
+        if rt
             .containers
             .iter()
             .any(|c| c.state == ContainerState::Running)
-    {
-        // The pod is done: its sandbox is stopped (its containers and logs are kept).
-        plan.stop_sandbox = Some(current.id.clone());
+        {
+            plan.kill_pod = true;
+        } else {
+            plan.stop_sandbox = Some(current.id.clone());
+        }
         return plan;
     }
     plan.sandbox_id = Some(current.id.clone());
@@ -242,9 +247,6 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
                 continue;
             };
             match c.state {
-                ContainerState::Running if app_done => {
-                    plan.kill.push(kill(c, "the pod's containers completed"));
-                }
                 ContainerState::Running if c.hash != container_hash(init) => {
                     plan.kill.push(kill(c, "container spec changed"));
                     plan.start.push(start(rt, init, true));
@@ -877,11 +879,10 @@ mod tests {
         rt.containers[0] = container(&p, "c3", "s1", "a", 0, ContainerState::Exited, Some(0));
         rt.containers[2] = container(&p, "c1", "s1", "side", 0, ContainerState::Running, None);
         let done = plan(&p, &rt, &ProbeView::default());
-        assert!(done.start.is_empty());
-        assert_eq!(
-            done.kill.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
-            ["c1"],
-            "the finished pod's sidecar is stopped"
+        assert!(done.start.is_empty() && done.create_sandbox.is_none());
+        assert!(
+            done.kill_pod,
+            "the finished pod's sidecar is stopped with the pod"
         );
     }
 

@@ -84,14 +84,36 @@ pub async fn run(
 
 /// Stops a container gracefully: its preStop hook first (cut at the grace deadline), then the
 /// stop signal with what is left of the grace period (at least 2 s), then SIGKILL.
+/// Waits for a container's turn to get its stop signal: for a sidecar, until the app
+/// containers and the sidecars after it have stopped.
+pub type Turn = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A stop's time: the grace period, and the turn the container waits for within it.
+pub struct Grace {
+    pub period: Duration,
+    pub turn: Option<Turn>,
+}
+
+impl From<Duration> for Grace {
+    fn from(period: Duration) -> Grace {
+        Grace { period, turn: None }
+    }
+}
+
+/// Stops a container: its preStop hook, then its turn (if it has to wait for one), then the
+/// stop signal with what is left of the grace period (at least 2 s after a hook or a wait).
 pub async fn stop_container(
     runtime: RuntimeClient,
     id: String,
     spec: Option<SpecContainer>,
     host: String,
-    grace: Duration,
+    grace: Grace,
     events: (Recorder, Target),
 ) -> runtime::Result<()> {
+    let Grace {
+        period: grace,
+        turn,
+    } = grace;
     let started = Instant::now();
     let pre_stop = spec
         .as_ref()
@@ -113,7 +135,13 @@ pub async fn stop_container(
             ),
         }
     }
-    let mut left = if pre_stop.is_some() {
+    let waits = turn.is_some();
+    if let Some(turn) = turn {
+        let left = grace.saturating_sub(started.elapsed());
+        // The turn does not come after the grace period: the stop goes on regardless.
+        let _ = tokio::time::timeout(left, turn).await;
+    }
+    let mut left = if pre_stop.is_some() || waits {
         grace
             .saturating_sub(started.elapsed())
             .max(MIN_GRACE_AFTER_HOOK)

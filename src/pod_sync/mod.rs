@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::events::Target;
 use crate::pod::{grace_period_seconds, spec};
@@ -198,7 +199,7 @@ impl Syncer {
         id: &str,
         name: &str,
         host: &str,
-        grace: Duration,
+        grace: hooks::Grace,
         why: String,
     ) -> impl Future<Output = runtime::Result<()>> + Send + 'static {
         let target = Target::container(pod, name);
@@ -538,8 +539,15 @@ impl Syncer {
             for k in &plan.kill {
                 let grace = k.grace.unwrap_or_else(|| grace_period_seconds(pod)).max(0) as u64;
                 let why = format!("Stopping container {} ({})", k.name, k.reason);
-                self.stop(pod, &k.id, &k.name, &host, Duration::from_secs(grace), why)
-                    .await?;
+                self.stop(
+                    pod,
+                    &k.id,
+                    &k.name,
+                    &host,
+                    Duration::from_secs(grace).into(),
+                    why,
+                )
+                .await?;
             }
         }
         let pod_ip = if plan.start.is_empty() {
@@ -798,7 +806,8 @@ impl Syncer {
                     "Stopping container {}: its postStart hook failed",
                     start.name
                 );
-                self.stop(pod, &id, &start.name, host, grace, stop).await?;
+                self.stop(pod, &id, &start.name, host, grace.into(), stop)
+                    .await?;
                 return Err(Error::PostStart {
                     container: start.name.clone(),
                     message: why,
@@ -913,9 +922,10 @@ impl Syncer {
                 .max(0) as u64,
             )
         };
-        let deadline = tokio::time::Instant::now()
-            + live.iter().map(|c| grace_of(c)).max().unwrap_or_default();
         let host = self.hook_host(pod, rt).await;
+        // Upstream's termination order: every container's preStop hook runs at once; the app
+        // containers then get their stop signal, each sidecar only once the app containers and
+        // the sidecars after it have stopped (reverse order), within its own grace period.
         let s = spec(pod);
         let sidecars: Vec<&str> = s
             .init_containers
@@ -924,10 +934,48 @@ impl Syncer {
             .filter(|c| actions::is_sidecar(c))
             .map(|c| c.name.as_str())
             .collect();
+        let stopped: HashMap<&str, CancellationToken> = live
+            .iter()
+            .map(|c| (c.name.as_str(), CancellationToken::new()))
+            .collect();
+        let apps: Vec<CancellationToken> = live
+            .iter()
+            .filter(|c| !sidecars.contains(&c.name.as_str()))
+            .map(|c| stopped[c.name.as_str()].clone())
+            .collect();
         let mut stops = JoinSet::new();
-        for c in live.iter().filter(|c| !sidecars.contains(&c.name.as_str())) {
-            let why = format!("Stopping container {}", c.name);
-            stops.spawn(self.stop(pod, &c.id, &c.name, &host, grace_of(c), why));
+        for c in &live {
+            let name = c.name.as_str();
+            let turn = sidecars.iter().position(|s| *s == name).map(|i| {
+                let mut before: Vec<CancellationToken> = apps.clone();
+                before.extend(
+                    sidecars[i + 1..]
+                        .iter()
+                        .filter_map(|later| stopped.get(later).cloned()),
+                );
+                Box::pin(async move {
+                    for t in before {
+                        t.cancelled().await;
+                    }
+                }) as hooks::Turn
+            });
+            let done = stopped[name].clone();
+            let stop = self.stop(
+                pod,
+                &c.id,
+                name,
+                &host,
+                hooks::Grace {
+                    period: grace_of(c),
+                    turn,
+                },
+                format!("Stopping container {name}"),
+            );
+            stops.spawn(async move {
+                let result = stop.await;
+                done.cancel();
+                result
+            });
         }
         // Every stop runs to its end; the first failure is reported after all of them.
         let mut first_error: Option<Error> = None;
@@ -942,19 +990,6 @@ impl Syncer {
                         path: PathBuf::from(full_name(pod)),
                         source: std::io::Error::other(e.to_string()),
                     });
-                }
-            }
-        }
-        for name in sidecars.iter().rev() {
-            for c in live.iter().filter(|c| c.name == *name) {
-                // Sidecars get what is left of the grace period, but at least 2 s, as upstream.
-                let left = deadline
-                    .saturating_duration_since(tokio::time::Instant::now())
-                    .max(Duration::from_secs(2));
-                let why = format!("Stopping container {name}");
-                let stopped = self.stop(pod, &c.id, name, &host, left, why).await;
-                if let Err(e) = stopped {
-                    first_error.get_or_insert(e.into());
                 }
             }
         }

@@ -173,17 +173,21 @@ fn failed(s: &ContainerStatus) -> bool {
         .is_some_and(|t| t.exit_code != 0)
 }
 
-/// The pod phase by the upstream rules (kubelet getPhase).
-/// `init` holds the regular init containers; `initializing` says the pod is not initialized yet
-/// (its sidecars have not started).
-pub fn phase(
-    restart_policy: &str,
-    init: &[ContainerStatus],
-    initializing: bool,
-    app: &[ContainerStatus],
-) -> &'static str {
+/// The containers of a pod by kind, for [`phase`].
+pub struct Kinds<'a> {
+    /// The regular init containers.
+    pub init: &'a [ContainerStatus],
+    /// The restartable init containers.
+    pub sidecars: &'a [ContainerStatus],
+    pub app: &'a [ContainerStatus],
+}
+
+/// The pod phase by the upstream rules (kubelet getPhase). `initializing` says the pod is not
+/// initialized yet (its sidecars have not started). A running sidecar keeps the pod Running;
+/// one that stopped does not count.
+pub fn phase(restart_policy: &str, kinds: &Kinds<'_>, initializing: bool) -> &'static str {
     let mut pending_init = initializing;
-    for s in init {
+    for s in kinds.init {
         if succeeded(s) {
             continue;
         }
@@ -193,7 +197,17 @@ pub fn phase(
         pending_init = true;
     }
     let (mut running, mut waiting, mut stopped, mut ok) = (0, 0, 0, 0);
-    for s in app {
+    for s in kinds.sidecars {
+        let state = s.state.clone().unwrap_or_default();
+        if state.running.is_some() {
+            running += 1;
+        } else if state.waiting.is_some()
+            && s.last_state.as_ref().is_none_or(|l| l.terminated.is_none())
+        {
+            waiting += 1;
+        }
+    }
+    for s in kinds.app {
         let state = s.state.clone().unwrap_or_default();
         if state.running.is_some() {
             running += 1;
@@ -349,7 +363,32 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .iter()
         .map(|c| container_status(input, c, app_default))
         .collect();
-    let mut phase = phase(policy, &regular_init, !initialized, &app);
+    let sidecar_status: Vec<ContainerStatus> = init
+        .iter()
+        .zip(&is_sidecar)
+        .filter(|(_, sidecar)| **sidecar)
+        .map(|(c, _)| c.clone())
+        .collect();
+    let kinds = Kinds {
+        init: &regular_init,
+        sidecars: &sidecar_status,
+        app: &app,
+    };
+    let mut phase = phase(policy, &kinds, !initialized);
+    // A pod is not reported finished while any of its containers still runs (upstream holds
+    // the terminal phase back until the pod's termination is done): the phase stays the old one.
+    if (phase == "Succeeded" || phase == "Failed")
+        && input
+            .rt
+            .containers
+            .iter()
+            .any(|c| c.state == ContainerState::Running)
+    {
+        phase = match input.old.and_then(|o| o.phase.as_deref()) {
+            Some("Running") => "Running",
+            _ => "Pending",
+        };
+    }
     // A pod that finished stays finished, whatever the runtime later loses.
     if policy != "Always"
         && let Some(old) = input.old.and_then(|o| o.phase.as_deref())
@@ -363,12 +402,8 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
     }
     let terminal = phase == "Succeeded" || phase == "Failed";
     // Sidecars count for readiness as the app containers do (upstream, since sidecars).
-    let sidecars = init
+    let unready: Vec<&str> = sidecar_status
         .iter()
-        .zip(&is_sidecar)
-        .filter(|(_, sidecar)| **sidecar)
-        .map(|(c, _)| c);
-    let unready: Vec<&str> = sidecars
         .chain(&app)
         .filter(|c| !c.ready)
         .map(|c| c.name.as_str())
@@ -586,8 +621,37 @@ mod tests {
             ),
         ];
         for (i, (policy, init, app, want)) in cases.into_iter().enumerate() {
-            assert_eq!(phase(policy, &init, false, &app), want, "case {i}");
+            let kinds = Kinds {
+                init: &init,
+                sidecars: &[],
+                app: &app,
+            };
+            assert_eq!(phase(policy, &kinds, false), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn a_running_sidecar_keeps_a_completed_pod_running_and_a_stopped_one_does_not_count() {
+        let app = [status(exited(0), None)];
+        let with = |sidecar: ContainerStatus| {
+            let sidecars = [sidecar];
+            let kinds = Kinds {
+                init: &[],
+                sidecars: &sidecars,
+                app: &app,
+            };
+            phase("Never", &kinds, false)
+        };
+        assert_eq!(with(status(running(), None)), "Running");
+        assert_eq!(with(status(exited(137), None)), "Succeeded");
+        assert_eq!(
+            with(status(
+                waiting_state("CrashLoopBackOff", ""),
+                Some(exited(1))
+            )),
+            "Succeeded"
+        );
+        assert_eq!(with(status(waiting(), None)), "Pending");
     }
 
     fn pod() -> Pod {
