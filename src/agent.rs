@@ -94,6 +94,16 @@ impl Core {
     /// Connects to the runtime (waiting for it) and builds the core; `None` when cancelled.
     pub async fn connect(config: &Config, cancel: &CancellationToken) -> Result<Option<Core>> {
         crate::volumes::prepare_root(&config.root_dir).context("--root-dir")?;
+        let credential_providers = match (
+            &config.image_credential_provider_config,
+            &config.image_credential_provider_bin_dir,
+        ) {
+            (Some(file), Some(bin_dir)) => Some(Arc::new(
+                crate::images::Providers::load(file, bin_dir)
+                    .context("--image-credential-provider-config")?,
+            )),
+            _ => None,
+        };
         let runtime = RuntimeClient::new(
             &config.container_runtime_endpoint,
             &config.image_service_endpoint,
@@ -220,6 +230,7 @@ impl Core {
                 qps: config.registry_pull_qps,
                 burst: config.registry_burst,
                 backoff_initial: test_backoff.unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
+                credential_providers,
             },
             recorder.clone(),
         );

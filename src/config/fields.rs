@@ -514,6 +514,20 @@ pub const FIELDS: &[Field] = &[
         "Pulls allowed at once above registry-qps [default 10]",
     ),
     field(
+        "imageCredentialProviderConfig",
+        "image-credential-provider-config",
+        false,
+        Scalar,
+        "Credential provider plugin config (a JSON/YAML file, or a directory of them merged in name order)",
+    ),
+    field(
+        "imageCredentialProviderBinDir",
+        "image-credential-provider-bin-dir",
+        false,
+        Scalar,
+        "Directory of the credential provider plugin executables",
+    ),
+    field(
         "containerLogMaxSize",
         "container-log-max-size",
         true,

@@ -161,6 +161,9 @@ pub struct Config {
     pub max_parallel_image_pulls: Option<u32>,
     pub registry_pull_qps: f64,
     pub registry_burst: u32,
+    /// Credential provider plugins: their config and the directory of their executables.
+    pub image_credential_provider_config: Option<PathBuf>,
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
     pub kube_reserved: BTreeMap<String, String>,
     pub system_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
@@ -792,6 +795,8 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("{s:?} is not a positive number")),
         }),
+        image_credential_provider_config: r.path("imageCredentialProviderConfig"),
+        image_credential_provider_bin_dir: r.path("imageCredentialProviderBinDir"),
         kube_reserved: r.map("kubeReserved"),
         system_reserved: r.map("systemReserved"),
         eviction_hard: r.map("evictionHard"),
@@ -886,6 +891,14 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
                     .into(),
             );
         }
+    }
+    if config.image_credential_provider_config.is_some()
+        && config.image_credential_provider_bin_dir.is_none()
+    {
+        r.problems.push(
+            "--image-credential-provider-config: needs --image-credential-provider-bin-dir, where the plugins are"
+                .into(),
+        );
     }
     if config.exit_on_lock_contention && config.lock_file.is_none() {
         r.problems

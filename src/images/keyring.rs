@@ -63,7 +63,7 @@ struct ConfigJson {
 }
 
 /// The credentials of one docker config file, by registry key.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Keyring {
     entries: Vec<(String, Credential)>,
 }
@@ -133,11 +133,21 @@ impl Keyring {
                 c.username = user.to_string();
                 c.password = pass.to_string();
             }
-            entries.push((normalize_key(&key), c));
+            entries.push((key, c));
         }
+        Ok(Keyring::from_entries(entries))
+    }
+
+    /// Credentials by registry key (`host[:port][/path]`, a scheme allowed, `*` globs in host
+    /// labels).
+    pub fn from_entries(entries: impl IntoIterator<Item = (String, Credential)>) -> Keyring {
+        let mut entries: Vec<(String, Credential)> = entries
+            .into_iter()
+            .map(|(key, c)| (normalize_key(&key), c))
+            .collect();
         // Most specific first: reverse lexical order puts longer paths and exact hosts ahead.
         entries.sort_by(|a, b| b.0.cmp(&a.0));
-        Ok(Keyring { entries })
+        Keyring { entries }
     }
 
     /// The credentials that apply to an image in `domain`/`path`, most specific first.
@@ -151,7 +161,7 @@ impl Keyring {
 }
 
 /// A key without its scheme, with docker.io's legacy names made `docker.io`.
-fn normalize_key(key: &str) -> String {
+pub(super) fn normalize_key(key: &str) -> String {
     let bare = key
         .strip_prefix("https://")
         .or_else(|| key.strip_prefix("http://"))
@@ -170,7 +180,7 @@ fn normalize_key(key: &str) -> String {
 }
 
 /// Does the key (host glob with optional port, optional path prefix) cover the image?
-fn matches(key: &str, domain: &str, path: &str) -> bool {
+pub(super) fn matches(key: &str, domain: &str, path: &str) -> bool {
     let (key_host, key_path) = key.split_once('/').unwrap_or((key, ""));
     let split_port = |h: &str| match h.rsplit_once(':') {
         Some((h, p)) => (h.to_string(), p.to_string()),

@@ -1,9 +1,11 @@
 //! Images for containers, pulled through the runtime's ImageService the kubelet's way: the pull
 //! policy decides whether to pull, references are checked and given their default tag,
-//! node-level credentials come from the docker keyring, failed pulls back off per pod and image
+//! node-level credentials come from the docker keyring and credential provider plugins, failed
+//! pulls back off per pod and image
 //! (ErrImagePull, then ImagePullBackOff), and pulls are paced (serialized or bounded in parallel,
 //! QPS with a burst) with one pull per image at a time.
 
+mod credential_provider;
 pub mod gc;
 mod keyring;
 mod reference;
@@ -20,6 +22,7 @@ use crate::events::{Recorder, Target};
 use crate::runtime::{self, RuntimeClient, cri};
 use crate::types::PodUid;
 
+pub use credential_provider::Providers;
 pub use keyring::{Credential, Keyring};
 pub use reference::{Reference, parse as parse_reference};
 
@@ -99,6 +102,9 @@ pub struct Config {
     pub burst: u32,
     /// First delay after a failed pull.
     pub backoff_initial: Duration,
+    /// Credential provider plugins (--image-credential-provider-config), asked after the
+    /// pod's pull secrets and the docker config file.
+    pub credential_providers: Option<Arc<Providers>>,
 }
 
 /// A token bucket: `burst` pulls at once, refilled at `qps`.
@@ -309,12 +315,15 @@ impl Puller {
         let image = req.image;
         let _slot = self.paced().await;
         let keyring = Keyring::load(&self.config.root_dir);
-        let credentials: Vec<Credential> = req
+        let mut credentials: Vec<Credential> = req
             .secrets
             .iter()
             .chain(std::iter::once(&keyring))
             .flat_map(|k| k.lookup(&r.domain, &r.path))
             .collect();
+        if let Some(providers) = &self.config.credential_providers {
+            credentials.extend(providers.lookup(&r.domain, &r.path).await);
+        }
         let mut attempts: Vec<Option<cri::AuthConfig>> =
             credentials.iter().map(|c| Some(c.auth_config())).collect();
         if attempts.is_empty() {

@@ -430,3 +430,70 @@ async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
         "{lost:?} were in use or the sandbox image and must have stayed"
     );
 }
+
+#[tokio::test]
+async fn a_credential_provider_plugin_logs_in_to_the_registry_with_auth() {
+    let reg = registry(true);
+    let (user, password) = registry_login();
+    let image = format!("{reg}/private/{}:1", unique_repo("busybox"));
+    copy_image(
+        &format!("{reg}/private/busybox:1"),
+        &image,
+        Some(&format!("{user}:{password}")),
+    );
+    // The plugin takes the user from its args and the password from its env, as configured,
+    // writes each request it gets beside it, and answers for the registry's private path.
+    let plugins = crate::bed::test_dir("credplugin-bin");
+    let requests = plugins.path().join("requests");
+    let plugin = plugins.path().join("registry-login");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\ncat >>{requests}\necho >>{requests}\n\
+             printf '{{\"apiVersion\":\"credentialprovider.kubelet.k8s.io/v1\",\"kind\":\"CredentialProviderResponse\",\
+             \"cacheKeyType\":\"Registry\",\"cacheDuration\":\"1m\",\
+             \"auth\":{{\"{reg}/private\":{{\"username\":\"%s\",\"password\":\"%s\"}}}}}}' \"$2\" \"$REGISTRY_PASSWORD\"\n",
+            requests = requests.display()
+        ),
+    )
+    .expect("plugin");
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let config = plugins.path().join("providers.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n\
+             - name: registry-login\n  matchImages: [\"{reg}\"]\n  defaultCacheDuration: 10m\n\
+             \x20 apiVersion: credentialprovider.kubelet.k8s.io/v1\n  args: [--user, \"{user}\"]\n\
+             \x20 env: [{{name: REGISTRY_PASSWORD, value: \"{password}\"}}]\n"
+        ),
+    )
+    .expect("config");
+    let bin_dir = plugins.path().display().to_string();
+    let config = config.display().to_string();
+    let node = Node::start(
+        "credplugin",
+        &[
+            "--image-credential-provider-config",
+            &config,
+            "--image-credential-provider-bin-dir",
+            &bin_dir,
+        ],
+    )
+    .await;
+    node.write_manifest("p.yaml", &pod("private", &image, "IfNotPresent"));
+    node.wait_log("private", "c", "stamp=one").await;
+    let asked = std::fs::read_to_string(&requests).expect("the plugin was run");
+    let request: serde_json::Value =
+        serde_json::from_str(asked.lines().next().unwrap_or_default()).expect("a JSON request");
+    assert_eq!(request["kind"], "CredentialProviderRequest");
+    let repo = image.rsplit_once(':').map_or(image.as_str(), |(r, _)| r);
+    assert_eq!(request["image"], repo, "the image without its tag");
+    assert!(
+        !logs().contains(&password),
+        "the plugin's password reached the logs"
+    );
+    node.finish().await;
+    forget_images(&image);
+}
