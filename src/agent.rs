@@ -508,6 +508,12 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         None => tracing::info!("container log rotation is off (--container-log-max-size < 0)"),
     }
 
+    core.tracker.spawn(crate::oom::run(
+        core.recorder.clone(),
+        config.node_name.clone(),
+        cancel.clone(),
+    ));
+
     #[cfg(target_env = "gnu")]
     core.tracker.spawn(return_freed_memory(cancel.clone()));
 

@@ -30,9 +30,12 @@ impl Type {
     }
 }
 
-/// The object an event is about: a pod, or one of its containers.
+/// The object an event is about: a pod, one of its containers, or the node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
+    /// `Pod` or `Node`.
+    pub kind: &'static str,
+    /// The pod's namespace; `default` for the node (where upstream records node events).
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -44,6 +47,7 @@ impl Target {
     /// The pod itself.
     pub fn pod(pod: &Pod) -> Target {
         Target {
+            kind: "Pod",
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
@@ -70,8 +74,22 @@ impl Target {
         }
     }
 
+    /// The node `name` (its UID is its name, as upstream refers to it).
+    pub fn node(name: &str) -> Target {
+        Target {
+            kind: "Node",
+            namespace: "default".into(),
+            name: name.into(),
+            uid: name.into(),
+            field_path: None,
+        }
+    }
+
     fn full_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        match self.kind {
+            "Node" => format!("node/{}", self.name),
+            _ => format!("{}/{}", self.namespace, self.name),
+        }
     }
 }
 
@@ -103,8 +121,8 @@ impl Event {
             },
             involved_object: ObjectReference {
                 api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(t.namespace.clone()),
+                kind: Some(t.kind.into()),
+                namespace: (t.kind == "Pod").then(|| t.namespace.clone()),
                 name: Some(t.name.clone()),
                 uid: Some(t.uid.clone()),
                 field_path: t.field_path.clone(),
@@ -168,15 +186,17 @@ impl Recorder {
     }
 
     fn record(&self, target: Target, kind: Type, reason: &str, message: String) {
-        let pod = target.full_name();
+        let about = target.full_name();
         let container = target.field_path.as_deref().unwrap_or("");
         let shown = crate::types::printable(&message);
-        match kind {
-            Type::Normal => {
-                tracing::info!(%pod, object = container, event = reason, "{shown}")
+        match (kind, target.kind) {
+            (Type::Normal, "Node") => tracing::info!(%about, event = reason, "{shown}"),
+            (Type::Warning, "Node") => tracing::warn!(%about, event = reason, "{shown}"),
+            (Type::Normal, _) => {
+                tracing::info!(pod = %about, object = container, event = reason, "{shown}")
             }
-            Type::Warning => {
-                tracing::warn!(%pod, object = container, event = reason, "{shown}")
+            (Type::Warning, _) => {
+                tracing::warn!(pod = %about, object = container, event = reason, "{shown}")
             }
         }
         let now = crate::types::now();
@@ -213,7 +233,11 @@ impl Recorder {
         let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         store
             .iter()
-            .filter(|e| pod.is_none_or(|(ns, n)| e.target.namespace == ns && e.target.name == n))
+            .filter(|e| {
+                pod.is_none_or(|(ns, n)| {
+                    e.target.kind == "Pod" && e.target.namespace == ns && e.target.name == n
+                })
+            })
             .cloned()
             .collect()
     }

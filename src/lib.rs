@@ -7,7 +7,8 @@
 //!
 //! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod`,
 //! `service_links` (the Services containers learn of through their environment) and `objects`
-//! (the ConfigMaps and Secrets beside static pods, which carries the service links) are leaves; `config`, `runtime`,
+//! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
+//! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
 //! `log_rotation` and `eviction` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
@@ -29,6 +30,7 @@ pub mod lock;
 pub mod log_rotation;
 pub mod metrics;
 pub mod objects;
+pub mod oom;
 pub mod pleg;
 pub mod pod;
 pub mod pod_sync;

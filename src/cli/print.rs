@@ -248,7 +248,8 @@ pub fn pods(
 
 fn event_object(e: &Event) -> String {
     let o = &e.involved_object;
-    let name = format!("pod/{}", o.name.clone().unwrap_or_default());
+    let kind = o.kind.as_deref().unwrap_or("Pod").to_ascii_lowercase();
+    let name = format!("{kind}/{}", o.name.clone().unwrap_or_default());
     match &o.field_path {
         Some(f) => format!("{name} ({f})"),
         None => name,

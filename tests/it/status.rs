@@ -1,8 +1,10 @@
 //! Pod status computed the upstream way, observed through the agent's status store.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
 
-use crate::bed::{BUSYBOX, FOREVER, Node, pod_yaml};
+use crate::bed::{BUSYBOX, FOREVER, Node, eventually, pod_yaml};
 
 fn app(status: &PodStatus, i: usize) -> ContainerStatus {
     status
@@ -284,5 +286,63 @@ async fn status_survives_a_restart_of_nodelet() {
     assert_eq!(a.state, b.state, "same start time");
     assert_eq!(a.last_state, b.last_state, "same last state");
     assert_eq!(a.last_state.unwrap().terminated.unwrap().exit_code, 2);
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_system_oom_kill_in_the_kernel_log_is_a_node_event() {
+    let node = Node::start("sysoom", &[]).await;
+    // A machine-wide OOM kill, as the kernel reports it, written to the kernel's log: a real
+    // one would take the shared machine's memory from everything else on it.
+    let pid = std::process::id();
+    let victim = format!("nodelet-test-{pid}");
+    let report = [
+        format!(
+            "{victim} invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0"
+        ),
+        format!(
+            "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/nodelet-test,task={victim},pid={pid},uid=0"
+        ),
+        format!(
+            "Out of memory: Killed process {pid} ({victim}) total-vm:0kB, anon-rss:0kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:0kB oom_score_adj:0"
+        ),
+    ];
+    let want = format!("System OOM encountered, victim process: {victim}, pid: {pid}");
+    // The watcher reads only what the kernel logs after it opened the log (nodelet runs in
+    // this process).
+    eventually(
+        "the OOM watcher to open the kernel log",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_dir("/proc/self/fd")
+                .expect("/proc/self/fd")
+                .flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|l| l == std::path::Path::new("/dev/kmsg"))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let mut kmsg = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .expect("/dev/kmsg");
+    for line in &report {
+        // One write is one record of the kernel's log.
+        std::io::Write::write_all(&mut kmsg, line.as_bytes()).expect("write /dev/kmsg");
+    }
+    eventually(
+        "a SystemOOM event on the node",
+        Duration::from_secs(30),
+        || async {
+            let out = node.cli(&["events"]).output().await.expect("the CLI runs");
+            let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+            (shown.contains("SystemOOM") && shown.contains(&want) && shown.contains("node/"))
+                .then_some(())
+        },
+    )
+    .await;
     node.finish().await;
 }
