@@ -35,6 +35,8 @@ ROOT=$TB/root                        # content store, snapshots, metadata: kept 
 STATE=$TB/state                      # like /run/containerd: wiped by `down`
 RUNC_ROOT=$TB/runc                   # runc state of CRI containers
 RUNC_V1_ROOT=$TB/runc-v1
+RUNC_ALT_ROOT=$TB/runc-alt           # runc state of the second runtime handler's containers
+ALT_HANDLER=runc-alt                 # the second runtime handler, for RuntimeClass tests
 OPT=$TB/opt
 CNI_CONF_DIR=$TB/cni/net.d
 IPAM_DIR=$TB/cni/ipam
@@ -184,6 +186,13 @@ disabled_plugins = [$disabled]
         SystemdCgroup = false
         Root = "$RUNC_ROOT"
 
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$ALT_HANDLER]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$ALT_HANDLER.options]
+        SystemdCgroup = false
+        Root = "$RUNC_ALT_ROOT"
+
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$CNI_CONF_DIR"
@@ -254,7 +263,7 @@ record_marks() {
 
 start_containerd() { # config
     local cfg=$1 pid n
-    mkdir -p "$ROOT" "$STATE" "$RUNC_ROOT" "$OPT" "$CERTS_DIR"
+    mkdir -p "$ROOT" "$STATE" "$RUNC_ROOT" "$RUNC_ALT_ROOT" "$OPT" "$CERTS_DIR"
     rm -f "$SOCK" "$TTRPC_SOCK"
     if [[ -f $LOG ]] && (( $(stat -c %s "$LOG") > 20 * 1024 * 1024 )); then mv -f "$LOG" "$LOG.1"; fi
     # fd 9 is our lock: containerd must not inherit it
@@ -316,7 +325,7 @@ PY
 known_ids() {
     {
         local d pid
-        for d in "$RUNC_ROOT"/*/* "$STATE"/io.containerd.runtime.v2.task/*/* \
+        for d in "$RUNC_ROOT"/*/* "$RUNC_ALT_ROOT"/*/* "$STATE"/io.containerd.runtime.v2.task/*/* \
                  "$ROOT"/io.containerd.grpc.v1.cri/sandboxes/* "$ROOT"/io.containerd.grpc.v1.cri/containers/*; do
             if [[ -d $d ]]; then basename "$d"; fi
         done
@@ -327,7 +336,7 @@ known_ids() {
 # "namespace id" of every task bundle and runc state dir (shims are grouped by these)
 known_tasks() {
     local d
-    for d in "$STATE"/io.containerd.runtime.v2.task/*/* "$RUNC_ROOT"/*/*; do
+    for d in "$STATE"/io.containerd.runtime.v2.task/*/* "$RUNC_ROOT"/*/* "$RUNC_ALT_ROOT"/*/*; do
         if [[ -d $d ]]; then echo "$(basename "$(dirname "$d")") $(basename "$d")"; fi
     done | sort -u
 }
@@ -393,7 +402,7 @@ kill_runc_container() { # root id
 # Kill what still runs in our containers and remove their runc state.
 kill_runc_containers() { # "namespace id" lines of our tasks
     local root dir ns id
-    for root in "$RUNC_ROOT"/* "$RUNC_V1_ROOT"/*; do
+    for root in "$RUNC_ROOT"/* "$RUNC_ALT_ROOT"/* "$RUNC_V1_ROOT"/*; do
         [[ -d $root ]] || continue
         for dir in "$root"/*/; do
             if [[ -d $dir ]]; then kill_runc_container "$root" "$(basename "$dir")"; fi
@@ -673,7 +682,7 @@ teardown() {
         if [[ -n $id ]]; then remove_shim_socket "$ns" "$id"; fi
     done <<<"$tasks"
     # state and runc roots are runtime state like /run/containerd: wipe them
-    rm -rf --one-file-system "$STATE" "$RUNC_ROOT" "$RUNC_V1_ROOT" "$TB/fifo"
+    rm -rf --one-file-system "$STATE" "$RUNC_ROOT" "$RUNC_ALT_ROOT" "$RUNC_V1_ROOT" "$TB/fifo"
     clean_network
     # shellcheck disable=SC2086
     clean_cgroups $ids
@@ -689,7 +698,7 @@ teardown() {
         stop_containerd
         rm -f "$MAINT_CONFIG"
         unmount_all
-        rm -rf --one-file-system "$STATE" "$RUNC_ROOT"
+        rm -rf --one-file-system "$STATE" "$RUNC_ROOT" "$RUNC_ALT_ROOT"
     fi
     rm -rf --one-file-system "$ROOT"/io.containerd.grpc.v1.cri/sandboxes "$ROOT"/io.containerd.grpc.v1.cri/containers
     if [[ -r $MARKS/run-containerd && $(cat "$MARKS/run-containerd") == ours ]]; then
@@ -839,6 +848,8 @@ cmd_env() {
     echo "NODELET_TEST_ENDPOINT=unix://$SOCK"
     echo "NODELET_TESTBED=$TB"
     echo "NODELET_TEST_NODE_IP=$GATEWAY"
+    echo "NODELET_TEST_ALT_HANDLER=$ALT_HANDLER"
+    echo "NODELET_TEST_ALT_RUNC_ROOT=$RUNC_ALT_ROOT"
     bash "$HERE/registry.sh" env
 }
 

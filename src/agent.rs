@@ -189,7 +189,19 @@ impl Core {
         if let Some(initial) = test_backoff {
             tracing::warn!(?initial, "test-only backoff in use (--testing-backoff)");
         }
+        let rro_handlers = match runtime.handlers().await {
+            Ok(handlers) => handlers
+                .into_iter()
+                .filter(|h| h.features.is_some_and(|f| f.recursive_read_only_mounts))
+                .map(|h| h.name)
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %crate::types::error_chain(&e), "cannot read the runtime handlers' features; recursive read-only mounts are taken as unsupported");
+                Vec::new()
+            }
+        };
         let ctx = pod_sync::Context {
+            rro_handlers,
             node_name: config.node_name.clone(),
             root_dir: config.root_dir.clone(),
             pod_logs_dir: config.pod_logs_dir.clone(),

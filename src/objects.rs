@@ -1,5 +1,5 @@
-//! The data sources offer pods: ConfigMaps and Secrets (beside static pods, or from the API
-//! server) and, from the API server, service account tokens. The validated objects, a store of
+//! The data sources offer pods: ConfigMaps, Secrets and RuntimeClasses (beside static pods, or
+//! from the API server) and, from the API server, service account tokens. The validated objects, a store of
 //! them per source (one [`Writer`], the sync loop; cloneable [`Reader`]s, the pod sync), and which
 //! objects a pod refers to. Values are never logged: `Debug` shows keys only.
 
@@ -8,6 +8,8 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::pod::{ANNOTATION_CONFIG_SOURCE, is_config_key, is_dns1123_subdomain, spec};
 use crate::service_links;
@@ -23,6 +25,9 @@ pub enum Kind {
     Secret,
     /// A service account token issued for one pod (see [`token_name`]).
     ServiceAccountToken,
+    /// A RuntimeClass (cluster-scoped: its namespace is empty): the runtime handler under
+    /// [`HANDLER_KEY`], the pod overhead's quantities under `overhead/<resource>`.
+    RuntimeClass,
 }
 
 impl Kind {
@@ -32,7 +37,13 @@ impl Kind {
             Kind::ConfigMap => "configmap",
             Kind::Secret => "secret",
             Kind::ServiceAccountToken => "service account token",
+            Kind::RuntimeClass => "runtimeclass.node.k8s.io",
         }
+    }
+
+    /// Does an object of this kind live outside namespaces?
+    pub fn is_cluster_scoped(self) -> bool {
+        self == Kind::RuntimeClass
     }
 }
 
@@ -42,6 +53,7 @@ impl fmt::Display for Kind {
             Kind::ConfigMap => "ConfigMap",
             Kind::Secret => "Secret",
             Kind::ServiceAccountToken => "ServiceAccountToken",
+            Kind::RuntimeClass => "RuntimeClass",
         })
     }
 }
@@ -185,6 +197,78 @@ pub fn secret(secret: Secret) -> Result<Object, Vec<String>> {
     check_keys(&mut p, "stringData", strings.keys());
     data.extend(strings.into_iter().map(|(k, v)| (k, v.into_bytes())));
     finish(Kind::Secret, secret.metadata, data, BTreeSet::new(), p)
+}
+
+/// Where a RuntimeClass object keeps its handler.
+pub const HANDLER_KEY: &str = "handler";
+
+/// Where a RuntimeClass object keeps the pod overhead's quantities: this prefix and the resource.
+const OVERHEAD_PREFIX: &str = "overhead/";
+
+/// Validates a RuntimeClass as the API server does: a DNS-1123 subdomain name, a DNS-1123
+/// label handler, valid overhead quantities.
+pub fn runtime_class(rc: RuntimeClass) -> Result<Object, Vec<String>> {
+    let mut p = Vec::new();
+    check_meta(&mut p, &rc.metadata);
+    if rc.handler.is_empty() {
+        p.push("handler: Required value".into());
+    } else if !crate::pod::is_dns1123_label(&rc.handler) {
+        p.push(format!(
+            "handler: {:?} must be a DNS-1123 label (lower-case letters, digits and '-', at most 63)",
+            rc.handler
+        ));
+    }
+    let mut data = BTreeMap::from([(HANDLER_KEY.to_string(), rc.handler.into_bytes())]);
+    let fixed = rc.overhead.and_then(|o| o.pod_fixed).unwrap_or_default();
+    for (resource, q) in fixed {
+        if crate::pod::parse_quantity(&q.0).is_none_or(|v| v < 0.0) {
+            p.push(format!(
+                "overhead.podFixed[{resource}]: not a non-negative quantity"
+            ));
+        }
+        data.insert(format!("{OVERHEAD_PREFIX}{resource}"), q.0.into_bytes());
+    }
+    let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        namespace: Some(String::new()),
+        ..rc.metadata
+    };
+    finish(Kind::RuntimeClass, meta, data, BTreeSet::new(), p)
+}
+
+/// Gives each pod that names a RuntimeClass of `objects` with an overhead and sets none itself
+/// that overhead, as the API server's RuntimeClass admission does for API pods.
+pub fn admit_overhead(pods: &mut [Pod], objects: &[Object]) {
+    for pod in pods {
+        let Some(spec) = pod.spec.as_mut() else {
+            continue;
+        };
+        let Some(class) = spec.runtime_class_name.as_deref() else {
+            continue;
+        };
+        if spec.overhead.is_some() {
+            continue;
+        }
+        let Some(rc) = objects
+            .iter()
+            .find(|o| o.kind == Kind::RuntimeClass && o.name == class)
+        else {
+            continue;
+        };
+        let overhead: BTreeMap<String, Quantity> = rc
+            .data
+            .iter()
+            .filter_map(|(k, v)| {
+                let resource = k.strip_prefix(OVERHEAD_PREFIX)?;
+                Some((
+                    resource.to_string(),
+                    Quantity(String::from_utf8_lossy(v).into()),
+                ))
+            })
+            .collect();
+        if !overhead.is_empty() {
+            spec.overhead = Some(overhead);
+        }
+    }
 }
 
 /// The key of a service account token's one file.
@@ -376,7 +460,12 @@ impl View {
 
     /// The object of this kind and name in the pod's namespace.
     pub fn get(&self, kind: Kind, name: &str) -> Option<Arc<Object>> {
-        let key = (kind, self.namespace.clone(), name.to_string());
+        let namespace = if kind.is_cluster_scoped() {
+            String::new()
+        } else {
+            self.namespace.clone()
+        };
+        let key = (kind, namespace, name.to_string());
         self.sets
             .iter()
             .filter(|(_, secrets)| *secrets || kind != Kind::Secret)
@@ -397,10 +486,29 @@ impl View {
     }
 }
 
-/// Every object the pod refers to, by kind and name (its namespace is the pod's).
-pub fn references(pod: &Pod) -> BTreeSet<(Kind, String)> {
+/// Every object the pod refers to, by key: the pod's namespace, or none for cluster-scoped kinds.
+pub fn references(pod: &Pod) -> BTreeSet<Key> {
+    let namespace = crate::types::namespace(pod);
+    names(pod)
+        .into_iter()
+        .map(|(kind, name)| {
+            let ns = if kind.is_cluster_scoped() {
+                ""
+            } else {
+                namespace
+            };
+            (kind, ns.to_string(), name)
+        })
+        .collect()
+}
+
+/// Every object the pod refers to, by kind and name.
+fn names(pod: &Pod) -> BTreeSet<(Kind, String)> {
     let mut out = BTreeSet::new();
     let s = spec(pod);
+    if let Some(class) = s.runtime_class_name.as_ref().filter(|c| !c.is_empty()) {
+        out.insert((Kind::RuntimeClass, class.clone()));
+    }
     let ephemeral = crate::pod::ephemeral_containers(s);
     for c in crate::pod::all_containers(s).chain(&ephemeral) {
         for e in c.env.iter().flatten() {
@@ -558,22 +666,49 @@ mod tests {
     #[test]
     fn references_cover_env_env_from_and_volumes() {
         let pod: Pod = serde_yaml_ng::from_str(
-            "metadata: {name: p}\nspec:\n  containers:\n  - name: c\n    env:\n    - {name: A, valueFrom: {configMapKeyRef: {name: one, key: k}}}\n    - {name: B, valueFrom: {secretKeyRef: {name: two, key: k}}}\n    envFrom: [{configMapRef: {name: three}}]\n  volumes:\n  - {name: v, secret: {secretName: four}}\n  - {name: w, projected: {sources: [{configMap: {name: five}}]}}\n",
+            "metadata: {name: p}\nspec:\n  containers:\n  - name: c\n    env:\n    - {name: A, valueFrom: {configMapKeyRef: {name: one, key: k}}}\n    - {name: B, valueFrom: {secretKeyRef: {name: two, key: k}}}\n    envFrom: [{configMapRef: {name: three}}]\n  volumes:\n  - {name: v, secret: {secretName: four}}\n  - {name: w, projected: {sources: [{configMap: {name: five}}]}}\n  runtimeClassName: six\n",
         )
         .unwrap();
         let refs: Vec<String> = references(&pod)
             .into_iter()
-            .map(|(k, n)| format!("{k}/{n}"))
+            .map(|(k, ns, n)| format!("{k}/{ns}/{n}"))
             .collect();
         assert_eq!(
             refs,
             [
-                "ConfigMap/five",
-                "ConfigMap/one",
-                "ConfigMap/three",
-                "Secret/four",
-                "Secret/two"
+                "ConfigMap/default/five",
+                "ConfigMap/default/one",
+                "ConfigMap/default/three",
+                "Secret/default/four",
+                "Secret/default/two",
+                "RuntimeClass//six"
             ]
         );
+    }
+
+    #[test]
+    fn a_runtime_class_is_checked_and_gives_its_overhead_to_pods_that_set_none() {
+        let rc: RuntimeClass = serde_yaml_ng::from_str(
+            "metadata: {name: fast}\nhandler: runc-fast\noverhead: {podFixed: {cpu: 250m, memory: 64Mi}}\n",
+        )
+        .unwrap();
+        let object = runtime_class(rc).unwrap();
+        assert_eq!(object.namespace, "");
+        assert_eq!(object.data[HANDLER_KEY], b"runc-fast");
+        let bad: RuntimeClass =
+            serde_yaml_ng::from_str("metadata: {name: Bad}\nhandler: no_underscores\n").unwrap();
+        assert_eq!(runtime_class(bad).unwrap_err().len(), 2);
+        let pod = |extra: &str| -> Pod {
+            serde_yaml_ng::from_str(&format!(
+                "metadata: {{name: p}}\nspec: {{runtimeClassName: fast, containers: []{extra}}}\n"
+            ))
+            .unwrap()
+        };
+        let mut pods = [pod(""), pod(", overhead: {cpu: 1}")];
+        admit_overhead(&mut pods, std::slice::from_ref(&object));
+        let overhead = |p: &Pod| p.spec.as_ref().unwrap().overhead.clone().unwrap();
+        assert_eq!(overhead(&pods[0])["cpu"].0, "250m");
+        assert_eq!(overhead(&pods[0])["memory"].0, "64Mi");
+        assert_eq!(overhead(&pods[1]).len(), 1, "a pod's own overhead stays");
     }
 }

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::eviction::{Eviction, Pressure};
 use crate::objects;
 use crate::pleg::{Event, EventKind};
-use crate::pod::{ANNOTATION_CONFIG_SOURCE, ephemeral_storage_request, requests};
+use crate::pod::{ANNOTATION_CONFIG_SOURCE, ephemeral_storage_request, requests, resize};
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
 use crate::sources::Mux;
@@ -56,6 +56,18 @@ impl Default for Config {
 pub struct Desired {
     pub pods: Vec<Arc<Pod>>,
     pub ready: Vec<Source>,
+    /// Full names of pods still being terminated: their mirror pods stay until they are gone.
+    pub terminating: Vec<String>,
+}
+
+/// What an admitted pod holds of the node (upstream's allocation).
+struct Admitted {
+    /// Requests: cpu, memory, ephemeral storage.
+    requests: (f64, f64, f64),
+    /// Its containers' resources; a resize changes them once it fits.
+    allocation: resize::Allocation,
+    /// Why the spec's newer resources wait, while they do.
+    pending: Option<String>,
 }
 
 /// The loop's state.
@@ -72,8 +84,8 @@ pub struct SyncLoop<S> {
     terminating_names: HashMap<String, PodUid>,
     heartbeat: watch::Sender<Instant>,
     done: mpsc::UnboundedReceiver<PodUid>,
-    /// Requests (cpu, memory, ephemeral storage) of the pods admitted to run.
-    admitted: HashMap<PodUid, (f64, f64, f64)>,
+    /// The pods admitted to run, with what they were admitted (or last resized) with.
+    admitted: HashMap<PodUid, Admitted>,
     /// When each admitted pod was admitted: its activeDeadlineSeconds count from there.
     started: HashMap<PodUid, Instant>,
     /// Pods admission refused (or the eviction manager evicted); they stay refused until they
@@ -152,6 +164,12 @@ impl<S: PodSyncer> SyncLoop<S> {
         if let Some(refusal) = os_refusal(pod) {
             return Some(refusal);
         }
+        if needs_apparmor(pod) && !host_has_apparmor() {
+            return Some((
+                "AppArmor",
+                "Cannot enforce AppArmor: AppArmor is not enabled on the host".into(),
+            ));
+        }
         let (cpu, memory) = requests(pod);
         let wanted = (cpu, memory, ephemeral_storage_request(pod));
         if let Some(message) = self
@@ -163,7 +181,9 @@ impl<S: PodSyncer> SyncLoop<S> {
             return Some(("Evicted", message));
         }
         if let Some(a) = self.config.allocatable {
-            let used = |f: fn(&(f64, f64, f64)) -> f64| self.admitted.values().map(f).sum::<f64>();
+            let used = |f: fn(&(f64, f64, f64)) -> f64| {
+                self.admitted.values().map(|p| f(&p.requests)).sum::<f64>()
+            };
             let count = self.admitted.len() as f64;
             let refusal = [
                 exceeds("OutOfpods", "pods", 1.0, count, f64::from(a.pods), false),
@@ -190,8 +210,81 @@ impl<S: PodSyncer> SyncLoop<S> {
             }
         }
         self.started.insert(uid.clone(), Instant::now());
-        self.admitted.insert(uid, wanted);
+        self.admitted.insert(
+            uid,
+            Admitted {
+                requests: wanted,
+                allocation: resize::allocation(pod),
+                pending: None,
+            },
+        );
         None
+    }
+
+    /// Tells the mirror pod manager what the sources want and which pods still terminate.
+    fn publish_desired(&self) {
+        self.desired.send_replace(Desired {
+            pods: self.mux.desired().cloned().collect(),
+            ready: [Source::File, Source::Http, Source::Api]
+                .into_iter()
+                .filter(|s| self.mux.is_ready(*s))
+                .collect(),
+            terminating: self.terminating_names.keys().cloned().collect(),
+        });
+    }
+
+    /// Upstream's resize admission: an admitted pod whose spec asks for other resources gets
+    /// them once they fit beside the other pods' allocations. Until then it runs with the ones
+    /// it has, and says why (PodResizePending, Deferred). Returns the pod to sync.
+    fn allocate(&mut self, pod: &Arc<Pod>) -> Arc<Pod> {
+        let uid = PodUid::of(pod);
+        let wanted = resize::allocation(pod);
+        let Some(mine) = self.admitted.get(&uid) else {
+            return pod.clone();
+        };
+        if mine.allocation == wanted {
+            if let Some(p) = self.admitted.get_mut(&uid) {
+                p.pending = None;
+            }
+            return pod.clone();
+        }
+        let (cpu, memory) = requests(pod);
+        let refusal = self.config.allocatable.and_then(|a| {
+            let used = |f: fn(&(f64, f64, f64)) -> f64| {
+                self.admitted
+                    .iter()
+                    .filter(|(u, _)| **u != uid)
+                    .map(|(_, p)| f(&p.requests))
+                    .sum::<f64>()
+            };
+            [
+                exceeds("", "cpu", cpu, used(|r| r.0), a.cpu, true),
+                exceeds("", "memory", memory, used(|r| r.1), a.memory, false),
+            ]
+            .into_iter()
+            .flatten()
+            .next()
+        });
+        let Some(mine) = self.admitted.get_mut(&uid) else {
+            return pod.clone();
+        };
+        match refusal {
+            None => {
+                tracing::info!(pod = %full_name(pod), "resize admitted");
+                mine.requests = (cpu, memory, ephemeral_storage_request(pod));
+                mine.allocation = wanted;
+                mine.pending = None;
+                pod.clone()
+            }
+            Some((_, message)) => {
+                if mine.pending.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(pod = %full_name(pod), "resize deferred: {message}");
+                }
+                let held = Arc::new(resize::with_allocation(pod, &mine.allocation, &message));
+                mine.pending = Some(message);
+                held
+            }
+        }
     }
 
     fn dispatch(&mut self, pods: &[Arc<Pod>], terminate: bool) {
@@ -254,10 +347,13 @@ impl<S: PodSyncer> SyncLoop<S> {
                 .is_some_and(|old| *old != uid)
             {
                 tracing::debug!(pod = %name, "waiting for the previous pod of this name to terminate");
-            } else if self.workers.update(Work::Sync(pod.clone())) {
-                self.schedule_resync(uid);
             } else {
-                tracing::debug!(pod = %full_name(pod), "pod is still terminating; it starts again once that is done");
+                let allocated = self.allocate(pod);
+                if self.workers.update(Work::Sync(allocated)) {
+                    self.schedule_resync(uid);
+                } else {
+                    tracing::debug!(pod = %full_name(pod), "pod is still terminating; it starts again once that is done");
+                }
             }
         }
     }
@@ -267,6 +363,7 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// volumes and starts containers that were waiting for it.
     fn handle_snapshot(&mut self, mut snapshot: SourceSnapshot) {
         let objects = std::mem::take(&mut snapshot.objects);
+        objects::admit_overhead(&mut snapshot.pods, &objects);
         let changed = self.objects.replace(snapshot.source, objects);
         for update in self.mux.merge(snapshot) {
             let pods = || update.pods.iter().map(|p| full_name(p)).collect::<Vec<_>>();
@@ -295,13 +392,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
         // The pods are admitted before any pressure is observed.
         self.ready.send_replace(true);
-        self.desired.send_replace(Desired {
-            pods: self.mux.desired().cloned().collect(),
-            ready: [Source::File, Source::Http, Source::Api]
-                .into_iter()
-                .filter(|s| self.mux.is_ready(*s))
-                .collect(),
-        });
+        self.publish_desired();
         if changed.is_empty() {
             return;
         }
@@ -310,12 +401,9 @@ impl<S: PodSyncer> SyncLoop<S> {
             .mux
             .desired()
             .filter(|p| {
-                let ns = crate::types::namespace(p);
-                objects::references(p).into_iter().any(|(kind, name)| {
-                    changed
-                        .iter()
-                        .any(|c| c.0 == kind && c.1 == ns && c.2 == name)
-                })
+                objects::references(p)
+                    .iter()
+                    .any(|key| changed.contains(key))
             })
             .map(|p| PodUid::of(p))
             .collect();
@@ -343,6 +431,18 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// Terminates pods the runtime holds for this node that no source wants, once their source
     /// is ready (so a slow source never gets its pods killed, and never blocks another source).
     async fn housekeeping(&mut self) {
+        // Deferred resizes are tried again: other pods may have left or shrunk.
+        let deferred: Vec<Arc<Pod>> = self
+            .mux
+            .desired()
+            .filter(|p| {
+                self.admitted
+                    .get(&PodUid::of(p))
+                    .is_some_and(|a| a.pending.is_some())
+            })
+            .cloned()
+            .collect();
+        self.dispatch(&deferred, false);
         let admitted: Vec<Arc<Pod>> = self
             .mux
             .desired()
@@ -481,6 +581,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                         .cloned()
                         .collect();
                     self.dispatch(&again, false);
+                    self.publish_desired();
                 }
                 Some(event) = events.recv() => self.handle_event(&event.uid, event.kind),
                 Some(eviction) = self.evictions.1.recv() => self.evict(eviction),
@@ -494,6 +595,44 @@ impl<S: PodSyncer> SyncLoop<S> {
             self.heartbeat.send_replace(Instant::now());
         }
     }
+}
+
+/// The annotation prefix of a container's AppArmor profile (before the field existed).
+const APPARMOR_ANNOTATION: &str = "container.apparmor.security.beta.kubernetes.io/";
+
+/// Does the pod ask for an AppArmor profile other than unconfined (by field or annotation)?
+fn needs_apparmor(pod: &Pod) -> bool {
+    let s = crate::pod::spec(pod);
+    let confined = |p: Option<&k8s_openapi::api::core::v1::AppArmorProfile>| {
+        p.is_some_and(|p| p.type_ != "Unconfined")
+    };
+    let by_field = confined(
+        s.security_context
+            .as_ref()
+            .and_then(|c| c.app_armor_profile.as_ref()),
+    ) || crate::pod::all_containers(s).any(|c| {
+        confined(
+            c.security_context
+                .as_ref()
+                .and_then(|c| c.app_armor_profile.as_ref()),
+        )
+    });
+    let by_annotation = pod
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .any(|(k, v)| k.starts_with(APPARMOR_ANNOTATION) && v != "unconfined");
+    by_field || by_annotation
+}
+
+/// Is AppArmor enabled in this kernel (read once)?
+fn host_has_apparmor() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+            .is_ok_and(|v| v.starts_with('Y'))
+    })
 }
 
 /// Upstream's OS checks: a pod for another OS, by its `kubernetes.io/os` node selector or its
@@ -540,9 +679,10 @@ fn exceeds(
     if used + requested <= capacity + 1e-9 {
         return None;
     }
+    // Whole millicores for cpu, bytes for memory, as upstream prints them.
     let show = |v: f64| {
         if millicores {
-            format!("{}m", (v * 1000.0) as i64)
+            ((v * 1000.0).round() as i64).to_string()
         } else {
             (v as i64).to_string()
         }

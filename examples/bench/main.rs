@@ -173,7 +173,7 @@ async fn floor_pod(
         }),
         ..Default::default()
     };
-    let id = rt.run_pod_sandbox(sandbox.clone()).await?;
+    let id = rt.run_pod_sandbox(sandbox.clone(), String::new()).await?;
     let container = floor_container(&logs.join(&uid), host_network, image, labels)?;
     let cid = rt.create_container(&id, container, sandbox).await?;
     rt.start_container(&cid).await?;

@@ -43,6 +43,8 @@ SKIPS=$(cat <<'EOF'
 \[Alpha\]|\[Beta\]	alpha or beta APIs behind feature gates this control plane leaves at their defaults.
 \[sig-node\] PrivilegedPod \[NodeConformance\] should enable privileged commands	creates a dummy network link (ip link add dummy1 type dummy); this machine's kernel has no dummy link type (no module to load), so the command fails for any node agent.
 \[sig-node\] (ConfigMap|Secrets) should be consumable (via the environment|as environment variable names)	the test bed's busybox (Debian bookworm's 1.35) drops environment variables whose names are not shell identifiers (the tests' keys are data-1, ...) before `env` prints them; upstream's busybox 1.37 image keeps them.
+\[sig-node\] Kubelet Cgroup Manager	(node suite) looks for the QoS and pod cgroups under the machine's root cgroup (/kubepods); conformance nodes keep theirs under a cgroup root of their own (--cgroup-root /nodelet-conformance-N), so the test bed leaves the machine's cgroups as it found them.
+\[sig-node\] ContainerLogPath	(node suite) reads the logs from the machine's /var/log/pods and /var/log/containers; conformance nodes write theirs under the test bed (--pod-logs-dir, --container-logs-dir), so the test bed leaves the machine's log directories as it found them.
 EOF
 )
 

@@ -11,7 +11,7 @@ use cgroups_rs::cgroup_builder::CgroupBuilder;
 use cgroups_rs::{Cgroup, hierarchies};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::pod::{container_quantity, parse_quantity, qos_class, requests, spec};
+use crate::pod::{container_quantity, overhead, parse_quantity, qos_class, requests, spec};
 
 mod usage;
 
@@ -108,6 +108,7 @@ pub fn pod_limits(pod: &Pod) -> PodLimits {
                     .flatten()
                     .filter_map(|c| limit(c, key))
                     .fold(sum, f64::max)
+                    + overhead(pod, key)
             })
     };
     let (cpu_request, _) = requests(pod);

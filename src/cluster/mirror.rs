@@ -94,15 +94,7 @@ pub async fn run(
         if let Some(uid) = uid {
             let wanted = desired.borrow_and_update().clone();
             let read = static_sources.iter().all(|s| wanted.ready.contains(s));
-            reconcile(
-                &client,
-                (&node, &uid),
-                &wanted.pods,
-                read,
-                &bound,
-                &mut refused,
-            )
-            .await;
+            reconcile(&client, (&node, &uid), &wanted, read, &bound, &mut refused).await;
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -114,10 +106,12 @@ pub async fn run(
     }
 }
 
+/// Mirrors follow the static pods; a pod of a name still being terminated (a static pod removed,
+/// or replaced by a new version) keeps the mirror it has until it is gone, as upstream.
 async fn reconcile(
     client: &kube::Client,
     (node, node_uid): (&str, &str),
-    wanted: &[Arc<Pod>],
+    wanted: &Desired,
     statics_read: bool,
     bound: &Bound,
     refused: &mut HashMap<String, String>,
@@ -129,9 +123,13 @@ async fn reconcile(
         .filter(|p| is_mirror(p))
         .map(|p| (full_name(&p), p))
         .collect();
-    let statics: Vec<&Arc<Pod>> = wanted.iter().filter(|p| is_static(p)).collect();
+    let statics: Vec<&Arc<Pod>> = wanted.pods.iter().filter(|p| is_static(p)).collect();
+    let terminating = |name: &str| wanted.terminating.iter().any(|t| t == name);
     for pod in &statics {
         let name = full_name(pod);
+        if terminating(&name) {
+            continue;
+        }
         let existing = mirrors.get(&name).map(|p| p.as_ref());
         match step(pod, existing) {
             Step::Keep => {}
@@ -171,7 +169,7 @@ async fn reconcile(
         return;
     }
     for (name, mirror) in &mirrors {
-        if statics.iter().any(|p| full_name(p) == *name) {
+        if statics.iter().any(|p| full_name(p) == *name) || terminating(name) {
             continue;
         }
         let uid = mirror.metadata.uid.clone().unwrap_or_default();

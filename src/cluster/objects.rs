@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::watch_object;
@@ -73,15 +74,7 @@ impl Referenced {
     /// Watches the ConfigMaps and Secrets `pods` refer to, and stops watching what they no
     /// longer do (tokens are issued, not watched: see [`Referenced::issue_tokens`]).
     pub fn follow(&mut self, pods: &[Pod]) {
-        let wanted: HashSet<Key> = pods
-            .iter()
-            .flat_map(|p| {
-                let namespace = p.metadata.namespace.clone().unwrap_or_default();
-                crate::objects::references(p)
-                    .into_iter()
-                    .map(move |(kind, name)| (kind, namespace.clone(), name))
-            })
-            .collect();
+        let wanted: HashSet<Key> = pods.iter().flat_map(crate::objects::references).collect();
         self.watches.retain(|key, stop| {
             let keep = wanted.contains(key);
             if !keep {
@@ -105,7 +98,7 @@ impl Referenced {
             let watch = stop.clone();
             match key.0 {
                 Kind::ConfigMap => self.tracker.spawn(watch_one::<ConfigMap>(
-                    client,
+                    Api::namespaced(client, &key.1),
                     key.clone(),
                     crate::objects::config_map,
                     values,
@@ -113,9 +106,17 @@ impl Referenced {
                     watch,
                 )),
                 Kind::Secret => self.tracker.spawn(watch_one::<Secret>(
-                    client,
+                    Api::namespaced(client, &key.1),
                     key.clone(),
                     crate::objects::secret,
+                    values,
+                    changed,
+                    watch,
+                )),
+                Kind::RuntimeClass => self.tracker.spawn(watch_one::<RuntimeClass>(
+                    Api::all(client),
+                    key.clone(),
+                    crate::objects::runtime_class,
                     values,
                     changed,
                     watch,
@@ -223,23 +224,17 @@ impl Referenced {
 
 /// Watches one object until `stop`, keeping its validated value in `values`.
 async fn watch_one<K>(
-    client: kube::Client,
+    api: Api<K>,
     key: Key,
     validate: fn(K) -> Result<Object, Vec<String>>,
     values: Arc<Mutex<BTreeMap<Key, Object>>>,
     changed: Arc<Notify>,
     stop: CancellationToken,
 ) where
-    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + 'static,
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,
 {
     let (kind, namespace, name) = key.clone();
-    let api: Api<K> = Api::namespaced(client, &namespace);
     let mut stream = watch_object(api, &name).default_backoff().boxed();
     loop {
         let next = tokio::select! {

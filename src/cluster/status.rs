@@ -121,6 +121,9 @@ async fn push(client: &kube::Client, target: &Target, pod: &Pod) -> bool {
     }
 }
 
+/// Pod conditions the node sets only while they hold (upstream's resize conditions).
+const TRANSIENT_CONDITIONS: [&str; 2] = ["PodResizePending", "PodResizeInProgress"];
+
 /// The status as a strategic merge patch: conditions merge by type, so the fields a condition
 /// no longer has, and the pod's reason and message once they are gone, are cleared explicitly.
 fn with_clears(pod: &Pod) -> serde_json::Value {
@@ -143,6 +146,12 @@ fn with_clears(pod: &Pod) -> serde_json::Value {
                 .filter_map(serde_json::Value::as_object_mut)
             {
                 clear(c, &["reason", "message"]);
+            }
+            // The node's conditions that exist only while true are deleted once they are gone.
+            for kind in TRANSIENT_CONDITIONS {
+                if !conditions.iter().any(|c| c["type"] == *kind) {
+                    conditions.push(serde_json::json!({"type": kind, "$patch": "delete"}));
+                }
             }
         }
     }
@@ -205,5 +214,10 @@ mod tests {
         assert_eq!(patch["conditions"][1]["reason"], "ContainersNotReady");
         assert!(patch.as_object().unwrap().contains_key("message"));
         assert_eq!(patch["phase"], "Running");
+        assert_eq!(
+            patch["conditions"][2],
+            serde_json::json!({"type": "PodResizePending", "$patch": "delete"}),
+            "a resize condition no longer true leaves the API's copy"
+        );
     }
 }

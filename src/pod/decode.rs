@@ -1,11 +1,12 @@
-//! Decoding manifest text (YAML or JSON, one or more documents) into Pods, and the ConfigMaps
-//! and Secrets that may stand beside them.
+//! Decoding manifest text (YAML or JSON, one or more documents) into Pods, and the ConfigMaps,
+//! Secrets and RuntimeClasses that may stand beside them.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use serde_json::Value;
 
 /// What one manifest holds.
@@ -14,10 +15,11 @@ pub struct Decoded {
     pub pods: Vec<Pod>,
     pub config_maps: Vec<ConfigMap>,
     pub secrets: Vec<Secret>,
+    pub runtime_classes: Vec<RuntimeClass>,
 }
 
-/// Decodes every document of `text`: a v1 Pod, ConfigMap or Secret, a PodList of Pods, or a List
-/// of any of them. Empty documents are skipped. Any document that does not decode fails the
+/// Decodes every document of `text`: a v1 Pod, ConfigMap or Secret, a node.k8s.io/v1
+/// RuntimeClass, a PodList of Pods, or a List of any of them. Empty documents are skipped. Any document that does not decode fails the
 /// whole text: each problem is one message. A Secret's values never appear in a message.
 pub fn decode_manifest(text: &str) -> Result<Decoded, Vec<String>> {
     let mut out = Decoded::default();
@@ -53,7 +55,9 @@ pub fn decode_manifest(text: &str) -> Result<Decoded, Vec<String>> {
 
 fn decode_document(value: Value, out: &mut Decoded) -> Result<(), String> {
     let Value::Object(fields) = &value else {
-        return Err("expected an object with kind: Pod, ConfigMap, Secret or PodList".into());
+        return Err(
+            "expected an object with kind: Pod, ConfigMap, Secret, RuntimeClass or PodList".into(),
+        );
     };
     let kind = fields.get("kind").and_then(Value::as_str).unwrap_or("");
     if kind != "PodList" && kind != "List" {
@@ -87,7 +91,7 @@ fn decode_one(mut value: Value, implied: Option<&str>, out: &mut Decoded) -> Res
     let allowed: &[&str] = if implied.is_some() {
         &["Pod"]
     } else {
-        &["Pod", "ConfigMap", "Secret"]
+        &["Pod", "ConfigMap", "Secret", "RuntimeClass"]
     };
     if !allowed.contains(&kind.as_str()) {
         return Err(format!(
@@ -95,9 +99,14 @@ fn decode_one(mut value: Value, implied: Option<&str>, out: &mut Decoded) -> Res
             allowed.join(", ")
         ));
     }
-    if text_of("apiVersion") != "v1" {
+    let api_version = if kind == "RuntimeClass" {
+        "node.k8s.io/v1"
+    } else {
+        "v1"
+    };
+    if text_of("apiVersion") != api_version {
         return Err(format!(
-            "apiVersion must be v1, found {:?}",
+            "apiVersion of a {kind} must be {api_version}, found {:?}",
             text_of("apiVersion")
         ));
     }
@@ -109,6 +118,9 @@ fn decode_one(mut value: Value, implied: Option<&str>, out: &mut Decoded) -> Res
         }),
         "ConfigMap" => out.config_maps.push(
             serde_json::from_value(value).map_err(|e| format!("not a valid ConfigMap: {e}"))?,
+        ),
+        "RuntimeClass" => out.runtime_classes.push(
+            serde_json::from_value(value).map_err(|e| format!("not a valid RuntimeClass: {e}"))?,
         ),
         _ => out.secrets.push(decode_secret(value)?),
     }

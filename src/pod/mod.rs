@@ -6,6 +6,7 @@ mod defaults;
 mod hash;
 mod qos;
 mod quantity;
+pub mod resize;
 mod signal;
 mod static_pod;
 mod validate;
@@ -14,7 +15,7 @@ pub mod yaml;
 pub use decode::{Decoded, decode_manifest};
 pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::container_hash;
-pub use qos::{ephemeral_storage_request, is_critical, qos_class, requests};
+pub use qos::{ephemeral_storage_request, is_critical, overhead, qos_class, requests};
 pub use quantity::{container_quantity, parse_quantity};
 pub use signal::signal_number;
 pub use static_pod::{
@@ -22,7 +23,7 @@ pub use static_pod::{
     ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,
 };
 pub use validate::{
-    api_object_reference, is_config_key, is_dns1123_subdomain, is_qualified_name,
+    api_object_reference, is_config_key, is_dns1123_label, is_dns1123_subdomain, is_qualified_name,
     is_valid_file_path, validate,
 };
 

@@ -28,8 +28,18 @@ pub fn qos_class(pod: &Pod) -> &'static str {
     }
 }
 
+/// The pod overhead (`spec.overhead`, from its RuntimeClass) of one resource, in its units.
+pub fn overhead(pod: &Pod, key: &str) -> f64 {
+    spec(pod)
+        .overhead
+        .as_ref()
+        .and_then(|o| o.get(key))
+        .and_then(|q| super::parse_quantity(&q.0))
+        .unwrap_or(0.0)
+}
+
 /// A pod's requests (cpu cores, memory bytes): the larger of its app containers' sum and its
-/// largest init container, as upstream's admission counts them.
+/// largest init container, plus the pod overhead, as upstream's admission counts them.
 pub fn requests(pod: &Pod) -> (f64, f64) {
     let request = |c: &k8s_openapi::api::core::v1::Container, key: &str| {
         container_quantity(c, false, key).unwrap_or(0.0)
@@ -44,8 +54,8 @@ pub fn requests(pod: &Pod) -> (f64, f64) {
             .fold(0.0, f64::max)
     };
     (
-        sum("cpu").max(init_max("cpu")),
-        sum("memory").max(init_max("memory")),
+        sum("cpu").max(init_max("cpu")) + overhead(pod, "cpu"),
+        sum("memory").max(init_max("memory")) + overhead(pod, "memory"),
     )
 }
 

@@ -138,7 +138,8 @@ pub fn is_valid_file_path(path: &str) -> bool {
             .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
-fn is_dns1123_label(s: &str) -> bool {
+/// Is `s` a DNS-1123 label (a subdomain of one part, at most 63 characters)?
+pub fn is_dns1123_label(s: &str) -> bool {
     s.len() <= 63 && !s.contains('.') && is_dns1123_subdomain(s)
 }
 

@@ -35,6 +35,9 @@ pub struct Context {
     pub cluster_dns: super::network::ClusterDns,
     /// --allowed-unsafe-sysctls patterns (`name` or `prefix*`).
     pub allowed_unsafe_sysctls: Vec<String>,
+    /// The runtime handlers that support recursive read-only mounts (`""`: the default one),
+    /// as the runtime's status says.
+    pub rro_handlers: Vec<String>,
 }
 
 fn meta(pod: &Pod) -> (&str, &str, &str) {
@@ -260,6 +263,8 @@ pub struct ContainerInput<'a> {
     pub sub_paths: &'a HashMap<usize, PathBuf>,
     /// The container whose process namespace this one joins.
     pub pid_target: Option<&'a str>,
+    /// Can the pod's runtime handler make recursive read-only mounts?
+    pub rro_supported: bool,
 }
 
 /// May `name` be an environment variable's name (printable ASCII without '=', as upstream
@@ -493,10 +498,13 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
             }
             None => volume.path.clone(),
         };
+        let readonly = volume.read_only || m.read_only.unwrap_or(false);
+        let recursive_read_only = recursive_read_only(m, readonly, input.rro_supported)?;
         mounts.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
-            readonly: volume.read_only || m.read_only.unwrap_or(false),
+            readonly,
+            recursive_read_only,
             ..Default::default()
         });
     }
@@ -590,6 +598,83 @@ fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri:
         profile_type: kind as i32,
         localhost_ref,
     }
+}
+
+/// Whether a mount is made recursively read-only, by upstream's rules: `Enabled` needs a read-only
+/// mount and a runtime that can, `IfPossible` takes it where the runtime can.
+fn recursive_read_only(
+    m: &k8s_openapi::api::core::v1::VolumeMount,
+    readonly: bool,
+    supported: bool,
+) -> Result<bool, String> {
+    let mode = m.recursive_read_only.as_deref().unwrap_or("Disabled");
+    if mode == "Disabled" {
+        return Ok(false);
+    }
+    let refused = |why: &str| {
+        Err(format!(
+            "failed to resolve recursive read-only mode: volume {:?} requested recursive read-only mode, but {why}",
+            m.name
+        ))
+    };
+    if !readonly {
+        return refused("it is not read-only");
+    }
+    match mode {
+        "IfPossible" => Ok(supported),
+        "Enabled" if supported => Ok(true),
+        "Enabled" => refused("it is not supported by the runtime"),
+        other => Err(format!("unknown recursive read-only mode {other:?}")),
+    }
+}
+
+/// The container's AppArmor profile: its own field, else the pod's, else its annotation; none
+/// leaves the runtime's default. (Pods asking for one on a host without AppArmor are refused
+/// at admission.)
+fn apparmor(pod: &Pod, c: &Container) -> Option<cri::SecurityProfile> {
+    use cri::security_profile::ProfileType;
+    let field = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.app_armor_profile.as_ref())
+        .or(spec(pod)
+            .security_context
+            .as_ref()
+            .and_then(|s| s.app_armor_profile.as_ref()))
+        .map(|p| {
+            (
+                p.type_.clone(),
+                p.localhost_profile.clone().unwrap_or_default(),
+            )
+        });
+    let annotation = || {
+        let value = pod.metadata.annotations.as_ref()?.get(&format!(
+            "container.apparmor.security.beta.kubernetes.io/{}",
+            c.name
+        ))?;
+        Some(match value.as_str() {
+            "runtime/default" => ("RuntimeDefault".into(), String::new()),
+            "unconfined" => ("Unconfined".into(), String::new()),
+            other => (
+                "Localhost".into(),
+                other.strip_prefix("localhost/").unwrap_or(other).into(),
+            ),
+        })
+    };
+    let (kind, name) = field.or_else(annotation)?;
+    let profile_type = match kind.as_str() {
+        "RuntimeDefault" => ProfileType::RuntimeDefault,
+        "Localhost" => ProfileType::Localhost,
+        _ => ProfileType::Unconfined,
+    };
+    Some(cri::SecurityProfile {
+        profile_type: profile_type as i32,
+        localhost_ref: if profile_type == ProfileType::Localhost {
+            name
+        } else {
+            String::new()
+        },
+    })
 }
 
 /// The container's cgroup limits and OOM score: cpu shares from its cpu request, a CFS quota
@@ -692,6 +777,17 @@ fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxC
                 sc.and_then(|s| s.seccomp_profile.as_ref())
                     .or(pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
             )),
+            apparmor: apparmor(pod, c),
+            // Its older form: runtimes from before the field (containerd 1.6) read only this.
+            #[allow(deprecated)]
+            apparmor_profile: apparmor(pod, c).map_or_else(String::new, |p| {
+                use cri::security_profile::ProfileType;
+                match ProfileType::try_from(p.profile_type) {
+                    Ok(ProfileType::RuntimeDefault) => "runtime/default".into(),
+                    Ok(ProfileType::Localhost) => format!("localhost/{}", p.localhost_ref),
+                    _ => "unconfined".into(),
+                }
+            }),
             no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
             masked_paths: masked_paths(sc),
             readonly_paths: readonly_paths(sc),
@@ -748,8 +844,40 @@ mod tests {
     use super::*;
     use crate::pod::{StaticOrigin, apply_defaults, decode_manifest, make_static};
 
+    #[test]
+    fn recursive_read_only_follows_upstream_rules() {
+        let mount = |mode: &str| -> k8s_openapi::api::core::v1::VolumeMount {
+            serde_json::from_value(serde_json::json!({
+                "name": "v", "mountPath": "/m", "recursiveReadOnly": mode
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            recursive_read_only(&mount("Disabled"), true, true),
+            Ok(false)
+        );
+        assert_eq!(
+            recursive_read_only(&mount("IfPossible"), true, false),
+            Ok(false)
+        );
+        assert_eq!(
+            recursive_read_only(&mount("IfPossible"), true, true),
+            Ok(true)
+        );
+        assert_eq!(recursive_read_only(&mount("Enabled"), true, true), Ok(true));
+        assert!(
+            recursive_read_only(&mount("Enabled"), true, false)
+                .is_err_and(|e| e.ends_with("it is not supported by the runtime"))
+        );
+        assert!(
+            recursive_read_only(&mount("Enabled"), false, true)
+                .is_err_and(|e| e.ends_with("it is not read-only"))
+        );
+    }
+
     fn ctx() -> Context {
         Context {
+            rro_handlers: Vec::new(),
             node_name: "n1".into(),
             root_dir: "/r".into(),
             pod_logs_dir: "/logs".into(),
@@ -881,6 +1009,7 @@ mod tests {
             etc_hosts: None,
             sub_paths: &NO_SUB_PATHS,
             pid_target: None,
+            rro_supported: false,
         }
     }
 

@@ -66,6 +66,24 @@ pub async fn run(
         tokio::time::sleep(wanted.min(timeout)).await;
         return Ok(());
     }
+    if let Some(exec) = &handler.exec {
+        // As upstream's, the command has no timeout of its own: waiting for it stops at
+        // `timeout`, the command goes on until it ends or its container is stopped. Cancelling
+        // the runtime call would kill it, so the call runs on by itself; it ends with the
+        // container at the latest.
+        let (runtime, id) = (runtime.clone(), container_id.to_string());
+        let cmd = exec.command.clone().unwrap_or_default();
+        let call = tokio::spawn(async move { runtime.exec_sync(&id, cmd, Duration::ZERO).await });
+        return match tokio::time::timeout(timeout, call).await {
+            Err(_) => Err(format!(
+                "the command did not finish within {}s",
+                timeout.as_secs()
+            )),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Ok(Ok(out))) => probe::exec_outcome(&out),
+        };
+    }
     let as_probe = Probe {
         exec: handler.exec.clone(),
         http_get: handler.http_get.clone(),

@@ -27,6 +27,27 @@ use crate::volumes;
 use crate::{images, probe};
 pub use convert::Context;
 
+/// The runtime handler of the pod's RuntimeClass (none without one), or upstream's message when
+/// the class is missing.
+fn runtime_handler(pod: &Pod, objects: &crate::objects::View) -> Result<String, String> {
+    use crate::objects::{HANDLER_KEY, Kind, View};
+    let Some(class) = spec(pod)
+        .runtime_class_name
+        .as_deref()
+        .filter(|c| !c.is_empty())
+    else {
+        return Ok(String::new());
+    };
+    let found = objects
+        .get(Kind::RuntimeClass, class)
+        .ok_or_else(|| View::not_found(Kind::RuntimeClass, class))?;
+    Ok(found
+        .data
+        .get(HANDLER_KEY)
+        .map(|h| String::from_utf8_lossy(h).into_owned())
+        .unwrap_or_default())
+}
+
 /// Why a sync step failed; each message names the pod part involved.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -47,6 +68,8 @@ pub enum Error {
     Config { container: String, message: String },
     #[error("container {container:?}: PostStartHook failed: {message}")]
     PostStart { container: String, message: String },
+    #[error("cannot create the pod sandbox: {0}")]
+    Sandbox(String),
     #[error("cannot prepare {}: {source}", .path.display())]
     Io {
         path: PathBuf,
@@ -375,6 +398,30 @@ impl Syncer {
             return Ok(());
         };
         let mut status = entry.pod.status.clone().unwrap_or_default();
+        // A container that never ran (or is gone) ends as upstream ends it: unknown, 137.
+        let containers = status
+            .container_statuses
+            .iter_mut()
+            .flatten()
+            .chain(status.init_container_statuses.iter_mut().flatten());
+        for c in containers {
+            if c.state.as_ref().is_some_and(|s| s.terminated.is_some()) {
+                continue;
+            }
+            c.ready = false;
+            c.started = Some(false);
+            c.state = Some(k8s_openapi::api::core::v1::ContainerState {
+                terminated: Some(k8s_openapi::api::core::v1::ContainerStateTerminated {
+                    reason: Some("ContainerStatusUnknown".into()),
+                    message: Some(
+                        "The container could not be located when the pod was terminated".into(),
+                    ),
+                    exit_code: 137,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
         let all_succeeded = status.container_statuses.iter().flatten().all(|c| {
             c.state
                 .as_ref()
@@ -482,7 +529,11 @@ impl Syncer {
         if !plan.resize.is_empty() {
             self.cgroups.widen_pod(pod)?;
             for r in &plan.resize {
-                self.resize(pod, r).await?;
+                let digest = self.resize(pod, r).await?;
+                // The status this sync records shows the new resources in place.
+                if let Some(c) = rt.containers.iter_mut().find(|c| c.id == r.id) {
+                    c.resources = digest;
+                }
             }
         }
         self.cgroups.ensure_pod(pod)?;
@@ -518,8 +569,21 @@ impl Syncer {
                         "Pod sandbox changed, it will be killed and re-created.".into(),
                     );
                 }
+                let handler = network::fqdn_too_long(pod, &self.ctx.cluster_dns.domain)
+                    .map_or_else(|| runtime_handler(pod, &objects), Err)
+                    .inspect_err(|why| {
+                        self.events.warning(
+                            Target::pod(pod),
+                            "FailedCreatePodSandBox",
+                            format!("Failed to create pod sandbox: {why}"),
+                        )
+                    });
+                let handler = handler.map_err(Error::Sandbox)?;
                 let slot = self.sandbox_starts.acquire().await;
-                let id = self.runtime.run_pod_sandbox(sandbox_config.clone()).await;
+                let id = self
+                    .runtime
+                    .run_pod_sandbox(sandbox_config.clone(), handler)
+                    .await;
                 drop(slot);
                 let id = id.inspect_err(|e| {
                     self.events.warning(
@@ -743,6 +807,8 @@ impl Syncer {
             etc_hosts: Some(&etc_hosts),
             sub_paths: &no_sub_paths,
             pid_target: start.pid_target.as_deref(),
+            rro_supported: runtime_handler(pod, objects)
+                .is_ok_and(|h| self.ctx.rro_handlers.contains(&h)),
         };
         let sub_paths = self.mount_sub_paths(&input)?;
         input.sub_paths = &sub_paths;
@@ -832,9 +898,10 @@ impl Syncer {
     }
 
     /// Resizes a running container in place to its spec's resources.
-    async fn resize(&self, pod: &Pod, r: &actions::Resize) -> Result<(), Error> {
+    /// Resizes a container in place; returns its new resources digest.
+    async fn resize(&self, pod: &Pod, r: &actions::Resize) -> Result<String, Error> {
         let Some(want) = crate::pod::all_containers(spec(pod)).find(|c| c.name == r.name) else {
-            return Ok(());
+            return Ok(String::new());
         };
         let resources = convert::linux_resources(pod, want, self.ctx.node.memory);
         self.runtime
@@ -845,8 +912,8 @@ impl Syncer {
         self.resized
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(r.id.clone(), digest);
-        Ok(())
+            .insert(r.id.clone(), digest.clone());
+        Ok(digest)
     }
 
     async fn remove_container(&self, pod: &Pod, rt: &PodRuntime, id: &str) -> Result<(), Error> {
@@ -1020,9 +1087,11 @@ impl Syncer {
         // A pod deleted through the API ends with a final status from its stopped containers
         // (Succeeded when every one exited 0, else Failed), as upstream's, which the API
         // server gets before the pod's deletion completes.
-        if pod.metadata.deletion_timestamp.is_some() && !rt.containers.is_empty() {
-            self.kill_all(pod, &rt, false).await?;
-            rt = self.runtime.pod_runtime(&uid).await?;
+        if pod.metadata.deletion_timestamp.is_some() {
+            if !rt.containers.is_empty() {
+                self.kill_all(pod, &rt, false).await?;
+                rt = self.runtime.pod_runtime(&uid).await?;
+            }
             self.record_final_status(pod, &rt).await?;
         }
         self.kill_all(pod, &rt, true).await?;

@@ -153,15 +153,26 @@ pub fn hostname_and_fqdn(pod: &Pod, cluster_domain: &str) -> (String, Option<Str
             .trim_end_matches(['-', '.'])
             .to_string(),
     };
+    // Upstream's form, a trailing dot included when there is no cluster domain.
     let fqdn = s.subdomain.as_deref().filter(|d| !d.is_empty()).map(|sub| {
         let ns = crate::types::namespace(pod);
-        if cluster_domain.is_empty() {
-            format!("{hostname}.{sub}.{ns}.svc")
-        } else {
-            format!("{hostname}.{sub}.{ns}.svc.{cluster_domain}")
-        }
+        format!("{hostname}.{sub}.{ns}.svc.{cluster_domain}")
     });
     (hostname, fqdn)
+}
+
+/// The most a hostname may hold in the kernel (its nodename field).
+const KERNEL_HOSTNAME_MAX: usize = 64;
+
+/// Upstream's refusal of a pod whose FQDN, to be its hostname, does not fit the kernel.
+pub fn fqdn_too_long(pod: &Pod, cluster_domain: &str) -> Option<String> {
+    let name = sandbox_hostname(pod, cluster_domain);
+    (name.len() > KERNEL_HOSTNAME_MAX).then(|| {
+        format!(
+            "failed to construct FQDN from pod hostname and cluster domain, FQDN {name} is too long ({KERNEL_HOSTNAME_MAX} characters is the max, {} characters requested)",
+            name.len()
+        )
+    })
 }
 
 /// The sandbox hostname: empty on the host network (the node's name stays); the FQDN with
@@ -393,7 +404,16 @@ mod tests {
         let fqdn = pod(
             serde_json::json!({"hostname": "db", "subdomain": "set", "setHostnameAsFQDN": true}),
         );
-        assert_eq!(sandbox_hostname(&fqdn, ""), "db.set.prod.svc");
+        assert_eq!(sandbox_hostname(&fqdn, ""), "db.set.prod.svc.");
+        assert_eq!(fqdn_too_long(&fqdn, "cluster.local"), None);
+        let long = pod(serde_json::json!({
+            "hostname": "a-hostname-of-fifty-characters-or-so-for-this-test",
+            "subdomain": "set", "setHostnameAsFQDN": true
+        }));
+        assert!(
+            fqdn_too_long(&long, "cluster.local")
+                .is_some_and(|m| m.contains("is too long (64 characters is the max")),
+        );
         let hosts = etc_hosts(&p, &["10.0.0.7".into()], "cluster.local", "");
         assert!(hosts.contains("127.0.0.1\tlocalhost\n"));
         assert!(hosts.contains("10.0.0.7\tdb.set.prod.svc.cluster.local\tdb\n"));

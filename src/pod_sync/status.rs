@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::convert::{ResourcesDigest, resources_digest};
 use crate::pod::{qos_class, spec};
 use crate::runtime::{Container, ContainerState, PodRuntime, SandboxState};
 
@@ -295,6 +296,45 @@ fn unready_gates(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
+/// The in-place resize conditions, present only while true: PodResizePending while the spec's
+/// resources wait for room (Deferred), PodResizeInProgress while a running container has other
+/// resources than the ones allocated to it.
+fn resize_conditions(input: &Input<'_>) -> Vec<PodCondition> {
+    let s = spec(input.pod);
+    let in_progress = input.rt.containers.iter().any(|c| {
+        c.state == ContainerState::Running
+            && crate::pod::all_containers(s)
+                .find(|w| w.name == c.name)
+                .zip(ResourcesDigest::decode(&c.resources))
+                .is_some_and(|(want, have)| resources_digest(want) != have)
+    });
+    let pending = crate::pod::resize::pending(input.pod);
+    let shown = [
+        ("PodResizePending", pending.map(|m| ("Deferred", m))),
+        ("PodResizeInProgress", in_progress.then_some(("", ""))),
+    ];
+    shown
+        .into_iter()
+        .filter_map(|(kind, state)| {
+            let (reason, message) = state?;
+            let before = input
+                .old
+                .and_then(|o| o.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == kind));
+            let now = Some(Time(input.now));
+            Some(PodCondition {
+                type_: kind.into(),
+                status: "True".into(),
+                reason: (!reason.is_empty()).then(|| reason.into()),
+                message: (!message.is_empty()).then(|| message.into()),
+                last_probe_time: now.clone(),
+                last_transition_time: before.and_then(|b| b.last_transition_time.clone()).or(now),
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
 /// Computes the pod's status.
 pub fn generate(input: &Input<'_>) -> PodStatus {
     let s = spec(input.pod);
@@ -470,6 +510,10 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         ),
         condition(old, now, "PodScheduled", true, None, None),
     ];
+    let conditions = conditions
+        .into_iter()
+        .chain(resize_conditions(input))
+        .collect::<Vec<_>>();
     // Which spec this status describes (upstream's observedGeneration, on the pod and on the
     // conditions the node owns).
     let generation = input.pod.metadata.generation;

@@ -60,6 +60,19 @@ fn output(stdout: &[u8], stderr: &[u8]) -> String {
     crate::types::printable(text.trim()).into_owned()
 }
 
+/// An exec's success (exit code 0), or its exit code and output.
+pub fn exec_outcome(out: &crate::runtime::cri::ExecSyncResponse) -> Result<(), String> {
+    if out.exit_code == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "exit code {}: {}",
+            out.exit_code,
+            output(&out.stdout, &out.stderr)
+        ))
+    }
+}
+
 /// A successful attempt that has something to say (upstream's probe.Warning): an HTTP probe
 /// redirected to another host, whose redirect is not followed.
 pub type Warning = Option<String>;
@@ -77,15 +90,7 @@ pub async fn attempt(
             .exec_sync(target.container_id, cmd, timeout)
             .await
             .map_err(|e| e.to_string())?;
-        return if out.exit_code == 0 {
-            Ok(None)
-        } else {
-            Err(format!(
-                "exit code {}: {}",
-                out.exit_code,
-                output(&out.stdout, &out.stderr)
-            ))
-        };
+        return exec_outcome(&out).map(|()| None);
     }
     if let Some(http) = &probe.http_get {
         let host = http

@@ -3,7 +3,7 @@
 
 mod check;
 
-pub use check::{Target, attempt};
+pub use check::{Target, attempt, exec_outcome};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

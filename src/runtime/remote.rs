@@ -62,6 +62,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// How long one image pull may take.
 const PULL_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// How long an exec without a timeout of its own (a lifecycle hook's) may go on: a command that
+/// outlives its container ends with it, so this only bounds a runtime that never answers.
+const UNBOUNDED_EXEC: Duration = Duration::from_secs(24 * 3600);
+
 /// A cheap-to-clone client of one runtime (and its image service).
 #[derive(Clone)]
 pub struct RuntimeClient {
@@ -208,11 +212,15 @@ impl RuntimeClient {
         .await
     }
 
-    pub async fn run_pod_sandbox(&self, config: cri::PodSandboxConfig) -> Result<String> {
+    pub async fn run_pod_sandbox(
+        &self,
+        config: cri::PodSandboxConfig,
+        runtime_handler: String,
+    ) -> Result<String> {
         let mut c = self.runtime.clone();
         let req = cri::RunPodSandboxRequest {
             config: Some(config),
-            runtime_handler: String::new(),
+            runtime_handler,
         };
         Ok(self
             .call("RunPodSandbox", self.timeout, c.run_pod_sandbox(req))
@@ -535,6 +543,8 @@ impl RuntimeClient {
     }
 
     /// Runs `cmd` in the container and returns its exit code and output, within `timeout`.
+    /// Runs a command in the container and waits for it, at most `timeout` (whole seconds, at
+    /// least one); `Duration::ZERO`: until it ends or its container does, as upstream's hooks.
     pub async fn exec_sync(
         &self,
         id: &str,
@@ -542,18 +552,23 @@ impl RuntimeClient {
         timeout: Duration,
     ) -> Result<cri::ExecSyncResponse> {
         let mut c = self.runtime.clone();
+        let unbounded = timeout.is_zero();
         let req = cri::ExecSyncRequest {
             container_id: id.into(),
             cmd,
-            timeout: timeout.as_secs().max(1) as i64,
+            timeout: if unbounded {
+                0
+            } else {
+                timeout.as_secs().max(1) as i64
+            },
         };
         // The runtime enforces the command's timeout; allow a little on top for the call itself.
-        self.call(
-            "ExecSync",
-            timeout + Duration::from_secs(2),
-            c.exec_sync(req),
-        )
-        .await
+        let deadline = if unbounded {
+            UNBOUNDED_EXEC
+        } else {
+            timeout + Duration::from_secs(2)
+        };
+        self.call("ExecSync", deadline, c.exec_sync(req)).await
     }
 
     /// Asks the runtime's streaming server for an exec session; returns the URL to upgrade.
@@ -651,6 +666,20 @@ impl RuntimeClient {
                 fs.used_bytes.map_or(0, |u| u.value),
             )
         }))
+    }
+
+    /// The runtime handlers the runtime names in its status, with what each supports (runtimes
+    /// from before the field, containerd 1.6 among them, name none).
+    pub async fn handlers(&self) -> Result<Vec<cri::RuntimeHandler>> {
+        let mut c = self.runtime.clone();
+        let resp = self
+            .call(
+                "Status",
+                self.timeout,
+                c.status(cri::StatusRequest { verbose: false }),
+            )
+            .await?;
+        Ok(resp.runtime_handlers)
     }
 
     /// The runtime's own configuration, from its verbose status (containerd's CRI plugin config),

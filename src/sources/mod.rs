@@ -87,7 +87,14 @@ pub fn manifest(
                 .secrets
                 .into_iter()
                 .map(|s| ("Secret", s.metadata.name.clone(), objects::secret(s))),
-        );
+        )
+        .chain(decoded.runtime_classes.into_iter().map(|rc| {
+            (
+                "RuntimeClass",
+                rc.metadata.name.clone(),
+                objects::runtime_class(rc),
+            )
+        }));
     for (kind, name, result) in checked {
         match result {
             Ok(o) => objects.push(o),

@@ -179,3 +179,53 @@ async fn kubepods_is_limited_to_allocatable_unless_enforcement_is_off() {
     assert!(limit(&open) > capacity.memory as u64, "{}", limit(&open));
     open.finish().await;
 }
+
+#[tokio::test]
+async fn a_runtime_class_picks_the_handler_and_its_overhead_counts_in_the_pod_cgroup() {
+    let handler = std::env::var("NODELET_TEST_ALT_HANDLER").expect("NODELET_TEST_ALT_HANDLER");
+    let alt_root = PathBuf::from(
+        std::env::var("NODELET_TEST_ALT_RUNC_ROOT").expect("NODELET_TEST_ALT_RUNC_ROOT"),
+    );
+    let node = Node::start("rtclass", &[]).await;
+    let class = format!(
+        "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {{name: alt}}\nhandler: {handler}\noverhead: {{podFixed: {{cpu: 100m, memory: 32Mi}}}}\n---\n"
+    );
+    let with_class = |name: &str, class: &str| {
+        pod(name, "{limits: {cpu: 200m, memory: 64Mi}}")
+            .replace("spec:\n", &format!("spec:\n  runtimeClassName: {class}\n"))
+    };
+    node.write_manifest("alt.yaml", &(class + &with_class("alt", "alt")));
+    node.write_manifest("nope.yaml", &with_class("nope", "nope"));
+    let (sandbox, containers) = node.wait_running("alt", 1).await;
+    for id in [&sandbox.id, &containers[0].id] {
+        assert!(
+            alt_root.join("k8s.io").join(id).is_dir(),
+            "{id} runs under the {handler} handler's runc root"
+        );
+    }
+    let dir = format!("{}/kubepods/pod{}", cgroup_root(&node.name), sandbox.uid);
+    assert_eq!(
+        read(cgroup_dir("memory", &dir).join("memory.limit_in_bytes")),
+        (96 * 1024 * 1024).to_string(),
+        "64Mi for the container and 32Mi of overhead"
+    );
+    assert_eq!(
+        read(cgroup_dir("cpu", &dir).join("cpu.cfs_quota_us")),
+        "30000"
+    );
+    assert_eq!(read(cgroup_dir("cpu", &dir).join("cpu.shares")), "307");
+    eventually(
+        "the missing RuntimeClass to be reported",
+        Duration::from_secs(30),
+        || async {
+            crate::bed::logs()
+                .contains(
+                    r#"Failed to create pod sandbox: runtimeclass.node.k8s.io "nope" not found"#,
+                )
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(node.sandboxes("nope").await.is_empty());
+    node.finish().await;
+}

@@ -997,6 +997,69 @@ spec:
     assert_ne!(status_of(&restarted)[0].container_id, first.container_id);
     assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await, "30000");
     assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.shares").await, "153");
+
+    // A resize that does not fit beside another pod's requests waits (Deferred), and is made
+    // once that pod is gone.
+    let hog = pod_yaml(
+        "hog",
+        &[("c", FOREVER)],
+        "  automountServiceAccountToken: false\n",
+    )
+    .replacen(
+        "    command:",
+        "    resources: {requests: {cpu: 1500m}}\n    command:",
+        1,
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&hog, &node.name))
+        .await
+        .expect("create the hog");
+    cp.wait_pod("default", "hog", "Running", |p| phase(p) == "Running")
+        .await;
+    cp.kubectl_ok(&[
+        "patch", "pod", "resized", "--subresource", "resize", "-p",
+        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"1"},"limits":{"cpu":"1"}}}]}}"#,
+    ])
+    .await;
+    let resize_condition = |p: &Pod, kind: &str| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == kind).cloned())
+    };
+    let deferred = cp
+        .wait_pod("default", "resized", "the resize deferred", |p| {
+            resize_condition(p, "PodResizePending").is_some()
+        })
+        .await;
+    let pending = resize_condition(&deferred, "PodResizePending").expect("pending");
+    assert_eq!(pending.reason.as_deref(), Some("Deferred"));
+    assert!(
+        pending
+            .message
+            .as_deref()
+            .is_some_and(|m| m
+                .starts_with("Node didn't have enough resource: cpu, requested: 1000, used: 1500")),
+        "{pending:?}"
+    );
+    let waiting = &status_of(&deferred)[0];
+    assert_eq!(
+        waiting.restart_count, 1,
+        "a deferred resize changes nothing"
+    );
+    assert_eq!(limit(waiting, "cpu").as_deref(), Some("300m"));
+    cp.pods("default")
+        .delete("hog", &DeleteParams::default())
+        .await
+        .expect("delete the hog");
+    cp.wait_pod("default", "resized", "the deferred resize made", |p| {
+        let s = status_of(p);
+        resize_condition(p, "PodResizePending").is_none()
+            && resize_condition(p, "PodResizeInProgress").is_none()
+            && s.first().is_some_and(|s| s.restart_count == 2 && s.ready)
+            && s.first().and_then(|s| limit(s, "cpu")).as_deref() == Some("1")
+    })
+    .await;
     node.finish().await;
 }
 
@@ -1415,5 +1478,55 @@ async fn a_readiness_gate_holds_ready_until_its_condition_is_true() {
         condition(p, "Ready") && condition(p, "example.com/lb-ready")
     })
     .await;
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn an_api_pod_runs_under_the_handler_of_its_runtime_class() {
+    let handler = std::env::var("NODELET_TEST_ALT_HANDLER").expect("NODELET_TEST_ALT_HANDLER");
+    let alt_root = std::path::PathBuf::from(
+        std::env::var("NODELET_TEST_ALT_RUNC_ROOT").expect("NODELET_TEST_ALT_RUNC_ROOT"),
+    );
+    let cp = ControlPlane::start("rtclass", true).await;
+    let node = join(&cp, "rtclass", &[]).await;
+    let class: k8s_openapi::api::node::v1::RuntimeClass =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "alt"},
+            "handler": handler,
+            "overhead": {"podFixed": {"memory": "32Mi"}},
+        }))
+        .expect("a RuntimeClass");
+    Api::<k8s_openapi::api::node::v1::RuntimeClass>::all(cp.admin.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("create the RuntimeClass");
+    let pod = pod_yaml(
+        "alt",
+        &[("c", FOREVER)],
+        "  runtimeClassName: alt\n  automountServiceAccountToken: false\n",
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&pod, &node.name))
+        .await
+        .expect("create the pod");
+    let running = cp
+        .wait_pod("default", "alt", "Running", |p| phase(p) == "Running")
+        .await;
+    let overhead = running
+        .spec
+        .as_ref()
+        .and_then(|s| s.overhead.clone())
+        .expect("the API server gave the pod its RuntimeClass's overhead");
+    assert_eq!(overhead["memory"].0, "32Mi");
+    let sandbox = node
+        .all_sandboxes()
+        .await
+        .into_iter()
+        .find(|s| s.name == "alt")
+        .expect("the pod's sandbox");
+    assert!(
+        alt_root.join("k8s.io").join(&sandbox.id).is_dir(),
+        "the sandbox runs under the {handler} handler"
+    );
     node.finish().await;
 }

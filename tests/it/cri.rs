@@ -42,7 +42,7 @@ async fn the_cri_client_runs_a_container_whose_output_lands_in_its_log() {
         ..Default::default()
     };
     let sandbox = rt
-        .run_pod_sandbox(sandbox_config.clone())
+        .run_pod_sandbox(sandbox_config.clone(), String::new())
         .await
         .expect("RunPodSandbox");
     assert!(

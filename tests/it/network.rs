@@ -1,6 +1,8 @@
 //! The pod's identity on the network: /etc/hosts, resolv.conf, hostname and sysctls, as seen
 //! from inside containers.
 
+use std::time::Duration;
+
 use crate::bed::{BUSYBOX, FOREVER, Node};
 
 fn pod(name: &str, spec_extra: &str, script: &str) -> String {
@@ -29,6 +31,14 @@ async fn hosts_file_and_hostname_name_the_pod() {
         &pod(
             "fqdn",
             "  hostname: web\n  subdomain: set\n  setHostnameAsFQDN: true\n",
+            "echo hostname=$(hostname)",
+        ),
+    );
+    node.write_manifest(
+        "long.yaml",
+        &pod(
+            "long",
+            "  hostname: a-hostname-of-fifty-characters-or-so-for-this-test\n  subdomain: set\n  setHostnameAsFQDN: true\n",
             "echo hostname=$(hostname)",
         ),
     );
@@ -74,6 +84,14 @@ async fn hosts_file_and_hostname_name_the_pod() {
         log.lines().any(|l| l.ends_with(first)),
         "the node's hosts file: {first:?} in\n{log}"
     );
+    // An FQDN the kernel cannot hold as hostname keeps the pod from starting, as upstream.
+    crate::bed::eventually("the long FQDN refused", Duration::from_secs(30), || async {
+        crate::bed::logs()
+            .contains("Failed to create pod sandbox: failed to construct FQDN from pod hostname and cluster domain")
+            .then_some(())
+    })
+    .await;
+    assert!(node.sandboxes("long").await.is_empty());
     node.finish().await;
 }
 

@@ -208,7 +208,9 @@ pub async fn make_sandbox_with_uid(node: &str, name: &str, uid: &str, with_label
         }),
         ..Default::default()
     };
-    rt.run_pod_sandbox(config).await.expect("RunPodSandbox")
+    rt.run_pod_sandbox(config, String::new())
+        .await
+        .expect("RunPodSandbox")
 }
 
 #[tokio::test]

@@ -346,3 +346,68 @@ async fn a_system_oom_kill_in_the_kernel_log_is_a_node_event() {
     .await;
     node.finish().await;
 }
+
+#[tokio::test]
+async fn an_apparmor_profile_is_refused_where_the_host_has_no_apparmor() {
+    let enabled = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|v| v.starts_with('Y'));
+    let node = Node::start("apparmor", &[]).await;
+    let yaml = pod_yaml("aa", &[("c", FOREVER)], "").replacen(
+        "spec:\n",
+        "spec:\n  securityContext: {appArmorProfile: {type: RuntimeDefault}}\n",
+        1,
+    );
+    node.write_manifest("aa.yaml", &yaml);
+    if enabled {
+        node.wait_running("aa", 1).await;
+    } else {
+        let st = node
+            .wait_status("aa", "refused", |s| phase(s) == "Failed")
+            .await;
+        assert_eq!(st.reason.as_deref(), Some("AppArmor"));
+        assert_eq!(
+            st.message.as_deref(),
+            Some("Pod was rejected: Cannot enforce AppArmor: AppArmor is not enabled on the host")
+        );
+        assert!(node.sandboxes("aa").await.is_empty());
+    }
+    node.finish().await;
+}
+
+#[tokio::test]
+async fn a_recursive_read_only_mount_the_runtime_cannot_make_is_a_config_error() {
+    let node = Node::start("rro", &[]).await;
+    let with_mode = |name: &str, mode: &str| {
+        pod_yaml(name, &[("c", FOREVER)], "  volumes: [{name: v, emptyDir: {}}]\n").replacen(
+            "    command:",
+            &format!(
+                "    volumeMounts: [{{name: v, mountPath: /v, readOnly: true, recursiveReadOnly: {mode}}}]\n    command:"
+            ),
+            1,
+        )
+    };
+    node.write_manifest("maybe.yaml", &with_mode("maybe", "IfPossible"));
+    node.write_manifest("must.yaml", &with_mode("must", "Enabled"));
+    // containerd 1.6 names no runtime handler features: recursive read-only is unsupported.
+    node.wait_running("maybe", 1).await;
+    let st = node
+        .wait_status("must", "CreateContainerConfigError", |s| {
+            s.container_statuses
+                .as_ref()
+                .and_then(|c| waiting_reason(&c[0]))
+                .as_deref()
+                == Some("CreateContainerConfigError")
+        })
+        .await;
+    let message = st
+        .container_statuses
+        .as_ref()
+        .and_then(|c| c[0].state.as_ref()?.waiting.as_ref()?.message.clone());
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains(
+            "requested recursive read-only mode, but it is not supported by the runtime"
+        )),
+        "{message:?}"
+    );
+    node.finish().await;
+}

@@ -1,0 +1,76 @@
+//! In-place resize, the pure part: a pod's allocation (the resources its containers were
+//! admitted with, or last resized to) and the pod the node runs while a resize waits for room.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+
+/// Set on the pod the node syncs while its spec's resources wait for room (the message says
+/// why); the status shows it as the PodResizePending condition. Never sent anywhere.
+pub const ANNOTATION_RESIZE_PENDING: &str = "nodelet.io/resize-pending";
+
+/// Each container's resources (init containers too), by name.
+pub type Allocation = BTreeMap<String, ResourceRequirements>;
+
+/// The pod's containers' resources as its spec has them.
+pub fn allocation(pod: &Pod) -> Allocation {
+    super::all_containers(super::spec(pod))
+        .map(|c| (c.name.clone(), c.resources.clone().unwrap_or_default()))
+        .collect()
+}
+
+/// The pod as the node runs it while a resize waits: its containers keep the resources of
+/// `allocated`, and it carries why.
+pub fn with_allocation(pod: &Pod, allocated: &Allocation, pending: &str) -> Pod {
+    let mut out = pod.clone();
+    if let Some(spec) = out.spec.as_mut() {
+        let containers = spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten());
+        for c in containers {
+            if let Some(r) = allocated.get(&c.name) {
+                c.resources = Some(r.clone());
+            }
+        }
+    }
+    out.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(ANNOTATION_RESIZE_PENDING.into(), pending.into());
+    out
+}
+
+/// Why the pod's resize waits, when it does.
+pub fn pending(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_RESIZE_PENDING)
+        .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_resize_runs_the_allocated_resources_and_says_why() {
+        let pod = |cpu: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"initContainers": [{"name": "i"}],
+                         "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}
+            }))
+            .unwrap()
+        };
+        let before = allocation(&pod("100m"));
+        assert_eq!(before.len(), 2);
+        let after = pod("5");
+        assert_ne!(allocation(&after), before);
+        let held = with_allocation(&after, &before, "no room");
+        assert_eq!(allocation(&held), before);
+        assert_eq!(pending(&held), Some("no room"));
+        assert_eq!(pending(&after), None);
+    }
+}
