@@ -367,6 +367,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         statuses: core.status.clone(),
         events: core.recorder.clone(),
         runtime: core.runtime.clone(),
+        debugger: core.sync_loop.debugger(),
     };
     core.tracker.spawn({
         let cancel = cancel.clone();

@@ -13,7 +13,7 @@
 //! `log_rotation` and `eviction` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
 //! and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles
-//! only; `agent` and `run_once` are the only places that wire everything together; `cli` is the
+//! only (the admin socket's `debug` hands its ephemeral containers to the sync loop); `agent` and `run_once` are the only places that wire everything together; `cli` is the
 //! client of the agent's admin socket; `cluster` (cluster mode: node registration, lease, the
 //! API pod source, status and mirror pods) holds read handles and feeds the mux like a source.
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{EphemeralContainer, Pod};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -95,6 +95,9 @@ pub struct SyncLoop<S> {
     /// and message their status will carry.
     evicted: HashMap<PodUid, (Arc<Pod>, &'static str, String)>,
     evictions: (mpsc::Sender<Eviction>, mpsc::Receiver<Eviction>),
+    debugs: (mpsc::Sender<Debug>, mpsc::Receiver<Debug>),
+    /// Ephemeral containers added to static pods (`nodelet debug`), by pod; they go with the pod.
+    ephemeral: HashMap<PodUid, Vec<EphemeralContainer>>,
     /// Becomes true once the sources' first pods are handled (the eviction manager waits).
     ready: watch::Sender<bool>,
     /// The desired pods after every snapshot (the mirror pod manager reads them).
@@ -122,6 +125,8 @@ impl<S: PodSyncer> SyncLoop<S> {
             rejected: Default::default(),
             evicted: HashMap::new(),
             evictions: mpsc::channel(4),
+            debugs: mpsc::channel(4),
+            ephemeral: HashMap::new(),
             ready: watch::channel(false).0,
             desired: watch::channel(Desired::default()).0,
             tracker,
@@ -131,6 +136,61 @@ impl<S: PodSyncer> SyncLoop<S> {
             heartbeat: watch::channel(Instant::now()).0,
             done,
         }
+    }
+
+    /// Where `nodelet debug` sends its ephemeral containers.
+    pub fn debugger(&self) -> mpsc::Sender<Debug> {
+        self.debugs.0.clone()
+    }
+
+    /// Adds an ephemeral container to a static pod, as the API server's `ephemeralcontainers`
+    /// subresource does for API pods (whose own must go through it), and syncs the pod.
+    fn debug(&mut self, d: Debug) {
+        let Debug {
+            namespace,
+            pod: name,
+            container,
+            reply,
+        } = d;
+        let found = self
+            .mux
+            .desired()
+            .find(|p| {
+                crate::types::namespace(p) == namespace
+                    && p.metadata.name.as_deref() == Some(name.as_str())
+            })
+            .cloned();
+        let result = match found {
+            None => Err(format!("pod {namespace}/{name} not found")),
+            Some(pod) => {
+                let uid = PodUid::of(&pod);
+                let mine = self.ephemeral.get(&uid).map(Vec::as_slice).unwrap_or(&[]);
+                match debug_refusal(&pod, mine, &container) {
+                    Some(why) => Err(why),
+                    None => {
+                        tracing::info!(pod = %full_name(&pod), container = %container.name, "ephemeral container added");
+                        self.ephemeral.entry(uid).or_default().push(container);
+                        self.dispatch(&[pod], false);
+                        Ok(())
+                    }
+                }
+            }
+        };
+        let _ = reply.send(result);
+    }
+
+    /// The pod with the ephemeral containers `nodelet debug` added to it.
+    fn with_ephemeral(&self, pod: Arc<Pod>) -> Arc<Pod> {
+        let Some(added) = self.ephemeral.get(&PodUid::of(&pod)) else {
+            return pod;
+        };
+        let mut out = (*pod).clone();
+        if let Some(spec) = out.spec.as_mut() {
+            spec.ephemeral_containers
+                .get_or_insert_default()
+                .extend(added.iter().cloned());
+        }
+        Arc::new(out)
     }
 
     /// What the eviction manager needs: where to send evictions, and when to start.
@@ -330,6 +390,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             }
             if terminate {
                 self.admitted.remove(&uid);
+                self.ephemeral.remove(&uid);
                 if self.rejected.remove(&uid) {
                     let syncer = self.syncer.clone();
                     let pod = pod.clone();
@@ -349,6 +410,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 tracing::debug!(pod = %name, "waiting for the previous pod of this name to terminate");
             } else {
                 let allocated = self.allocate(pod);
+                let allocated = self.with_ephemeral(allocated);
                 if self.workers.update(Work::Sync(allocated)) {
                     self.schedule_resync(uid);
                 } else {
@@ -585,6 +647,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 }
                 Some(event) = events.recv() => self.handle_event(&event.uid, event.kind),
                 Some(eviction) = self.evictions.1.recv() => self.evict(eviction),
+                Some(debug) = self.debugs.1.recv() => self.debug(debug),
                 Some(update) = probes.recv() => {
                     tracing::debug!(?update, "probe result changed");
                     self.handle_event(&update.uid, EventKind::Changed);
@@ -595,6 +658,68 @@ impl<S: PodSyncer> SyncLoop<S> {
             self.heartbeat.send_replace(Instant::now());
         }
     }
+}
+
+/// A request to add an ephemeral container to a static pod (`nodelet debug`).
+pub struct Debug {
+    pub namespace: String,
+    pub pod: String,
+    pub container: EphemeralContainer,
+    /// The refusal, naming what is wrong, or `Ok` once the pod is syncing with the container.
+    pub reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+}
+
+/// Why an ephemeral container cannot be added to the pod (`added`: those added before), as the
+/// API server's validation would say.
+fn debug_refusal(
+    pod: &Pod,
+    added: &[EphemeralContainer],
+    c: &EphemeralContainer,
+) -> Option<String> {
+    let full = full_name(pod);
+    let from_api = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_CONFIG_SOURCE))
+        .is_some_and(|s| s == "api");
+    if from_api {
+        return Some(format!(
+            "pod {full} comes from the API server: add its ephemeral containers there (kubectl debug)"
+        ));
+    }
+    if c.name.is_empty() || !crate::pod::is_dns1123_label(&c.name) {
+        return Some(format!(
+            "ephemeral container name {:?} must be a DNS-1123 label",
+            c.name
+        ));
+    }
+    if c.image.as_deref().unwrap_or_default().is_empty() {
+        return Some("ephemeral container needs an image".into());
+    }
+    let s = crate::pod::spec(pod);
+    let names: Vec<&str> = crate::pod::all_containers(s)
+        .map(|c| c.name.as_str())
+        .chain(
+            s.ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|c| c.name.as_str()),
+        )
+        .chain(added.iter().map(|c| c.name.as_str()))
+        .collect();
+    if names.contains(&c.name.as_str()) {
+        return Some(format!(
+            "pod {full} already has a container named {:?}",
+            c.name
+        ));
+    }
+    if let Some(target) = c.target_container_name.as_deref()
+        && !crate::pod::all_containers(s).any(|t| t.name == target)
+    {
+        return Some(format!("pod {full} has no container {target:?} to target"));
+    }
+    None
 }
 
 /// The annotation prefix of a container's AppArmor profile (before the field existed).

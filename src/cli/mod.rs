@@ -18,7 +18,7 @@ use crate::server::admin::proto::{self, exec_input, exec_output};
 use crate::server::admin::socket_path;
 
 /// The subcommands; anything else on the command line runs the agent.
-pub const COMMANDS: &[&str] = &["get", "describe", "logs", "exec", "events"];
+pub const COMMANDS: &[&str] = &["get", "describe", "logs", "exec", "debug", "events"];
 
 #[derive(Parser, Debug)]
 #[command(
@@ -107,6 +107,31 @@ enum Command {
         #[arg(short, long)]
         tty: bool,
         #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Add a debugging container to a static pod (what `kubectl debug` does through the API
+    /// server): `nodelet debug POD --image I [--target C] [-it] [-- CMD [ARG...]]`.
+    Debug {
+        pod: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// The debugging container's image.
+        #[arg(long)]
+        image: String,
+        /// Share this container's process namespace.
+        #[arg(long)]
+        target: Option<String>,
+        /// The debugging container's name (default: debugger-XXXXX).
+        #[arg(short, long)]
+        container: Option<String>,
+        /// Keep stdin open and attach to the container.
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// Allocate a terminal (with -i: an interactive shell).
+        #[arg(short, long)]
+        tty: bool,
+        /// The command (default: the image's).
+        #[arg(last = true)]
         command: Vec<String>,
     },
     /// List the node's recent events.
@@ -417,6 +442,55 @@ async fn run(cli: Cli) -> Result<u8, Error> {
                 }
             }
         }
+        Command::Debug {
+            pod,
+            namespace,
+            image,
+            target,
+            container,
+            stdin,
+            tty,
+            command,
+        } => {
+            drop(out);
+            let name = match container {
+                Some(name) => name,
+                None => {
+                    let name = debugger_name();
+                    eprintln!("Defaulting debug container name to {name}.");
+                    name
+                }
+            };
+            let mut spec = serde_json::json!({
+                "name": name, "image": image, "imagePullPolicy": "IfNotPresent",
+                "terminationMessagePolicy": "File", "stdin": stdin, "tty": tty,
+            });
+            if !command.is_empty() {
+                spec["command"] = serde_json::json!(command);
+            }
+            if let Some(target) = target {
+                spec["targetContainerName"] = serde_json::json!(target);
+            }
+            let request = proto::DebugRequest {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+                container: spec.to_string(),
+            };
+            client.debug(request).await?;
+            if !(stdin || tty) {
+                return Ok(0);
+            }
+            wait_running(&mut client, &namespace, &pod, &name).await?;
+            let start = proto::ExecStart {
+                namespace,
+                pod,
+                container: name,
+                command: Vec::new(),
+                stdin,
+                tty,
+            };
+            return exec(&mut client, start).await;
+        }
         Command::Exec {
             pod,
             namespace,
@@ -438,6 +512,65 @@ async fn run(cli: Cli) -> Result<u8, Error> {
         }
     }
     Ok(0)
+}
+
+/// `debugger-` and five lower-case letters or digits, as kubectl names them.
+fn debugger_name() -> String {
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id());
+    let alphabet = b"bcdfghjklmnpqrstvwxz2456789";
+    let suffix: String = (0..5)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            alphabet[(seed >> 33) as usize % alphabet.len()] as char
+        })
+        .collect();
+    format!("debugger-{suffix}")
+}
+
+/// Waits (at most a minute) until the pod's ephemeral container `name` runs.
+async fn wait_running(
+    client: &mut AdminClient<Channel>,
+    namespace: &str,
+    pod: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let got = client
+            .get_pod(proto::GetPodRequest {
+                namespace: namespace.into(),
+                name: pod.into(),
+            })
+            .await?
+            .into_inner();
+        let found: Pod = parse(&got.pod)?;
+        let state = found
+            .status
+            .and_then(|s| s.ephemeral_container_statuses)
+            .into_iter()
+            .flatten()
+            .find(|c| c.name == name)
+            .and_then(|c| c.state);
+        match state {
+            Some(s) if s.running.is_some() => return Ok(()),
+            Some(s) if s.terminated.is_some() => {
+                return Err(Error::Usage(format!(
+                    "the debug container {name} ended before it could be attached; see nodelet logs {pod} -c {name}"
+                )));
+            }
+            _ if tokio::time::Instant::now() > deadline => {
+                return Err(Error::Usage(format!(
+                    "the debug container {name} did not start within a minute; see nodelet describe pod {pod}"
+                )));
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// Runs the command, relaying stdin (with -i) and the terminal size (with -t); returns its

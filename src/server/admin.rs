@@ -1,5 +1,6 @@
 //! The local admin API (proto/admin.proto) on the unix socket `<root-dir>/nodelet.sock`, for
-//! root and the socket's group only: pods, events, logs and exec for the nodelet CLI.
+//! root and the socket's group only: pods, events, logs, exec and attach for the nodelet CLI,
+//! and `nodelet debug`'s ephemeral containers, which go to the sync loop.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -31,13 +32,14 @@ pub fn socket_path(root_dir: &Path) -> PathBuf {
     root_dir.join(SOCKET)
 }
 
-/// What the admin API reads.
+/// What the admin API reads, and where `nodelet debug` sends its containers.
 #[derive(Clone)]
 pub struct Handles {
     pub node_name: String,
     pub statuses: status::Reader,
     pub events: events::Recorder,
     pub runtime: RuntimeClient,
+    pub debugger: mpsc::Sender<crate::sync_loop::Debug>,
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> String {
@@ -145,6 +147,30 @@ impl Admin for Handles {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    async fn debug(
+        &self,
+        req: Request<proto::DebugRequest>,
+    ) -> Result<Response<proto::DebugResponse>, Status> {
+        let req = req.into_inner();
+        let container: k8s_openapi::api::core::v1::EphemeralContainer =
+            serde_json::from_str(&req.container)
+                .map_err(|e| Status::invalid_argument(format!("not an EphemeralContainer: {e}")))?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = crate::sync_loop::Debug {
+            namespace: req.namespace,
+            pod: req.pod,
+            container,
+            reply,
+        };
+        let gone = || Status::unavailable("the agent is shutting down");
+        self.debugger.send(request).await.map_err(|_| gone())?;
+        match answer.await.map_err(|_| gone())? {
+            Ok(()) => Ok(Response::new(proto::DebugResponse {})),
+            Err(why) if why.ends_with("not found") => Err(Status::not_found(why)),
+            Err(why) => Err(Status::failed_precondition(why)),
+        }
+    }
+
     type ExecStream = BoxStream<proto::ExecOutput>;
 
     async fn exec(
@@ -158,9 +184,6 @@ impl Admin for Handles {
                 "the first message of an exec must say what to run",
             ));
         };
-        if start.command.is_empty() {
-            return Err(Status::invalid_argument("exec needs a command"));
-        }
         let found = logs::locate(
             &self.runtime,
             &self.statuses,
@@ -171,23 +194,34 @@ impl Admin for Handles {
         )
         .await
         .map_err(log_status)?;
-        let url = self
-            .runtime
-            .exec(cri::ExecRequest {
-                container_id: found.container_id.clone(),
-                cmd: start.command.clone(),
-                tty: start.tty,
-                stdin: start.stdin,
-                stdout: true,
-                stderr: !start.tty,
-            })
-            .await
-            .map_err(|e| {
-                Status::failed_precondition(format!(
-                    "cannot exec in container {:?} of pod {}: {e}",
-                    found.container, found.pod
-                ))
-            })?;
+        let url = if start.command.is_empty() {
+            self.runtime
+                .attach(cri::AttachRequest {
+                    container_id: found.container_id.clone(),
+                    stdin: start.stdin,
+                    tty: start.tty,
+                    stdout: true,
+                    stderr: !start.tty,
+                })
+                .await
+        } else {
+            self.runtime
+                .exec(cri::ExecRequest {
+                    container_id: found.container_id.clone(),
+                    cmd: start.command.clone(),
+                    tty: start.tty,
+                    stdin: start.stdin,
+                    stdout: true,
+                    stderr: !start.tty,
+                })
+                .await
+        }
+        .map_err(|e| {
+            Status::failed_precondition(format!(
+                "cannot exec in or attach to container {:?} of pod {}: {e}",
+                found.container, found.pod
+            ))
+        })?;
         let (in_tx, in_rx) = mpsc::channel(16);
         let (out_tx, mut out_rx) = mpsc::channel(16);
         tokio::spawn(async move {

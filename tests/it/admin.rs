@@ -240,3 +240,69 @@ async fn the_cli_takes_the_root_dir_before_the_command_or_finds_the_agent() {
     let _ = agent.kill().await;
     crate::bed::clean_node(node, dir.path()).await;
 }
+
+#[tokio::test]
+async fn debug_adds_an_ephemeral_container_to_a_static_pod() {
+    let node = Node::start("admin-debug", &[]).await;
+    node.write_manifest(
+        "dbg.yaml",
+        &pod_yaml("dbg", &[("app", "exec sleep 3600")], ""),
+    );
+    node.wait_running("dbg", 1).await;
+    let pod = node.pod_name("dbg");
+    let image = crate::bed::BUSYBOX;
+    // In the target's process namespace, the debugging container sees its processes.
+    let looked = cli(
+        &node,
+        &[
+            "debug", &pod, "--image", image, "--target", "app", "-c", "look", "--", "ps",
+        ],
+    )
+    .await;
+    assert_eq!(looked.status.code(), Some(0), "{looked:?}");
+    node.wait_log("dbg", "look", "sleep 3600").await;
+    // Interactive: the CLI attaches once the container runs and relays stdin.
+    let mut piped = node
+        .cli(&[
+            "debug",
+            "-i",
+            &pod,
+            "--image",
+            image,
+            "--",
+            "sh",
+            "-c",
+            "read x; echo got $x",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("debug -i runs");
+    let mut input = piped.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut input, b"hello\n")
+        .await
+        .expect("write stdin");
+    let got = tokio::time::timeout(Duration::from_secs(60), piped.wait_with_output())
+        .await
+        .expect("debug -i ends with its command")
+        .expect("output");
+    assert_eq!(stdout(&got), "got hello\n", "{got:?}");
+    assert!(
+        String::from_utf8_lossy(&got.stderr)
+            .contains("Defaulting debug container name to debugger-"),
+        "{got:?}"
+    );
+    // Refusals name what is wrong.
+    let again = cli(&node, &["debug", &pod, "--image", image, "-c", "look"]).await;
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already has a container named \"look\""),
+        "{again:?}"
+    );
+    let nowhere = cli(&node, &["debug", "nothing", "--image", image]).await;
+    assert!(
+        String::from_utf8_lossy(&nowhere.stderr).contains("not found"),
+        "{nowhere:?}"
+    );
+    node.finish().await;
+}
