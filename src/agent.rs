@@ -94,6 +94,9 @@ impl Core {
     /// Connects to the runtime (waiting for it) and builds the core; `None` when cancelled.
     pub async fn connect(config: &Config, cancel: &CancellationToken) -> Result<Option<Core>> {
         crate::volumes::prepare_root(&config.root_dir).context("--root-dir")?;
+        if let Err(e) = crate::volumes::share_root(&config.root_dir) {
+            tracing::warn!(root_dir = %config.root_dir.display(), error = %e, "cannot make the root dir a shared mount; volumes with mountPropagation HostToContainer or Bidirectional will not propagate");
+        }
         let credential_providers = match (
             &config.image_credential_provider_config,
             &config.image_credential_provider_bin_dir,

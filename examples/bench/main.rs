@@ -445,6 +445,14 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The agent made its root dir a mount (shared, for mount propagation): undone here so
+        // the work dir can go.
+        if let Ok(root) =
+            std::ffi::CString::new(self.dir.join("root").as_os_str().as_encoded_bytes())
+        {
+            // SAFETY: `root` is a valid NUL-terminated path that outlives the call.
+            unsafe { libc::umount2(root.as_ptr(), libc::MNT_DETACH) };
+        }
     }
 }
 

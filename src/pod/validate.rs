@@ -636,6 +636,24 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
         } else if m.mount_path.contains(':') {
             p.push(format!("{mf}.mountPath: must not contain ':'"));
         }
+        match m.mount_propagation.as_deref() {
+            None | Some("None" | "HostToContainer") => {}
+            Some("Bidirectional") => {
+                let privileged = c
+                    .security_context
+                    .as_ref()
+                    .and_then(|s| s.privileged)
+                    .unwrap_or(false);
+                if !privileged {
+                    p.push(format!(
+                        "{mf}.mountPropagation: Bidirectional mount propagation is available only to privileged containers"
+                    ));
+                }
+            }
+            Some(other) => p.push(format!(
+                "{mf}.mountPropagation: {other:?} is not None, HostToContainer or Bidirectional"
+            )),
+        }
         if !mount_paths.insert(m.mount_path.as_str()) {
             p.push(format!(
                 "{mf}.mountPath: {:?} is mounted twice",

@@ -500,11 +500,18 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         };
         let readonly = volume.read_only || m.read_only.unwrap_or(false);
         let recursive_read_only = recursive_read_only(m, readonly, input.rro_supported)?;
+        let propagation = match m.mount_propagation.as_deref() {
+            None | Some("None") => cri::MountPropagation::PropagationPrivate,
+            Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
+            Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
+            Some(other) => return Err(format!("invalid MountPropagation mode: {other:?}")),
+        };
         mounts.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
             readonly,
             recursive_read_only,
+            propagation: propagation as i32,
             ..Default::default()
         });
     }
@@ -619,6 +626,9 @@ fn recursive_read_only(
     };
     if !readonly {
         return refused("it is not read-only");
+    }
+    if let Some(p) = m.mount_propagation.as_deref().filter(|p| *p != "None") {
+        return refused(&format!("it is not compatible with propagation {p:?}"));
     }
     match mode {
         "IfPossible" => Ok(supported),

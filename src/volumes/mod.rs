@@ -69,6 +69,58 @@ pub fn prepare_root(root_dir: &Path) -> Result<()> {
     private_dir(&pods).map_err(io("cannot create", &pods))
 }
 
+/// Makes the root dir a shared mount (bound onto itself first when it is no mount point), as
+/// upstream's kubelet does at start: mounts a container makes in a volume with Bidirectional
+/// propagation then reach the host, and HostToContainer volumes see mounts made after the
+/// container started.
+pub fn share_root(root_dir: &Path) -> std::io::Result<()> {
+    let root = root_dir.canonicalize()?;
+    let info = std::fs::read("/proc/self/mountinfo")?;
+    let info = String::from_utf8_lossy(&info);
+    // The last entry for the path is the one on top.
+    let entry = info
+        .lines()
+        .rfind(|l| l.split(' ').nth(4).map(unescape_mount_path).as_deref() == Some(&root));
+    let shared = |line: &str| {
+        line.split(' ')
+            .skip(6)
+            .take_while(|f| *f != "-")
+            .any(|f| f.starts_with("shared:"))
+    };
+    let target = cstr(&root)?;
+    let call = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    match entry {
+        Some(line) if shared(line) => return Ok(()),
+        Some(_) => {}
+        // SAFETY: `target` is a valid NUL-terminated path that outlives the call.
+        None => call(unsafe {
+            libc::mount(
+                target.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            )
+        })?,
+    }
+    // SAFETY: as above; no source, type or data.
+    call(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_SHARED | libc::MS_REC,
+            std::ptr::null(),
+        )
+    })
+}
+
 /// `<root-dir>/pods/<uid>`: the pod's own directory.
 pub fn pod_dir(root_dir: &Path, uid: &str) -> PathBuf {
     root_dir.join("pods").join(uid)

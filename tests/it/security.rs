@@ -462,3 +462,63 @@ async fn secret_values_never_reach_the_log_even_when_they_do_not_parse() {
     assert!(!logs.contains("leak-"), "a Secret value reached the log");
     node.finish().await;
 }
+
+#[tokio::test]
+async fn mounts_propagate_bidirectionally_from_a_privileged_container_and_into_others() {
+    let node = Node::start("propagation", &[]).await;
+    // The init container mounts a tmpfs in the shared volume; the app container, which only
+    // receives mounts (HostToContainer), sees it and what was written in it.
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: prop}}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes: [{{name: mnt, emptyDir: {{}}}}]
+  initContainers:
+  - name: mount
+    image: {BUSYBOX}
+    securityContext: {{privileged: true}}
+    volumeMounts: [{{name: mnt, mountPath: /mnt, mountPropagation: Bidirectional}}]
+    command: [sh, -c, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t && echo shared > /mnt/t/f"]
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    volumeMounts: [{{name: mnt, mountPath: /in, mountPropagation: HostToContainer}}]
+    command: [sh, -c, "trap 'exit 0' TERM; grep ' /in/t ' /proc/mounts | cut -d' ' -f3; cat /in/t/f; {FOREVER}"]
+"#
+    );
+    node.write_manifest("prop.yaml", &yaml);
+    let log = node.wait_log("prop", "app", "shared").await;
+    assert!(
+        log.contains("tmpfs"),
+        "the tmpfs reached the app container: {log}"
+    );
+    let (sandbox, _) = node.wait_running("prop", 1).await;
+    let on_host = node
+        .path("root/pods")
+        .join(&sandbox.uid.0)
+        .join("volumes/kubernetes.io~empty-dir/mnt/t/f");
+    assert_eq!(
+        std::fs::read_to_string(&on_host).ok().as_deref(),
+        Some("shared\n"),
+        "the tmpfs reached the host"
+    );
+    // A non-privileged container may not propagate its mounts back.
+    node.write_manifest(
+        "bad.yaml",
+        &yaml
+            .replace("name: prop", "name: bad")
+            .replace("securityContext: {privileged: true}", "securityContext: {}"),
+    );
+    eventually("the refusal", Duration::from_secs(30), || async {
+        logs()
+            .contains("Bidirectional mount propagation is available only to privileged containers")
+            .then_some(())
+    })
+    .await;
+    node.remove_manifest("prop.yaml");
+    node.wait_gone(&sandbox.uid, Duration::from_secs(60)).await;
+    assert!(!on_host.exists(), "the pod's mounts went with it");
+    node.finish().await;
+}
