@@ -609,7 +609,7 @@ fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri:
 
 /// Whether a mount is made recursively read-only, by upstream's rules: `Enabled` needs a read-only
 /// mount and a runtime that can, `IfPossible` takes it where the runtime can.
-fn recursive_read_only(
+pub fn recursive_read_only(
     m: &k8s_openapi::api::core::v1::VolumeMount,
     readonly: bool,
     supported: bool,

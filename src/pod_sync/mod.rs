@@ -366,6 +366,8 @@ impl Syncer {
             old: old.as_ref().and_then(|e| e.pod.status.as_ref()),
             now: crate::types::now(),
             runtime_name: &self.ctx.runtime_name,
+            rro_supported: runtime_handler(pod, &self.objects.view(pod))
+                .is_ok_and(|h| self.ctx.rro_handlers.contains(&h)),
         });
         let was_started = old
             .as_ref()

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{
     Container as SpecContainer, ContainerState as ApiState, ContainerStateRunning,
     ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition,
-    PodIP, PodStatus,
+    PodIP, PodStatus, VolumeMountStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -44,6 +44,8 @@ pub struct Input<'a> {
     pub now: Timestamp,
     /// The runtime's name, the scheme of container IDs (`containerd://<id>`).
     pub runtime_name: &'a str,
+    /// Can the pod's runtime handler make recursive read-only mounts?
+    pub rro_supported: bool,
 }
 
 fn time(nanos: i64) -> Option<Time> {
@@ -156,8 +158,30 @@ fn container_status(
         // they change); as upstream, a container not created yet reports none.
         resources: latest.map(|_| want.resources.clone().unwrap_or_default()),
         allocated_resources: latest.and_then(|_| want.resources.as_ref()?.requests.clone()),
+        volume_mounts: latest.map(|_| volume_mounts(want, input.rro_supported)),
         ..Default::default()
     }
+}
+
+/// The container's mounts as upstream reports them: a read-only one says whether it is
+/// recursively read-only.
+fn volume_mounts(want: &SpecContainer, rro_supported: bool) -> Vec<VolumeMountStatus> {
+    want.volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| {
+            let read_only = m.read_only.unwrap_or(false);
+            let recursive =
+                super::convert::recursive_read_only(m, read_only, rro_supported).unwrap_or(false);
+            VolumeMountStatus {
+                name: m.name.clone(),
+                mount_path: m.mount_path.clone(),
+                read_only: Some(read_only),
+                recursive_read_only: read_only
+                    .then(|| if recursive { "Enabled" } else { "Disabled" }.to_string()),
+            }
+        })
+        .collect()
 }
 
 fn succeeded(s: &ContainerStatus) -> bool {
@@ -724,6 +748,7 @@ mod tests {
             old,
             now: Timestamp::from_second(1_000).unwrap(),
             runtime_name: "containerd",
+            rro_supported: false,
         }
     }
 

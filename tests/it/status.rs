@@ -391,6 +391,20 @@ async fn a_recursive_read_only_mount_the_runtime_cannot_make_is_a_config_error()
     // containerd 1.6 names no runtime handler features: recursive read-only is unsupported.
     node.wait_running("maybe", 1).await;
     let st = node
+        .wait_status("maybe", "its mounts reported", |s| {
+            s.container_statuses
+                .as_ref()
+                .is_some_and(|c| c[0].volume_mounts.is_some())
+        })
+        .await;
+    let mounts = st.container_statuses.unwrap_or_default()[0]
+        .volume_mounts
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].read_only, Some(true));
+    assert_eq!(mounts[0].recursive_read_only.as_deref(), Some("Disabled"));
+    let st = node
         .wait_status("must", "CreateContainerConfigError", |s| {
             s.container_statuses
                 .as_ref()
