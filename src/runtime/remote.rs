@@ -668,31 +668,26 @@ impl RuntimeClient {
         }))
     }
 
+    async fn status(&self, verbose: bool) -> Result<cri::StatusResponse> {
+        let mut c = self.runtime.clone();
+        self.call(
+            "Status",
+            self.timeout,
+            c.status(cri::StatusRequest { verbose }),
+        )
+        .await
+    }
+
     /// The runtime handlers the runtime names in its status, with what each supports (runtimes
     /// from before the field, containerd 1.6 among them, name none).
     pub async fn handlers(&self) -> Result<Vec<cri::RuntimeHandler>> {
-        let mut c = self.runtime.clone();
-        let resp = self
-            .call(
-                "Status",
-                self.timeout,
-                c.status(cri::StatusRequest { verbose: false }),
-            )
-            .await?;
-        Ok(resp.runtime_handlers)
+        Ok(self.status(false).await?.runtime_handlers)
     }
 
     /// The runtime's own configuration, from its verbose status (containerd's CRI plugin config),
     /// when it tells.
     pub async fn runtime_config(&self) -> Result<Option<serde_json::Value>> {
-        let mut c = self.runtime.clone();
-        let resp = self
-            .call(
-                "Status",
-                self.timeout,
-                c.status(cri::StatusRequest { verbose: true }),
-            )
-            .await?;
+        let resp = self.status(true).await?;
         Ok(resp
             .info
             .get("config")

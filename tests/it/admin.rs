@@ -13,6 +13,25 @@ async fn cli(node: &Node, args: &[&str]) -> Output {
     node.cli(args).output().await.expect("the CLI runs")
 }
 
+/// Runs the CLI with `input` on its stdin (kept open) and waits, at most a minute, for it.
+async fn with_input(node: &Node, args: &[&str], input: &[u8]) -> Output {
+    let mut piped = node
+        .cli(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the CLI runs");
+    let mut stdin = piped.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, input)
+        .await
+        .expect("write stdin");
+    tokio::time::timeout(Duration::from_secs(60), piped.wait_with_output())
+        .await
+        .expect("the CLI ends with its command")
+        .expect("output")
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -102,8 +121,9 @@ async fn the_cli_lists_describes_logs_and_execs_like_kubectl() {
     assert_eq!(stdout(&exec), "out\n", "{exec:?}");
     assert_eq!(String::from_utf8_lossy(&exec.stderr), "err\n");
     assert_eq!(exec.status.code(), Some(3));
-    let mut piped = node
-        .cli(&[
+    let got = with_input(
+        &node,
+        &[
             "exec",
             "-i",
             &pod,
@@ -113,19 +133,10 @@ async fn the_cli_lists_describes_logs_and_execs_like_kubectl() {
             "sh",
             "-c",
             "read x; echo got $x",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("exec -i runs");
-    let mut input = piped.stdin.take().expect("stdin");
-    tokio::io::AsyncWriteExt::write_all(&mut input, b"hello\n")
-        .await
-        .expect("write stdin");
-    let got = tokio::time::timeout(Duration::from_secs(30), piped.wait_with_output())
-        .await
-        .expect("exec -i ends with its command")
-        .expect("output");
+        ],
+        b"hello\n",
+    )
+    .await;
     assert_eq!(stdout(&got), "got hello\n");
     assert_eq!(got.status.code(), Some(0));
     let ok = cli(&node, &["exec", &pod, "-c", "side", "--", "true"]).await;
@@ -262,8 +273,9 @@ async fn debug_adds_an_ephemeral_container_to_a_static_pod() {
     assert_eq!(looked.status.code(), Some(0), "{looked:?}");
     node.wait_log("dbg", "look", "sleep 3600").await;
     // Interactive: the CLI attaches once the container runs and relays stdin.
-    let mut piped = node
-        .cli(&[
+    let got = with_input(
+        &node,
+        &[
             "debug",
             "-i",
             &pod,
@@ -273,20 +285,10 @@ async fn debug_adds_an_ephemeral_container_to_a_static_pod() {
             "sh",
             "-c",
             "read x; echo got $x",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("debug -i runs");
-    let mut input = piped.stdin.take().expect("stdin");
-    tokio::io::AsyncWriteExt::write_all(&mut input, b"hello\n")
-        .await
-        .expect("write stdin");
-    let got = tokio::time::timeout(Duration::from_secs(60), piped.wait_with_output())
-        .await
-        .expect("debug -i ends with its command")
-        .expect("output");
+        ],
+        b"hello\n",
+    )
+    .await;
     assert_eq!(stdout(&got), "got hello\n", "{got:?}");
     assert!(
         String::from_utf8_lossy(&got.stderr)
