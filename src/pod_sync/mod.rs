@@ -1010,7 +1010,7 @@ impl Syncer {
         let apps: Vec<CancellationToken> = live
             .iter()
             .filter(|c| !sidecars.contains(&c.name.as_str()))
-            .map(|c| stopped[c.name.as_str()].clone())
+            .filter_map(|c| stopped.get(c.name.as_str()).cloned())
             .collect();
         let mut stops = JoinSet::new();
         for c in &live {
@@ -1028,7 +1028,7 @@ impl Syncer {
                     }
                 }) as hooks::Turn
             });
-            let done = stopped[name].clone();
+            let done = stopped.get(name).cloned().unwrap_or_default();
             let stop = self.stop(
                 pod,
                 &c.id,
