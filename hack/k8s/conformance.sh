@@ -199,7 +199,8 @@ start_node() { # out name index
         --container-runtime-endpoint "unix://$TB/containerd.sock" \
         --root-dir "$dir/root" --pod-logs-dir "$dir/pods" --container-logs-dir "$dir/containers" \
         --pod-manifest-path "$dir/manifests" \
-        --cgroup-root "/nodelet-$name" --port $((10250 + 10 * i)) --read-only-port 0 \
+        --cgroup-root "/nodelet-$name" --address "$node_ip" \
+        --port $((10250 + 10 * i)) --read-only-port $((10255 + 10 * i)) \
         --healthz-port $((10248 + 10 * i)) >"$out/$name.log" 2>&1 &
     NODE_PIDS+=($!)
 }
