@@ -298,11 +298,10 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// it has, and says why (PodResizePending, Deferred). Returns the pod to sync.
     fn allocate(&mut self, pod: &Arc<Pod>) -> Arc<Pod> {
         let uid = PodUid::of(pod);
-        let wanted = resize::allocation(pod);
         let Some(mine) = self.admitted.get(&uid) else {
             return pod.clone();
         };
-        if mine.allocation == wanted {
+        if resize::matches(pod, &mine.allocation) {
             if let Some(p) = self.admitted.get_mut(&uid) {
                 p.pending = None;
             }
@@ -332,7 +331,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             None => {
                 tracing::info!(pod = %full_name(pod), "resize admitted");
                 mine.requests = (cpu, memory, ephemeral_storage_request(pod));
-                mine.allocation = wanted;
+                mine.allocation = resize::allocation(pod);
                 mine.pending = None;
                 pod.clone()
             }

@@ -240,6 +240,19 @@ impl Syncer {
         )
     }
 
+    /// Can the pod's runtime handler make recursive read-only mounts? Only asked (and its
+    /// RuntimeClass looked up in `objects`) when a mount of the pod wants one.
+    fn rro_supported(&self, pod: &Pod, objects: impl FnOnce() -> crate::objects::View) -> bool {
+        let wanted = crate::pod::all_containers(spec(pod))
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .any(|m| {
+                m.recursive_read_only
+                    .as_deref()
+                    .is_some_and(|r| r != "Disabled")
+            });
+        wanted && runtime_handler(pod, &objects()).is_ok_and(|h| self.ctx.rro_handlers.contains(&h))
+    }
+
     fn record_waiting(&self, uid: &PodUid, container: &str, failure: Option<status::Waiting>) {
         let mut all = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         let pod = all.entry(uid.clone()).or_default();
@@ -366,8 +379,7 @@ impl Syncer {
             old: old.as_ref().and_then(|e| e.pod.status.as_ref()),
             now: crate::types::now(),
             runtime_name: &self.ctx.runtime_name,
-            rro_supported: runtime_handler(pod, &self.objects.view(pod))
-                .is_ok_and(|h| self.ctx.rro_handlers.contains(&h)),
+            rro_supported: self.rro_supported(pod, || self.objects.view(pod)),
         });
         let was_started = old
             .as_ref()
@@ -809,8 +821,7 @@ impl Syncer {
             etc_hosts: Some(&etc_hosts),
             sub_paths: &no_sub_paths,
             pid_target: start.pid_target.as_deref(),
-            rro_supported: runtime_handler(pod, objects)
-                .is_ok_and(|h| self.ctx.rro_handlers.contains(&h)),
+            rro_supported: self.rro_supported(pod, || self.objects.view(pod)),
         };
         let sub_paths = self.mount_sub_paths(&input)?;
         input.sub_paths = &sub_paths;
