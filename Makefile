@@ -76,20 +76,32 @@ nextest:
 check: deps
 	cargo fmt --check
 	cargo clippy --all-targets --locked -- -D warnings
-	shellcheck hack/*.sh hack/k8s/*.sh
+	shellcheck hack/*.sh hack/k8s/*.sh hack/runtime/*.sh
 
 # The unit tests (pure logic; no runtime, no control plane).
 unit: nextest
 	cargo nextest run --locked --lib
 
-# Always tears the test bed down (also after a failure or Ctrl-C: the trap only
-# keeps the shell alive), and exits with the tests' status (or, when the tests
-# passed, with the tear-down's).
+# The tests that also run on containerd 1.6 after the whole suite ran on 2.x: those about the
+# runtime's own behaviour (CRI calls and features, images, stops and hooks, status, networking,
+# cgroups, a runtime restart), so both generations stay supported.
+CONTAINERD16_TESTS := test(/^(cri|images|lifecycle|status|network|cgroups|resilience)::/)
+
+# The whole suite on containerd 2.x, then the subset above on 1.6 (`testbed.sh up` switches the
+# generation, keeping the registries). Always tears the test bed down (also after a failure or
+# Ctrl-C: the trap only keeps the shell alive), and exits with the tests' status (or, when the
+# tests passed, with the tear-down's).
 test: deps nextest k8s runtime-up images registries e2e-images
 	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1 K8S_BIN="$(K8S_BIN)"; \
 	trap : INT TERM; \
 	cargo nextest run --locked; \
-	status=$$?; trap - INT TERM; \
+	status=$$?; \
+	echo "make test: the runtime subset on containerd 1.6"; \
+	if NODELET_CONTAINERD=1.6 $(TESTBED) up; then \
+		set -a; eval "$$($(TESTBED) env)"; set +a; \
+		cargo nextest run --locked --test it -E '$(CONTAINERD16_TESTS)' || status=1; \
+	else status=1; fi; \
+	trap - INT TERM; \
 	$(TESTBED) down || { echo "make test: test bed tear-down failed" >&2; [ $$status -ne 0 ] || status=1; }; \
 	exit $$status
 

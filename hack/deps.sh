@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(containerd runc containernetworking-plugins busybox-static iptables
       protobuf-compiler gcc libc6-dev iproute2 python3 openssl skopeo apache2-utils
-      curl shellcheck)
+      curl shellcheck libseccomp-dev pkg-config)
 
 missing=()
 for p in "${pkgs[@]}"; do

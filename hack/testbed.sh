@@ -11,6 +11,9 @@
 # A test that needs a containerd of its own (a second node) starts another test bed in
 # $NODELET_TESTBED/beds/NAME with NODELET_TESTBED_NET=N (1-30): its own network nodelet-testbed-N,
 # bridge nodeletN and subnet 10.(213+N).0.0/16. `down` of the main test bed takes those down too.
+# NODELET_CONTAINERD picks the runtime generation at `up`: 2 (the default: containerd 2.x and
+# runc built by hack/runtime/build.sh) or 1.6 (Debian's containerd and runc). Each keeps its own
+# content store; the other commands act on the generation the test bed was started with.
 # It never touches a system containerd: only our socket, our dir, our bridge
 # and the iptables rules CNI made for our network.
 set -euo pipefail
@@ -31,7 +34,7 @@ MAINT_CONFIG=$TB/config-maintenance.toml
 PIDFILE=$TB/containerd.pid
 LOG=$TB/containerd.log
 DIRTY=$TB/dirty                      # exists from `up` until a complete `down`
-ROOT=$TB/root                        # content store, snapshots, metadata: kept by `down`
+GENERATION_FILE=$TB/containerd-generation # the generation of the running test bed
 STATE=$TB/state                      # like /run/containerd: wiped by `down`
 RUNC_ROOT=$TB/runc                   # runc state of CRI containers
 RUNC_V1_ROOT=$TB/runc-v1
@@ -57,11 +60,39 @@ CRI_NS=k8s.io
 PAUSE_REF=localhost/pause:local
 BUSYBOX_REF=localhost/busybox:local
 BUSYBOX_BIN=${NODELET_BUSYBOX:-/bin/busybox}
-SHIM_SOCKET_DIR=/run/containerd/s    # where containerd 1.6 shims put their sockets
 DEFAULT_RUNC_ROOT=/run/containerd/runc # runc root of containers made without runtime options
 
 log() { echo "testbed: $*" >&2; }
 die() { echo "testbed: error: $*" >&2; exit 1; }
+
+# The runtime generation's binaries and paths: GENERATION (2 or 1.6), CONTAINERD, CTR, RUNC,
+# SHIM (the runc shim, for 2.x), ROOT (content store, snapshots, metadata: kept by `down`) and
+# SHIM_SOCKET_DIR. `up` takes NODELET_CONTAINERD; the other commands the recorded generation.
+select_generation() { # generation
+    GENERATION=$1
+    case $GENERATION in
+        2)
+            local bin
+            bin=$(bash "$HERE/runtime/build.sh" bin) || die "cannot build containerd 2.x (hack/runtime/build.sh)"
+            CONTAINERD=$bin/containerd CTR=$bin/ctr RUNC=$bin/runc SHIM=$bin/containerd-shim-runc-v2
+            ROOT=$TB/root-2
+            # 2.x takes the shims' socket dir from its config (at most 42 bytes): one per test bed
+            SHIM_SOCKET_DIR=/run/nodelet-testbed/$(printf '%s' "$TB" | sha256sum | cut -c1-16)
+            ;;
+        1.6)
+            CONTAINERD=containerd CTR=ctr RUNC=runc SHIM=
+            ROOT=$TB/root
+            SHIM_SOCKET_DIR=/run/containerd/s    # where containerd 1.6 shims put their sockets
+            ;;
+        *) die "NODELET_CONTAINERD must be 2 or 1.6 (got '$GENERATION')" ;;
+    esac
+}
+
+recorded_generation() {
+    local g
+    g=$(cat "$GENERATION_FILE" 2>/dev/null || true)
+    echo "${g:-${NODELET_CONTAINERD:-2}}"
+}
 
 check_paths() {
     [[ $TB == /* ]] || die "NODELET_TESTBED must be an absolute path (got '$TB')"
@@ -135,14 +166,90 @@ wait_gone() { # pid seconds
     ! alive "$pid"
 }
 
-ctr_() { timeout 60 ctr -a "$SOCK" "$@"; }
+# (without containerd 2.x's warning about cgroup v1 on every call)
+ctr_() { timeout 60 "$CTR" -a "$SOCK" "$@" 2> >(grep -v 'support for cgroup v1 is deprecated' >&2); }
 
-answering() { [[ -S $SOCK ]] && timeout 5 ctr -a "$SOCK" version >/dev/null 2>&1; }
+answering() { [[ -S $SOCK ]] && timeout 5 "$CTR" -a "$SOCK" version >/dev/null 2>&1; }
 
 # ---------------------------------------------------------------- config
 
 write_config() { # path [extra disabled plugin]
+    if [[ $GENERATION == 2 ]]; then write_config_v3 "$@"; else write_config_v2 "$@"; fi
+}
+
+# containerd 2.x: the CRI is split into an images, a runtime and a gRPC plugin. NRI is off: its
+# socket is machine-wide.
+write_config_v3() { # path [extra disabled plugin]
+    local path=$1 extra=${2:-} handler
+    local disabled='"io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"'
+    [[ -n $extra ]] && disabled="$disabled, \"$extra\""
+    {
+        cat <<EOF
+# Written by hack/testbed.sh: the nodelet test bed's private containerd.
+version = 3
+root = "$ROOT"
+state = "$STATE"
+disabled_plugins = [$disabled]
+
+[grpc]
+  address = "$SOCK"
+  uid = 0
+  gid = 0
+
+[ttrpc]
+  address = "$TTRPC_SOCK"
+
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = "$SHIM_SOCKET_DIR"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "$PAUSE_REF"
+
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "$CERTS_DIR"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  netns_mounts_under_state_dir = true
+  enable_selinux = false
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "$CNI_CONF_DIR"
+    max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+        for handler in "runc $RUNC_ROOT" "$ALT_HANDLER $RUNC_ALT_ROOT"; do
+            cat <<EOF
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${handler%% *}]
+  runtime_type = "io.containerd.runc.v2"
+  runtime_path = "$SHIM"
+
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${handler%% *}.options]
+    SystemdCgroup = false
+    BinaryName = "$RUNC"
+    Root = "${handler#* }"
+EOF
+        done
+    } >"$path.tmp"
+    mv "$path.tmp" "$path"
+}
+
+# containerd 1.6
+write_config_v2() { # path [extra disabled plugin]
     local path=$1 extra=${2:-}
+
     local disabled='"io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"'
     [[ -n $extra ]] && disabled="$disabled, \"$extra\""
     cat >"$path.tmp" <<EOF
@@ -267,7 +374,7 @@ start_containerd() { # config
     rm -f "$SOCK" "$TTRPC_SOCK"
     if [[ -f $LOG ]] && (( $(stat -c %s "$LOG") > 20 * 1024 * 1024 )); then mv -f "$LOG" "$LOG.1"; fi
     # fd 9 is our lock: containerd must not inherit it
-    setsid containerd --config "$cfg" </dev/null >>"$LOG" 2>&1 9>&- &
+    setsid "$CONTAINERD" --config "$cfg" </dev/null >>"$LOG" 2>&1 9>&- &
     pid=$!
     echo "$pid" >"$PIDFILE"
     for ((n = 0; n < 300; n++)); do
@@ -395,8 +502,8 @@ runc_rootfs() {
 
 kill_runc_container() { # root id
     log "removing runc container $2"
-    runc --root "$1" kill --all "$2" KILL >/dev/null 2>&1 || true
-    runc --root "$1" delete --force "$2" >/dev/null 2>&1 || true
+    "$RUNC" --root "$1" kill --all "$2" KILL >/dev/null 2>&1 || true
+    "$RUNC" --root "$1" delete --force "$2" >/dev/null 2>&1 || true
 }
 
 # Kill what still runs in our containers and remove their runc state.
@@ -701,11 +808,15 @@ teardown() {
         rm -rf --one-file-system "$STATE" "$RUNC_ROOT" "$RUNC_ALT_ROOT"
     fi
     rm -rf --one-file-system "$ROOT"/io.containerd.grpc.v1.cri/sandboxes "$ROOT"/io.containerd.grpc.v1.cri/containers
+    if [[ $GENERATION == 2 ]]; then
+        rm -rf --one-file-system "$SHIM_SOCKET_DIR"
+        rmdir "$(dirname "$SHIM_SOCKET_DIR")" 2>/dev/null || true
+    fi
     if [[ -r $MARKS/run-containerd && $(cat "$MARKS/run-containerd") == ours ]]; then
-        rmdir "$SHIM_SOCKET_DIR" "$DEFAULT_RUNC_ROOT"/* "$DEFAULT_RUNC_ROOT" /run/containerd 2>/dev/null || true
+        rmdir /run/containerd/s "$DEFAULT_RUNC_ROOT"/* "$DEFAULT_RUNC_ROOT" /run/containerd 2>/dev/null || true
     fi
     rm -rf "$MARKS"
-    rm -f "$DIRTY" "$PIDFILE"
+    rm -f "$DIRTY" "$PIDFILE" "$GENERATION_FILE"
 }
 
 # The other nodes' test beds, whatever their tests left.
@@ -783,14 +894,18 @@ lock() {
 
 cmd_up() {
     lock
-    if answering && [[ -n $(containerd_pids) ]]; then
-        log "containerd already running on $SOCK"
+    local want=${NODELET_CONTAINERD:-2}
+    select_generation "$(recorded_generation)"
+    if answering && [[ -n $(containerd_pids) && $GENERATION == "$want" ]]; then
+        log "containerd $GENERATION already running on $SOCK"
     else
         teardown
-        log "starting containerd on $SOCK"
+        select_generation "$want"
+        log "starting containerd $GENERATION on $SOCK"
         mkdir -p "$TB"
         record_marks
         echo "$NET" >"$TB/net"
+        echo "$GENERATION" >"$GENERATION_FILE"
         write_config "$CONFIG"
         write_cni_conf
         touch "$DIRTY"
@@ -812,6 +927,7 @@ bridge_up() {
 
 cmd_down() {
     lock
+    select_generation "$(recorded_generation)"
     if (( NET == 0 )); then
         bash "$HERE/registry.sh" down || log "warning: the test registries did not stop cleanly"
         # Control planes that tests (or `make cluster`) left running, before their nodes' pods go.
@@ -825,6 +941,7 @@ cmd_down() {
 # again on the same state; containers keep running under their shims meanwhile.
 cmd_restart() {
     lock
+    select_generation "$(recorded_generation)"
     local pids pid
     pids=$( { [[ -r $PIDFILE ]] && cat "$PIDFILE"; containerd_pids; } 2>/dev/null | sort -un || true)
     for pid in $pids; do
@@ -841,6 +958,7 @@ cmd_restart() {
 
 cmd_images() {
     lock
+    select_generation "$(recorded_generation)"
     images
 }
 
@@ -850,6 +968,9 @@ cmd_env() {
     echo "NODELET_TEST_NODE_IP=$GATEWAY"
     echo "NODELET_TEST_ALT_HANDLER=$ALT_HANDLER"
     echo "NODELET_TEST_ALT_RUNC_ROOT=$RUNC_ALT_ROOT"
+    select_generation "$(recorded_generation)"
+    echo "NODELET_TEST_CONTAINERD=$GENERATION"
+    echo "NODELET_TEST_CTR=$CTR"
     bash "$HERE/registry.sh" env
 }
 

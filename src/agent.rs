@@ -130,24 +130,7 @@ impl Core {
                 "swap is on; the kubelet's rules need it off (swapoff -a), or start with --fail-swap-on=false"
             );
         }
-        let ours = config.cgroup_driver;
-        match runtime.runtime_config().await {
-            Ok(Some(rc)) => match crate::runtime::configured_cgroup_driver(&rc) {
-                Some(theirs) if theirs != ours => anyhow::bail!(
-                    "the container runtime uses the {theirs} cgroup driver but nodelet uses {ours} (--cgroup-driver); \
-                     they must agree: set --cgroup-driver={theirs}, or SystemdCgroup = {} for runc in the runtime's config",
-                    ours == crate::types::CgroupDriver::Systemd
-                ),
-                Some(_) => {
-                    tracing::debug!(driver = %ours, "the runtime uses the same cgroup driver")
-                }
-                None => tracing::debug!("the runtime does not say which cgroup driver it uses"),
-            },
-            Ok(None) => tracing::debug!("the runtime does not report its configuration"),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the runtime's configuration to check its cgroup driver")
-            }
-        }
+        let driver = cgroup_driver(&runtime, config.cgroup_driver).await?;
         let thresholds = eviction::thresholds(&config.eviction_hard).map_err(|problems| {
             anyhow::anyhow!("evictionHard (--eviction-hard): {}", problems.join("; "))
         })?;
@@ -167,7 +150,7 @@ impl Core {
             root: config.cgroup_root.clone(),
             per_qos: config.cgroups_per_qos,
             enforce_allocatable: config.enforce_pods_allocatable,
-            driver: match config.cgroup_driver {
+            driver: match driver {
                 crate::config::CgroupDriver::Cgroupfs => crate::cgroups::Driver::Cgroupfs,
                 crate::config::CgroupDriver::Systemd => crate::cgroups::Driver::Systemd,
             },
@@ -327,6 +310,43 @@ impl Core {
         );
         (self.status, self.tracker)
     }
+}
+
+/// The cgroup driver pods get. As upstream, a runtime that reports its driver over the CRI
+/// (RuntimeConfig) decides; with an older runtime, `--cgroup-driver` does, and it must agree with
+/// the driver the runtime's own configuration names, when it names one.
+async fn cgroup_driver(
+    runtime: &RuntimeClient,
+    ours: crate::types::CgroupDriver,
+) -> Result<crate::types::CgroupDriver> {
+    match runtime.reported_cgroup_driver().await {
+        Ok(Some(theirs)) => {
+            if theirs != ours {
+                tracing::info!(runtime = %theirs, flag = %ours, "using the cgroup driver the runtime reports over CRI, not --cgroup-driver");
+            }
+            return Ok(theirs);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask the runtime for its cgroup driver; --cgroup-driver applies")
+        }
+    }
+    match runtime.runtime_config().await {
+        Ok(Some(rc)) => match crate::runtime::configured_cgroup_driver(&rc) {
+            Some(theirs) if theirs != ours => anyhow::bail!(
+                "the container runtime uses the {theirs} cgroup driver but nodelet uses {ours} (--cgroup-driver); \
+                 they must agree: set --cgroup-driver={theirs}, or SystemdCgroup = {} for runc in the runtime's config",
+                ours == crate::types::CgroupDriver::Systemd
+            ),
+            Some(_) => tracing::debug!(driver = %ours, "the runtime uses the same cgroup driver"),
+            None => tracing::debug!("the runtime does not say which cgroup driver it uses"),
+        },
+        Ok(None) => tracing::debug!("the runtime does not report its configuration"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the runtime's configuration to check its cgroup driver")
+        }
+    }
+    Ok(ours)
 }
 
 /// `default`, unless a hidden test-only flag (`flag`) set `wanted` shorter.

@@ -145,7 +145,7 @@ cmd_images() {
                 python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
                 echo "$stamp" >"$archive.stamp"
                 # The runtime pulls by tag only when it has none: drop its stale copy.
-                timeout 60 ctr -a "$TB/containerd.sock" -n k8s.io images rm "$ref" >/dev/null 2>&1 || true
+                timeout 60 "$(bash "$hack/testbed.sh" env | sed -n 's/^NODELET_TEST_CTR=//p')" -a "$TB/containerd.sock" -n k8s.io images rm "$ref" >/dev/null 2>&1 || true
             fi
         fi
         push "$archive" "$ref"

@@ -684,6 +684,24 @@ impl RuntimeClient {
         Ok(self.status(false).await?.runtime_handlers)
     }
 
+    /// The cgroup driver the runtime reports over the CRI's RuntimeConfig call; `None` from
+    /// runtimes that predate the call (containerd 1.6 answers `Unimplemented`).
+    pub async fn reported_cgroup_driver(&self) -> Result<Option<crate::types::CgroupDriver>> {
+        let mut c = self.runtime.clone();
+        let req = cri::RuntimeConfigRequest {};
+        match self
+            .call("RuntimeConfig", self.timeout, c.runtime_config(req))
+            .await
+        {
+            Ok(resp) => Ok(resp.linux.map(|linux| match linux.cgroup_driver() {
+                cri::CgroupDriver::Systemd => crate::types::CgroupDriver::Systemd,
+                cri::CgroupDriver::Cgroupfs => crate::types::CgroupDriver::Cgroupfs,
+            })),
+            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The runtime's own configuration, from its verbose status (containerd's CRI plugin config),
     /// when it tells.
     pub async fn runtime_config(&self) -> Result<Option<serde_json::Value>> {

@@ -28,6 +28,18 @@ pub fn endpoint() -> PathBuf {
     PathBuf::from(path)
 }
 
+/// Which containerd generation the test bed runs: "2" or "1.6" (`hack/testbed.sh env`).
+pub fn containerd_generation() -> String {
+    std::env::var("NODELET_TEST_CONTAINERD").unwrap_or_else(|_| {
+        panic!("NODELET_TEST_CONTAINERD is not set: run the tests with `make test` (it comes from `hack/testbed.sh env`)")
+    })
+}
+
+/// True on the test bed's containerd 2.x (false on 1.6).
+pub fn containerd2() -> bool {
+    containerd_generation() == "2"
+}
+
 /// The test bed's directory; per-test directories are made below it.
 pub fn testbed_dir() -> PathBuf {
     PathBuf::from(
@@ -513,6 +525,10 @@ impl OtherRuntime {
             .env("NODELET_TESTBED", &self.dir)
             .env("NODELET_TESTBED_NET", self.net.to_string())
             .stdin(std::process::Stdio::null());
+        // The same runtime generation as the main test bed's.
+        if let Ok(generation) = std::env::var("NODELET_TEST_CONTAINERD") {
+            cmd.env("NODELET_CONTAINERD", generation);
+        }
         cmd
     }
 

@@ -166,21 +166,41 @@ async fn an_unreachable_runtime_gives_an_error_naming_the_call() {
     assert!(err.to_string().contains("Version"), "{err}");
 }
 
+/// containerd 2.x answers the CRI's RuntimeConfig and pins its sandbox image; 1.6 does neither,
+/// and tells both in its verbose status instead. nodelet reads whichever the runtime offers.
 #[tokio::test]
 async fn the_test_beds_runtime_reports_its_cgroup_driver_and_sandbox_image() {
-    let config = crate::bed::runtime()
-        .await
+    let rt = crate::bed::runtime().await;
+    let config = rt
         .runtime_config()
         .await
         .expect("Status answers")
         .expect("containerd reports its config");
-    assert_eq!(
-        nodelet::runtime::configured_cgroup_driver(&config),
-        Some(nodelet::types::CgroupDriver::Cgroupfs),
-        "the test bed runs runc with SystemdCgroup = false, as nodelet's default driver"
-    );
-    assert_eq!(
-        nodelet::runtime::configured_sandbox_image(&config).as_deref(),
-        Some("localhost/pause:local")
-    );
+    let reported = rt.reported_cgroup_driver().await.expect("RuntimeConfig");
+    let pause = rt
+        .list_images()
+        .await
+        .expect("ListImages")
+        .into_iter()
+        .find(|i| i.repo_tags.iter().any(|t| t == "localhost/pause:local"))
+        .expect("the test bed's pause image");
+    if crate::bed::containerd2() {
+        assert_eq!(
+            reported,
+            Some(nodelet::types::CgroupDriver::Cgroupfs),
+            "the test bed runs runc with SystemdCgroup = false, as nodelet's default driver"
+        );
+        assert!(pause.pinned, "containerd 2.x pins its sandbox image");
+    } else {
+        assert_eq!(reported, None, "containerd 1.6 predates RuntimeConfig");
+        assert_eq!(
+            nodelet::runtime::configured_cgroup_driver(&config),
+            Some(nodelet::types::CgroupDriver::Cgroupfs),
+            "the test bed runs runc with SystemdCgroup = false, as nodelet's default driver"
+        );
+        assert_eq!(
+            nodelet::runtime::configured_sandbox_image(&config).as_deref(),
+            Some("localhost/pause:local")
+        );
+    }
 }

@@ -18,14 +18,16 @@ use crate::bed::{
 fn forget_images(image: &str) {
     let repo = image.rsplit_once(':').map_or(image, |(r, _)| r);
     let ctr = |args: &[&str]| {
-        std::process::Command::new("ctr")
-            .arg("-a")
-            .arg(crate::bed::endpoint())
-            .args(["-n", "k8s.io", "images"])
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
+        std::process::Command::new(
+            std::env::var("NODELET_TEST_CTR").unwrap_or_else(|_| "ctr".into()),
+        )
+        .arg("-a")
+        .arg(crate::bed::endpoint())
+        .args(["-n", "k8s.io", "images"])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
     };
     for name in ctr(&["ls", "-q"]).lines() {
         if name.starts_with(&format!("{repo}:")) || name.starts_with(&format!("{repo}@")) {
