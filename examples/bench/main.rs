@@ -175,7 +175,7 @@ async fn floor_pod(
     };
     let id = rt.run_pod_sandbox(sandbox.clone(), String::new()).await?;
     let container = floor_container(&logs.join(&uid), host_network, image, labels)?;
-    let cid = rt.create_container(&id, container, sandbox).await?;
+    let cid = rt.create_container(&id, container, sandbox, None).await?;
     rt.start_container(&cid).await?;
     Ok(FloorPod {
         sandbox: id,

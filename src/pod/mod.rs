@@ -17,7 +17,7 @@ pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::container_hash;
 pub use qos::{ephemeral_storage_request, is_critical, overhead, qos_class, requests};
 pub use quantity::{container_quantity, parse_quantity};
-pub use signal::signal_number;
+pub use signal::{cri_signal, signal_number};
 pub use static_pod::{
     ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,
     ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,

@@ -1,4 +1,56 @@
-//! Signal names as `lifecycle.stopSignal` spells them (`SIGTERM`, `SIGRTMIN+3`), to numbers.
+//! Signal names as `lifecycle.stopSignal` spells them (`SIGTERM`, `SIGRTMIN+3`), to numbers:
+//! Linux's, and the CRI's `Signal` enum's.
+
+/// The CRI's `Signal` values 1 to 34, in order (0 is the runtime's default); the real-time
+/// signals follow from 35.
+const CRI_SIGNALS: [&str; 34] = [
+    "SIGABRT",
+    "SIGALRM",
+    "SIGBUS",
+    "SIGCHLD",
+    "SIGCLD",
+    "SIGCONT",
+    "SIGFPE",
+    "SIGHUP",
+    "SIGILL",
+    "SIGINT",
+    "SIGIO",
+    "SIGIOT",
+    "SIGKILL",
+    "SIGPIPE",
+    "SIGPOLL",
+    "SIGPROF",
+    "SIGPWR",
+    "SIGQUIT",
+    "SIGSEGV",
+    "SIGSTKFLT",
+    "SIGSTOP",
+    "SIGSYS",
+    "SIGTERM",
+    "SIGTRAP",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGURG",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGVTALRM",
+    "SIGWINCH",
+    "SIGXCPU",
+    "SIGXFSZ",
+];
+
+/// The CRI `Signal` value of `name`, or `None` when it names no signal.
+pub fn cri_signal(name: &str) -> Option<i32> {
+    if let Some(i) = CRI_SIGNALS.iter().position(|s| *s == name) {
+        return i32::try_from(i).ok().map(|i| i + 1);
+    }
+    // SIGRTMIN is 35, SIGRTMIN+1..+15 36..50, SIGRTMAX-14..-1 51..64, SIGRTMAX 65: the same
+    // order as the Linux numbers 34..64.
+    signal_number(name)
+        .filter(|n| (34..=64).contains(n))
+        .map(|n| n + 1)
+}
 
 /// The Linux signal number of `name`, or `None` when it names no signal.
 pub fn signal_number(name: &str) -> Option<i32> {
@@ -70,6 +122,26 @@ mod tests {
         assert_eq!(signal_number("SIGRTMAX-1"), Some(63));
         for bad in ["TERM", "SIGRTMIN+16", "SIGRTMAX-0", "sigterm", ""] {
             assert_eq!(signal_number(bad), None, "{bad}");
+            assert_eq!(cri_signal(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_map_to_the_cris_signal_values() {
+        for (name, value) in [
+            ("SIGABRT", 1),
+            ("SIGKILL", 13),
+            ("SIGTERM", 23),
+            ("SIGUSR1", 29),
+            ("SIGXFSZ", 34),
+            ("SIGRTMIN", 35),
+            ("SIGRTMIN+3", 38),
+            ("SIGRTMIN+15", 50),
+            ("SIGRTMAX-14", 51),
+            ("SIGRTMAX-1", 64),
+            ("SIGRTMAX", 65),
+        ] {
+            assert_eq!(cri_signal(name), Some(value), "{name}");
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Lifecycle hooks and graceful stops: postStart runs right after a container starts; preStop
 //! runs before the stop signal and counts against the grace period. A container's own
-//! `lifecycle.stopSignal` is sent by nodelet itself (the CRI runtimes here take no stop signal),
-//! then the runtime stops what is left at the deadline.
+//! `lifecycle.stopSignal` goes to the runtime at creation where it applies it (containerd 2.1
+//! on); with an older runtime nodelet sends it itself, then the runtime stops what is left at
+//! the deadline.
 
 use std::time::Duration;
 
@@ -170,7 +171,9 @@ pub async fn stop_container(
         .as_ref()
         .and_then(|c| c.lifecycle.as_ref())
         .and_then(|l| l.stop_signal.as_deref());
-    if let Some(name) = stop_signal {
+    if let Some(name) = stop_signal
+        && !runtime.takes_stop_signals().await
+    {
         left = send_stop_signal(&runtime, &id, name, left).await;
     }
     match runtime.stop_container(&id, left.as_secs() as i64).await {

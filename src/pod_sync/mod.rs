@@ -835,10 +835,15 @@ impl Syncer {
             source,
         })?;
         let log_file = convert::pod_log_dir(&self.ctx, pod).join(&config.log_path);
+        let stop_signal = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.stop_signal.as_deref())
+            .and_then(crate::pod::cri_signal);
         let slot = self.container_starts.acquire().await;
         let id = self
             .runtime
-            .create_container(sandbox_id, config, sandbox_config.clone())
+            .create_container(sandbox_id, config, sandbox_config.clone(), stop_signal)
             .await?;
         let target = Target::container(pod, &start.name);
         self.events.normal(

@@ -2,6 +2,7 @@
 //! vocabulary (sandboxes and containers of a pod, keyed by the kubelet's CRI labels).
 
 mod cache;
+mod newer_fields;
 mod remote;
 
 use std::collections::HashMap;

@@ -73,6 +73,10 @@ pub struct RuntimeClient {
     images: ImageServiceClient<Channel>,
     timeout: Duration,
     settled: Arc<Mutex<Settled>>,
+    /// The runtime's channel, for calls the bindings cannot make (see `newer_fields`).
+    channel: Channel,
+    /// Whether the runtime applies a container's own stop signal (asked once).
+    stop_signals: Arc<tokio::sync::OnceCell<bool>>,
 }
 
 /// Answers of the runtime that cannot change while a listing shows the same state, so a sync
@@ -134,6 +138,20 @@ impl Details {
     }
 }
 
+/// Whether a runtime of this name and version applies `ContainerConfig.stop_signal`.
+fn applies_stop_signals(name: &str, version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let at_least = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    match name {
+        "containerd" => at_least >= (2, 1),
+        "cri-o" => at_least >= (1, 33),
+        _ => false,
+    }
+}
+
 /// Forgets the settled answers a full listing asked at `asked` no longer vouches for: those
 /// about IDs not among `kept` (running containers, ready sandboxes), unless learnt after the
 /// listing was asked.
@@ -161,11 +179,14 @@ impl RuntimeClient {
     /// A client of the runtime at `runtime` and the image service at `images` (unix socket paths).
     /// Connections are made lazily and re-made after the runtime restarts.
     pub fn new(runtime: &Path, images: &Path, timeout: Duration) -> Self {
+        let runtime = channel(runtime);
         RuntimeClient {
-            runtime: RuntimeServiceClient::new(channel(runtime)),
+            runtime: RuntimeServiceClient::new(runtime.clone()),
             images: ImageServiceClient::new(channel(images)),
             timeout,
             settled: Default::default(),
+            channel: runtime,
+            stop_signals: Default::default(),
         }
     }
 
@@ -394,11 +415,13 @@ impl RuntimeClient {
         Ok(self.details(id, true).await?.log_path.into())
     }
 
+    /// Creates a container; `stop_signal` (a CRI `Signal` value) goes to runtimes that apply it.
     pub async fn create_container(
         &self,
         sandbox_id: &str,
         config: cri::ContainerConfig,
         sandbox_config: cri::PodSandboxConfig,
+        stop_signal: Option<i32>,
     ) -> Result<String> {
         let mut c = self.runtime.clone();
         let req = cri::CreateContainerRequest {
@@ -406,10 +429,30 @@ impl RuntimeClient {
             config: Some(config),
             sandbox_config: Some(sandbox_config),
         };
-        Ok(self
-            .call("CreateContainer", self.timeout, c.create_container(req))
-            .await?
-            .container_id)
+        let created = match stop_signal {
+            Some(signal) if self.takes_stop_signals().await => {
+                let call = super::newer_fields::create_container(self.channel.clone(), req, signal);
+                self.call("CreateContainer", self.timeout, call).await?
+            }
+            _ => {
+                self.call("CreateContainer", self.timeout, c.create_container(req))
+                    .await?
+            }
+        };
+        Ok(created.container_id)
+    }
+
+    /// True when the runtime applies the CRI's container stop signal (containerd 2.1 and CRI-O
+    /// 1.33 on); older runtimes ignore the field, and nodelet sends the signal itself.
+    pub async fn takes_stop_signals(&self) -> bool {
+        let answer = self
+            .stop_signals
+            .get_or_try_init(|| async {
+                let v = self.version().await?;
+                Ok::<_, Error>(applies_stop_signals(&v.runtime_name, &v.runtime_version))
+            })
+            .await;
+        answer.copied().unwrap_or(false)
     }
 
     pub async fn start_container(&self, id: &str) -> Result<()> {
@@ -767,5 +810,21 @@ pub async fn wait_for_runtime(
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::applies_stop_signals;
+
+    #[test]
+    fn stop_signals_go_to_runtimes_that_apply_them() {
+        assert!(applies_stop_signals("containerd", "v2.4.2"));
+        assert!(applies_stop_signals("containerd", "2.1.0"));
+        assert!(!applies_stop_signals("containerd", "v2.0.5"));
+        assert!(!applies_stop_signals("containerd", "1.6.20~ds1"));
+        assert!(applies_stop_signals("cri-o", "1.33.0"));
+        assert!(!applies_stop_signals("cri-o", "1.32.4"));
+        assert!(!applies_stop_signals("other", "9.9"));
     }
 }

@@ -77,7 +77,7 @@ async fn the_cri_client_runs_a_container_whose_output_lands_in_its_log() {
         ..Default::default()
     };
     let id = rt
-        .create_container(&sandbox, config, sandbox_config)
+        .create_container(&sandbox, config, sandbox_config, None)
         .await
         .expect("CreateContainer");
     rt.start_container(&id).await.expect("StartContainer");

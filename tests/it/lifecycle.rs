@@ -354,6 +354,27 @@ async fn a_container_is_stopped_with_its_own_stop_signal() {
     let st = node.status("s").expect("a status");
     let c = &st.container_statuses.expect("container statuses")[0];
     assert_eq!(c.stop_signal.as_deref(), Some("SIGUSR1"));
+    // Stopped by the runtime alone: containerd 2.x took the signal at creation (the CRI's
+    // stop_signal); 1.6 predates the field and sends SIGTERM, so nodelet sends it itself there.
+    node.write_manifest(
+        "r.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: r}}\nspec:\n  os: {{name: linux}}\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    lifecycle: {{stopSignal: SIGUSR1}}\n"
+        ),
+    );
+    let (_, containers) = node.wait_running("r", 1).await;
+    node.wait_log("r", "c", "ready").await;
+    node.runtime
+        .stop_container(&containers[0].id, 10)
+        .await
+        .expect("StopContainer");
+    let log = node.wait_log("r", "c", "got ").await;
+    let by_runtime = if crate::bed::containerd2() {
+        "got USR1"
+    } else {
+        "got TERM"
+    };
+    assert!(log.contains(by_runtime), "{log}");
     node.finish().await;
 }
 
