@@ -261,7 +261,7 @@ impl Core {
             cancel.clone(),
         );
         let (events_tx, events) = mpsc::channel(1024);
-        let pleg = pleg::Pleg::new(runtime.clone(), cache);
+        let pleg = pleg::Pleg::new(runtime.clone(), cache, config.feature("EventedPLEG"));
         let pleg_health = pleg.health();
         tracker.spawn(pleg.run(events_tx, cancel.clone()));
         let eviction = eviction::Manager {

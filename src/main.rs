@@ -73,6 +73,14 @@ fn main() -> ExitCode {
     {
         tracing::warn!(kubeconfig = %kubeconfig.display(), "run-once mode reads only the static pod sources; --kubeconfig is ignored");
     }
+    for gate in loaded.config.feature_gates.keys() {
+        if !nodelet::config::FEATURE_GATES
+            .iter()
+            .any(|(known, _)| known == gate)
+        {
+            tracing::warn!(gate = %gate, "feature gate is not one nodelet acts on; ignored");
+        }
+    }
     for field in &loaded.ignored_fields {
         tracing::warn!(field = %field, "config file field is accepted but not acted on yet");
     }

@@ -183,6 +183,8 @@ pub struct Metrics {
     runtime_duration: Histogram,
     pleg_relist_duration: Histogram,
     pleg_relist_interval: Histogram,
+    evented_pleg_connected: Family,
+    evented_pleg_errors: Family,
     pod_worker_duration: Histogram,
     pod_start_duration: Histogram,
     http_requests: Family,
@@ -252,6 +254,18 @@ pub fn get() -> &'static Metrics {
             "Interval in seconds between relisting in PLEG",
             &[],
         ),
+        evented_pleg_connected: Family::new(
+            "kubelet_evented_pleg_connection_success_count",
+            "The number of times a CRI client successfully connected to the container event stream",
+            "counter",
+            &[],
+        ),
+        evented_pleg_errors: Family::new(
+            "kubelet_evented_pleg_connection_error_count",
+            "The number of errors encountered while connecting to or reading the container event stream",
+            "counter",
+            &[],
+        ),
         pod_worker_duration: Histogram::new(
             "kubelet_pod_worker_duration_seconds",
             "Duration in seconds to sync a single pod",
@@ -317,6 +331,15 @@ impl Metrics {
         if let Some(interval) = since_last {
             self.pleg_relist_interval
                 .observe(&[], interval.as_secs_f64());
+        }
+    }
+
+    /// The container event stream opened (`true`) or failed to open or broke (`false`).
+    pub fn evented_pleg(&self, connected: bool) {
+        if connected {
+            self.evented_pleg_connected.add(&[], 1.0);
+        } else {
+            self.evented_pleg_errors.add(&[], 1.0);
         }
     }
 
@@ -394,6 +417,8 @@ impl Metrics {
             &self.runtime_errors,
             &self.http_requests,
             &self.evictions,
+            &self.evented_pleg_connected,
+            &self.evented_pleg_errors,
         ] {
             f.render(&mut out);
         }

@@ -1,11 +1,15 @@
-//! The pod lifecycle event generator: relists the runtime every second, keeps what it read as
-//! the pod cache syncs start from, diffs sandbox and container states into events that wake pod
-//! workers, and reports itself unhealthy when a relist has not completed for three minutes.
+//! The pod lifecycle event generator: relists the runtime, keeps what it read as the pod cache
+//! syncs start from, diffs sandbox and container states into events that wake pod workers, and
+//! reports itself unhealthy when relists stop. Where the runtime streams container events
+//! (GetContainerEvents, the EventedPLEG gate), each event and each sync waiting for a fresh
+//! reading start a relist, and the periodic relist is a safety net every 300 s (unhealthy after
+//! 10 min); otherwise, and while the stream is broken, it relists every second (unhealthy after
+//! 3 min), as upstream.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -16,6 +20,18 @@ use crate::types::PodUid;
 pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
 /// A PLEG whose last relist is older than this is unhealthy (upstream: 3 min).
 pub const UNHEALTHY_AFTER: Duration = Duration::from_secs(180);
+/// Relist period while the runtime streams container events (upstream: 300 s).
+pub const EVENTED_RELIST_PERIOD: Duration = Duration::from_secs(300);
+/// A PLEG with container events whose last relist is older than this is unhealthy (upstream:
+/// 10 min).
+pub const EVENTED_UNHEALTHY_AFTER: Duration = Duration::from_secs(600);
+/// Delays between attempts to open the event stream: 1 s doubling to 30 s.
+const STREAM_RETRY_FIRST: Duration = Duration::from_secs(1);
+const STREAM_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long an event stream must have been open before the relists slow down: the runtime
+/// subscribes the stream when the call reaches it, and a relist every second until then covers
+/// what happens before.
+const STREAM_SETTLE: Duration = Duration::from_secs(1);
 
 /// What happened to a sandbox or container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +127,8 @@ pub struct Health(watch::Receiver<Relist>);
 pub struct Relist {
     /// When a relist last completed.
     pub succeeded: Instant,
+    /// How long the PLEG may go without a relist and stay healthy.
+    pub unhealthy_after: Duration,
     /// Why the latest relist failed, when it did (the runtime is not answering).
     pub error: Option<String>,
 }
@@ -118,8 +136,9 @@ pub struct Relist {
 impl Health {
     /// `Err` with how long ago the last relist completed when that is too long ago.
     pub fn check(&self) -> Result<(), Duration> {
-        let age = self.0.borrow().succeeded.elapsed();
-        if age > UNHEALTHY_AFTER {
+        let relist = self.0.borrow();
+        let age = relist.succeeded.elapsed();
+        if age > relist.unhealthy_after {
             Err(age)
         } else {
             Ok(())
@@ -137,6 +156,7 @@ impl Health {
         Health(
             watch::channel(Relist {
                 succeeded: Instant::now(),
+                unhealthy_after: UNHEALTHY_AFTER,
                 error: None,
             })
             .1,
@@ -154,20 +174,24 @@ pub struct Pleg {
     cache: PodCache,
     last: Snapshot,
     relisted: watch::Sender<Relist>,
+    /// Whether to follow the runtime's container events (the EventedPLEG gate).
+    evented: bool,
 }
 
 impl Pleg {
-    /// A PLEG relisting `runtime` into `cache`.
-    pub fn new(runtime: RuntimeClient, cache: PodCache) -> Self {
+    /// A PLEG relisting `runtime` into `cache`, woken by its container events when `evented`.
+    pub fn new(runtime: RuntimeClient, cache: PodCache, evented: bool) -> Self {
         Pleg {
             runtime,
             cache,
             last: Snapshot::new(),
             relisted: watch::channel(Relist {
                 succeeded: Instant::now(),
+                unhealthy_after: UNHEALTHY_AFTER,
                 error: None,
             })
             .0,
+            evented,
         }
     }
 
@@ -195,16 +219,41 @@ impl Pleg {
         Ok(pods)
     }
 
-    /// Relists every period and sends the events, until `cancel`.
-    pub async fn run(mut self, events: mpsc::Sender<Event>, cancel: CancellationToken) {
+    /// Relists and sends the events, until `cancel`.
+    pub async fn run(self, events: mpsc::Sender<Event>, cancel: CancellationToken) {
+        let nudge = Notify::new();
+        let (streaming_tx, streaming) = watch::channel(false);
+        let (runtime, evented) = (self.runtime.clone(), self.evented);
+        let follow = async {
+            if evented {
+                follow_events(&runtime, &nudge, &streaming_tx, &cancel).await
+            }
+        };
+        tokio::join!(self.relist_loop(events, &nudge, streaming, &cancel), follow);
+    }
+
+    /// Relists every period, and at once when `nudge`d or (while `streaming`) when a sync waits
+    /// for a fresh reading, until `cancel`.
+    async fn relist_loop(
+        mut self,
+        events: mpsc::Sender<Event>,
+        nudge: &Notify,
+        mut streaming: watch::Receiver<bool>,
+        cancel: &CancellationToken,
+    ) {
         let mut wait = Duration::ZERO;
         let mut failure_backoff = FAILURE_BACKOFF_FIRST;
         let mut last_relist: Option<Instant> = None;
         loop {
+            let evented = *streaming.borrow_and_update();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
+                _ = nudge.notified() => {}
+                _ = self.cache.relist_wanted(), if evented => {}
+                _ = streaming.changed() => {}
             }
+            let evented = *streaming.borrow();
             let started = Instant::now();
             let pods = match self.relist().await {
                 Ok(pods) => pods,
@@ -223,12 +272,18 @@ impl Pleg {
             }
             crate::metrics::get().pleg_relist(started.elapsed(), last_relist.map(|l| started - l));
             last_relist = Some(started);
+            let (period, unhealthy_after) = if evented {
+                (EVENTED_RELIST_PERIOD, EVENTED_UNHEALTHY_AFTER)
+            } else {
+                (RELIST_PERIOD, UNHEALTHY_AFTER)
+            };
             self.relisted.send_replace(Relist {
                 succeeded: Instant::now(),
+                unhealthy_after,
                 error: None,
             });
             failure_backoff = FAILURE_BACKOFF_FIRST;
-            wait = RELIST_PERIOD.saturating_sub(started.elapsed());
+            wait = period.saturating_sub(started.elapsed());
             let snapshot = snapshot(&pods);
             // The syncs these events wake start from this reading.
             self.cache.install(started, pods);
@@ -240,6 +295,71 @@ impl Pleg {
             }
             self.last = snapshot;
         }
+    }
+}
+
+/// Follows the runtime's container events, waking the relists with `nudge` and telling through
+/// `streaming` whether the stream is open, until `cancel`. A runtime without the call leaves the
+/// PLEG relisting every second; a broken stream is opened again with backoff.
+async fn follow_events(
+    runtime: &RuntimeClient,
+    nudge: &Notify,
+    streaming: &watch::Sender<bool>,
+    cancel: &CancellationToken,
+) {
+    let mut retry = STREAM_RETRY_FIRST;
+    loop {
+        let open = runtime.container_events();
+        tokio::pin!(open);
+        let settled = tokio::time::sleep(STREAM_SETTLE);
+        tokio::pin!(settled);
+        let opened = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                opened = &mut open => break opened,
+                _ = &mut settled, if !*streaming.borrow() => {
+                    tracing::debug!("following the runtime's container events; relisting every {}s", EVENTED_RELIST_PERIOD.as_secs());
+                    streaming.send_replace(true);
+                }
+            }
+        };
+        let ended = match opened {
+            Ok(mut stream) => {
+                streaming.send_replace(true);
+                crate::metrics::get().evented_pleg(true);
+                retry = STREAM_RETRY_FIRST;
+                loop {
+                    let message = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        message = stream.message() => message,
+                    };
+                    match message {
+                        Ok(Some(event)) => {
+                            tracing::trace!(container = %event.container_id, kind = event.container_event_type, "container event");
+                            nudge.notify_one();
+                        }
+                        Ok(None) => break "the runtime ended it".to_string(),
+                        Err(e) => break e.to_string(),
+                    }
+                }
+            }
+            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
+                streaming.send_replace(false);
+                tracing::info!("the runtime streams no container events; relisting every second");
+                cancel.cancelled().await;
+                return;
+            }
+            Err(e) => e.to_string(),
+        };
+        crate::metrics::get().evented_pleg(false);
+        if streaming.send_replace(false) {
+            tracing::warn!(error = %ended, "the runtime's container event stream broke; relisting every second until it is back");
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(retry) => {}
+        }
+        retry = (retry * 2).min(STREAM_RETRY_MAX);
     }
 }
 
@@ -293,6 +413,7 @@ mod tests {
     async fn health_turns_bad_after_three_minutes_without_a_relist() {
         let fresh = || Relist {
             succeeded: Instant::now(),
+            unhealthy_after: UNHEALTHY_AFTER,
             error: None,
         };
         let (tx, rx) = watch::channel(fresh());

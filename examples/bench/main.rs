@@ -3,11 +3,12 @@
 //! invocation; only ratios are meant to be compared across runs.
 //!
 //! Then cluster mode (`cluster.rs`): pods through the API beside static pods, API requests per
-//! pod, and the footprint joined to a control plane.
+//! pod, and the footprint joined to a control plane. Last, the PLEG following the runtime's
+//! container events against relisting every second.
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
 //!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
-//!              [--only footprint]
+//!              [--only footprint|pleg]
 
 mod cluster;
 
@@ -55,6 +56,8 @@ struct Args {
     /// Only the footprints, standalone and in cluster mode (`--only footprint`): minutes
     /// instead of an hour, for work on memory.
     footprint_only: bool,
+    /// Only the PLEG comparison (`--only pleg`).
+    pleg_only: bool,
 }
 
 fn args() -> Result<Args> {
@@ -68,6 +71,7 @@ fn args() -> Result<Args> {
         sizes: (30, 110),
         work_dir: std::env::temp_dir(),
         footprint_only: false,
+        pleg_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -85,6 +89,7 @@ fn args() -> Result<Args> {
                 a.sizes = (burst.parse()?, max.parse()?);
             }
             "--only" if value == "footprint" => a.footprint_only = true,
+            "--only" if value == "pleg" => a.pleg_only = true,
             other => bail!("unknown flag {other} {value}"),
         }
     }
@@ -391,7 +396,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(binary: &Path, endpoint: &Path, dir: &Path) -> Result<Agent> {
+    fn start(binary: &Path, endpoint: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
         std::fs::create_dir_all(dir.join("manifests"))?;
         let child = Command::new(binary)
             .arg("--pod-manifest-path")
@@ -416,6 +421,7 @@ impl Agent {
                 "--cgroup-root",
                 &format!("/{CGROUP_ROOT}"),
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -620,7 +626,11 @@ async fn main() -> Result<()> {
     let work = tempfile::tempdir_in(&a.work_dir)
         .with_context(|| format!("a work directory in {}", a.work_dir.display()))?;
     let logs = work.path().join("floor-logs");
-    let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"))?;
+    if a.pleg_only {
+        let pleg = pleg_comparison(&rt, &a, work.path()).await?;
+        return write_report(&a, BTreeMap::from([("pleg", pleg)]));
+    }
+    let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"), &[])?;
     until(&rt, "nodelet to start", START_POLL, |_, _| true).await?;
     let mut report = BTreeMap::new();
     let mut rows = Vec::new();
@@ -780,9 +790,78 @@ async fn main() -> Result<()> {
             cpu / standalone(pods, "cpu_percent").max(1e-9),
         );
     }
+    let pleg = pleg_comparison(&rt, &a, work.path()).await?;
+    report.insert("pleg", pleg);
+    write_report(&a, report)
+}
+
+fn write_report(a: &Args, report: BTreeMap<&str, serde_json::Value>) -> Result<()> {
     std::fs::create_dir_all(&a.out)?;
     let file = a.out.join("bench.json");
     std::fs::write(&file, serde_json::to_string_pretty(&report)?)?;
     println!("\nwritten to {}", file.display());
     Ok(())
+}
+
+/// The PLEG driven by the runtime's container events against the relist every second
+/// (`--feature-gates=EventedPLEG=false`): the start of the max-pods scenario (alternating
+/// runs, `pairs` of each) and the idle CPU with those pods running. Where the runtime streams
+/// no events (containerd 1.6) both relist every second.
+async fn pleg_comparison(rt: &RuntimeClient, a: &Args, work: &Path) -> Result<serde_json::Value> {
+    let n = a.sizes.1;
+    let modes: [(&str, &[&str]); 2] = [
+        ("events", &[]),
+        ("relist", &["--feature-gates=EventedPLEG=false"]),
+    ];
+    let mut starts: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for pair in 0..a.pairs {
+        for k in 0..modes.len() {
+            // which goes first alternates
+            let (mode, extra) = modes[(pair + k) % modes.len()];
+            let agent = Agent::start(
+                &a.nodelet,
+                &a.endpoint,
+                &work.join(format!("pleg-{mode}")),
+                extra,
+            )?;
+            until(rt, "nodelet to start", START_POLL, |_, _| true).await?;
+            let (start, _) = through_nodelet(rt, &agent, n, false).await?;
+            starts.entry(mode).or_default().push(start);
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for (mode, extra) in modes {
+        let agent = Agent::start(
+            &a.nodelet,
+            &a.endpoint,
+            &work.join(format!("pleg-{mode}")),
+            extra,
+        )?;
+        for i in 0..n {
+            agent.write(i, false)?;
+        }
+        until(rt, "pods running", START_POLL, |_, running| running == n).await?;
+        quiesce().await;
+        let idle = footprint(agent.child.id(), a.containerd_pid, a.footprint).await;
+        for i in 0..n {
+            agent.remove(i)?;
+        }
+        until(rt, "sandboxes gone", TEARDOWN_POLL, |sandboxes, _| {
+            sandboxes == 0
+        })
+        .await?;
+        let start = starts.remove(mode).unwrap_or_default();
+        println!(
+            "PLEG {mode:<7} {n} pods: start {:.3} s (median of {}), idle CPU {:.2}% nodelet, {:.2}% containerd",
+            median(start.clone()),
+            start.len(),
+            idle["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0),
+            idle["containerd"]["cpu_percent"].as_f64().unwrap_or(0.0),
+        );
+        out.insert(
+            mode.to_string(),
+            serde_json::json!({"pods": n, "start_s": median(start.clone()), "starts_s": start, "idle": idle}),
+        );
+    }
+    Ok(serde_json::Value::Object(out))
 }

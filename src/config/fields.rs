@@ -570,6 +570,13 @@ pub const FIELDS: &[Field] = &[
         "Hard eviction thresholds (memory.available<100Mi,...)",
     ),
     field(
+        "featureGates",
+        "feature-gates",
+        false,
+        Map,
+        "Feature gates (Gate=true|false,...); nodelet knows EventedPLEG [default EventedPLEG=true]",
+    ),
+    field(
         "nodeLabels",
         "node-labels",
         false,
@@ -622,7 +629,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "cpuManagerReconcilePeriod",
     "evictionSoft",
     "evictionSoftGracePeriod",
-    "featureGates",
     "logging",
     "memorySwap",
     "rotateCertificates",

@@ -175,6 +175,8 @@ pub struct Config {
     pub container_log_max_files: u32,
     pub container_log_monitor_interval: Duration,
     pub node_labels: BTreeMap<String, String>,
+    /// `featureGates` as given (the ones nodelet knows are in [`FEATURE_GATES`]).
+    pub feature_gates: BTreeMap<String, bool>,
     pub verbosity: u8,
     /// --cluster-dns servers (IP addresses).
     pub cluster_dns: Vec<IpAddr>,
@@ -327,6 +329,26 @@ fn enforce_node_allocatable(r: &mut Reader<'_>) -> bool {
 #[error("invalid configuration:\n  - {}", .problems.join("\n  - "))]
 pub struct ConfigError {
     pub problems: Vec<String>,
+}
+
+/// The feature gates nodelet acts on, with its defaults. Others are accepted and warned about.
+pub const FEATURE_GATES: &[(&str, bool)] = &[
+    // Container events from the runtime wake the PLEG, which then relists every 300 s instead
+    // of every second (upstream's gate is off by default; nodelet's is on where the runtime
+    // streams events, and falls back to the 1 s relist where it does not).
+    ("EventedPLEG", true),
+];
+
+impl Config {
+    /// Whether the feature gate `name` (one of [`FEATURE_GATES`]) is on.
+    pub fn feature(&self, name: &str) -> bool {
+        self.feature_gates.get(name).copied().unwrap_or_else(|| {
+            FEATURE_GATES
+                .iter()
+                .find(|(gate, _)| *gate == name)
+                .is_some_and(|(_, on)| *on)
+        })
+    }
 }
 
 /// A loaded configuration plus what the user should be told about it.
@@ -822,6 +844,20 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             },
         ),
         node_labels: r.map("nodeLabels"),
+        feature_gates: {
+            let mut gates = BTreeMap::new();
+            for (gate, value) in r.map("featureGates") {
+                match value.parse::<bool>() {
+                    Ok(on) => {
+                        gates.insert(gate, on);
+                    }
+                    Err(_) => r.problems.push(format!(
+                        "featureGates (--feature-gates): {gate}={value}: expected true or false"
+                    )),
+                }
+            }
+            gates
+        },
         cluster_dns: {
             let servers = r.list("clusterDNS");
             let mut ips = Vec::new();

@@ -26,6 +26,8 @@ struct Shared {
     cached: Mutex<Cached>,
     /// Told of every installed relist.
     installed: watch::Sender<()>,
+    /// Woken when a sync waits for a relist (see [`PodCache::relist_wanted`]).
+    wanted: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -84,7 +86,7 @@ impl PodCache {
             match self.reading(uid) {
                 Ok(rt) => return Some(rt),
                 Err(Stale::Removed) => return None,
-                Err(Stale::Pending) => {}
+                Err(Stale::Pending) => self.0.wanted.notify_one(),
             }
             tokio::time::timeout_at(deadline, installed.changed())
                 .await
@@ -110,6 +112,12 @@ impl PodCache {
             uid: uid.clone(),
             removing: true,
         }
+    }
+
+    /// Completes when a sync waits for a relist that shows its pod as it is: a PLEG that
+    /// relists rarely (between container events) relists then.
+    pub async fn relist_wanted(&self) {
+        self.0.wanted.notified().await
     }
 
     /// Installs a relist's reading; `began` is when its first listing was asked.

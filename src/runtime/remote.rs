@@ -727,6 +727,20 @@ impl RuntimeClient {
         Ok(self.status(false).await?.runtime_handlers)
     }
 
+    /// The runtime's stream of container events (GetContainerEvents). It has no deadline; the
+    /// runtime may send its response headers only with the first event. Runtimes that predate
+    /// the call (containerd 1.6) answer `Unimplemented`.
+    pub async fn container_events(&self) -> Result<tonic::Streaming<cri::ContainerEventResponse>> {
+        let mut c = self.runtime.clone();
+        c.get_container_events(cri::GetEventsRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| Error::Call {
+                call: "GetContainerEvents",
+                status,
+            })
+    }
+
     /// The cgroup driver the runtime reports over the CRI's RuntimeConfig call; `None` from
     /// runtimes that predate the call (containerd 1.6 answers `Unimplemented`).
     pub async fn reported_cgroup_driver(&self) -> Result<Option<crate::types::CgroupDriver>> {

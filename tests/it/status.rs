@@ -456,3 +456,46 @@ async fn recursive_read_only_mounts_follow_the_runtime_handlers_features() {
     }
     node.finish().await;
 }
+
+/// Where the runtime streams container events (containerd 2.x), nodelet follows them and
+/// relists only as a safety net; a container that exits by itself is still seen at once. On
+/// containerd 1.6, which has no events, the relist every second sees it.
+#[tokio::test]
+async fn a_container_exiting_by_itself_is_seen_through_the_runtimes_events() {
+    let node = Node::start("events", &[]).await;
+    node.write_manifest(
+        "e.yaml",
+        &pod_yaml(
+            "e",
+            &[("c", "while [ ! -e /tmp/go ]; do sleep 0.1; done; exit 3")],
+            "  restartPolicy: Never\n",
+        ),
+    );
+    let (_, containers) = node.wait_running("e", 1).await;
+    node.touch(&containers[0].id, "/tmp/go").await;
+    node.wait_status("e", "its container exited with 3", |s| {
+        s.container_statuses.as_ref().is_some_and(|c| {
+            c[0].state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 3)
+        })
+    })
+    .await;
+    let metric = |name: &str| {
+        nodelet::metrics::get()
+            .render()
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let connected = metric("kubelet_evented_pleg_connection_success_count");
+    if crate::bed::containerd2() {
+        assert!(connected >= 1.0, "nodelet follows containerd 2.x's events");
+    } else {
+        assert_eq!(connected, 0.0, "containerd 1.6 streams no events");
+    }
+    node.finish().await;
+}
