@@ -84,8 +84,8 @@ unit: nextest
 
 # The tests that also run on containerd 1.6 after the whole suite ran on 2.x: those about the
 # runtime's own behaviour (CRI calls and features, images, stops and hooks, status, networking,
-# cgroups, a runtime restart), so both generations stay supported.
-CONTAINERD16_TESTS := test(/^(cri|images|lifecycle|status|network|cgroups|resilience)::/)
+# cgroups, a runtime restart, user namespaces), so both generations stay supported.
+CONTAINERD16_TESTS := test(/^(cri|images|lifecycle|status|network|cgroups|resilience)::|^security::host_users/)
 
 # The whole suite on containerd 2.x, then the subset above on 1.6 (`testbed.sh up` switches the
 # generation, keeping the registries). Always tears the test bed down (also after a failure or

@@ -86,6 +86,8 @@ pub(crate) struct Core {
     allocatable: crate::types::Allocatable,
     /// The runtime's name and version, as it reports them.
     runtime_version: (String, String),
+    /// The runtime handlers and their features, as the runtime's status names them.
+    runtime_handlers: Vec<crate::runtime::cri::RuntimeHandler>,
     /// The Services for the containers' service links, filled in cluster mode.
     services: crate::service_links::Store,
 }
@@ -175,19 +177,31 @@ impl Core {
         if let Some(initial) = test_backoff {
             tracing::warn!(?initial, "test-only backoff in use (--testing-backoff)");
         }
-        let rro_handlers = match runtime.handlers().await {
-            Ok(handlers) => handlers
-                .into_iter()
-                .filter(|h| h.features.is_some_and(|f| f.recursive_read_only_mounts))
-                .map(|h| h.name)
-                .collect(),
-            Err(e) => {
-                tracing::warn!(error = %crate::types::error_chain(&e), "cannot read the runtime handlers' features; recursive read-only mounts are taken as unsupported");
-                Vec::new()
-            }
+        let runtime_handlers = runtime.handlers().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %crate::types::error_chain(&e), "cannot read the runtime handlers' features; recursive read-only mounts and user namespaces are taken as unsupported");
+            Vec::new()
+        });
+        let supporting = |wants: fn(&crate::runtime::cri::RuntimeHandlerFeatures) -> bool| {
+            runtime_handlers
+                .iter()
+                .filter(|h| h.features.as_ref().is_some_and(wants))
+                .map(|h| h.name.clone())
+                .collect::<Vec<_>>()
         };
+        let handlers = (
+            supporting(|f| f.recursive_read_only_mounts),
+            supporting(|f| f.user_namespaces),
+        );
+        let (rro_handlers, userns_handlers) = handlers;
+        let userns = pod_sync::userns::Manager::new(
+            &config.root_dir,
+            config.user_namespace_ids_per_pod,
+            config.max_pods,
+        )
+        .map_err(|e| anyhow::anyhow!("user namespaces (userNamespaces.idsPerPod): {e}"))?;
         let ctx = pod_sync::Context {
             rro_handlers,
+            userns_handlers,
             node_name: config.node_name.clone(),
             root_dir: config.root_dir.clone(),
             pod_logs_dir: config.pod_logs_dir.clone(),
@@ -244,6 +258,7 @@ impl Core {
                 objects,
                 images: puller,
                 events: recorder.clone(),
+                userns,
             },
         ));
         let (pressure, pressure_rx) = tokio::sync::watch::channel(Pressure::default());
@@ -294,6 +309,7 @@ impl Core {
             capacity,
             allocatable,
             runtime_version: (version.runtime_name, version.runtime_version),
+            runtime_handlers,
             services,
         }))
     }
@@ -676,6 +692,7 @@ fn cluster_config(
                 &core.runtime_version.0,
                 &core.runtime_version.1,
             ),
+            runtime_handlers: crate::cluster::node::runtime_handlers(&core.runtime_handlers),
         },
         lease_duration_seconds: config.node_lease_duration_seconds,
         static_sources: static_sources.into_iter().flatten().collect(),

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
-    NodeSystemInfo, Taint,
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeRuntimeHandler,
+    NodeRuntimeHandlerFeatures, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -43,6 +43,24 @@ pub struct Config {
     pub capacity: Allocatable,
     pub allocatable: Allocatable,
     pub info: NodeSystemInfo,
+    /// `status.runtimeHandlers`: the runtime's handlers and what each supports.
+    pub runtime_handlers: Vec<NodeRuntimeHandler>,
+}
+
+/// The runtime handlers as the Node's status lists them (the default one named `""`).
+pub fn runtime_handlers(
+    handlers: &[crate::runtime::cri::RuntimeHandler],
+) -> Vec<NodeRuntimeHandler> {
+    handlers
+        .iter()
+        .map(|h| NodeRuntimeHandler {
+            name: Some(h.name.clone()),
+            features: Some(NodeRuntimeHandlerFeatures {
+                recursive_read_only_mounts: h.features.map(|f| f.recursive_read_only_mounts),
+                user_namespaces: h.features.map(|f| f.user_namespaces),
+            }),
+        })
+        .collect()
 }
 
 /// What the conditions are computed from.
@@ -272,6 +290,8 @@ pub fn status(
             }),
         }),
         node_info: Some(config.info.clone()),
+        runtime_handlers: (!config.runtime_handlers.is_empty())
+            .then(|| config.runtime_handlers.clone()),
         ..Default::default()
     }
 }
@@ -460,6 +480,13 @@ mod tests {
                 pods: 110,
             },
             info: system_info("containerd", "1.6.20"),
+            runtime_handlers: runtime_handlers(&[crate::runtime::cri::RuntimeHandler {
+                name: String::new(),
+                features: Some(crate::runtime::cri::RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: true,
+                    user_namespaces: true,
+                }),
+            }]),
         }
     }
 
@@ -491,6 +518,16 @@ mod tests {
         assert_eq!(info.container_runtime_version, "containerd://1.6.20");
         assert_eq!(info.kubelet_version, KUBELET_VERSION);
         assert_eq!(status.addresses.unwrap()[0].address, "10.0.0.5");
+        let handlers = status.runtime_handlers.unwrap();
+        assert_eq!(handlers[0].name.as_deref(), Some(""));
+        let features = handlers[0].features.as_ref().unwrap();
+        assert_eq!(
+            (
+                features.recursive_read_only_mounts,
+                features.user_namespaces
+            ),
+            (Some(true), Some(true))
+        );
     }
 
     #[tokio::test]

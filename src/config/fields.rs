@@ -360,6 +360,13 @@ pub const FIELDS: &[Field] = &[
         "How often the node status is sent when it did not change [default 5m]",
     ),
     field(
+        "userNamespaces",
+        "",
+        true,
+        Map,
+        "User namespaces of hostUsers: false pods: idsPerPod, host IDs per pod [default 65536]",
+    ),
+    field(
         "nodeLeaseDurationSeconds",
         "",
         true,
@@ -572,7 +579,7 @@ pub const FIELDS: &[Field] = &[
     field(
         "featureGates",
         "feature-gates",
-        false,
+        true,
         Map,
         "Feature gates (Gate=true|false,...); nodelet knows EventedPLEG [default EventedPLEG=true]",
     ),

@@ -151,6 +151,8 @@ pub struct Config {
     /// The hidden test-only periods.
     pub testing: Testing,
     pub max_pods: u32,
+    /// `userNamespaces.idsPerPod`: host IDs each `hostUsers: false` pod gets.
+    pub user_namespace_ids_per_pod: u32,
     /// `None`: no limit on a pod's processes.
     pub pod_pids_limit: Option<i64>,
     pub image_gc_high_threshold_percent: u8,
@@ -253,6 +255,8 @@ impl Config {
             "cgroupDriver": self.cgroup_driver.as_str(),
             "failSwapOn": self.fail_swap_on,
             "maxPods": self.max_pods,
+            "userNamespaces": {"idsPerPod": self.user_namespace_ids_per_pod},
+            "featureGates": self.feature_gates,
             "podPidsLimit": self.pod_pids_limit.unwrap_or(-1),
             "imageGCHighThresholdPercent": self.image_gc_high_threshold_percent,
             "imageGCLowThresholdPercent": self.image_gc_low_threshold_percent,
@@ -785,6 +789,24 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             image_gc_period: r.optional_duration("testingImageGCPeriod"),
             log_rotation_period: r.optional_duration("testingLogRotationPeriod"),
         },
+        user_namespace_ids_per_pod: {
+            let ids = r.map("userNamespaces");
+            match ids.get("idsPerPod").map(|v| v.trim().parse::<u64>()) {
+                None => 65536,
+                Some(Ok(n))
+                    if n >= 65536 && n.is_multiple_of(65536) && n <= u64::from(u32::MAX) =>
+                {
+                    n as u32
+                }
+                Some(_) => {
+                    r.problems.push(
+                        "userNamespaces.idsPerPod (config file): must be a multiple of 65536, from 65536 to 4294967295"
+                            .into(),
+                    );
+                    65536
+                }
+            }
+        },
         max_pods: r.parsed("maxPods", 110, |s| match s.trim().parse::<u32>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("{s:?} is not a positive number")),
@@ -993,6 +1015,44 @@ mod tests {
         assert_eq!(c.container_log_max_size, Some(10 * 1024 * 1024));
         assert_eq!(c.container_log_max_files, 5);
         assert_eq!(c.container_log_monitor_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn feature_gates_and_user_namespace_ids_are_read_and_checked() {
+        let c = run(&["--hostname-override", "n"]).unwrap().config;
+        assert!(c.feature("EventedPLEG"), "on by default");
+        assert_eq!(c.user_namespace_ids_per_pod, 65536);
+        let c = run(&["--feature-gates=EventedPLEG=false,SomethingElse=true"])
+            .unwrap()
+            .config;
+        assert!(!c.feature("EventedPLEG"));
+        assert_eq!(c.feature_gates.get("SomethingElse"), Some(&true));
+        let err = run(&["--feature-gates=EventedPLEG=maybe"]).err().unwrap();
+        assert!(
+            err.problems[0].contains("EventedPLEG=maybe: expected true or false"),
+            "{:?}",
+            err.problems
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        let write = |ids: &str| {
+            std::fs::write(
+                &file,
+                format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nuserNamespaces: {{idsPerPod: {ids}}}\n"),
+            )
+            .unwrap();
+            run(&["--config", file.to_str().unwrap()])
+        };
+        assert_eq!(
+            write("131072").unwrap().config.user_namespace_ids_per_pod,
+            131072
+        );
+        let err = write("1000").err().unwrap();
+        assert!(
+            err.problems[0].starts_with("userNamespaces.idsPerPod"),
+            "{:?}",
+            err.problems
+        );
     }
 
     #[test]

@@ -234,6 +234,17 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     {
         p.push(format!("spec.hostname: {h:?} is not a DNS-1123 label"));
     }
+    if spec.host_users == Some(false) {
+        for (field, set) in [
+            ("spec.hostNetwork", spec.host_network),
+            ("spec.hostPID", spec.host_pid),
+            ("spec.hostIPC", spec.host_ipc),
+        ] {
+            if set == Some(true) {
+                p.push(format!("{field}: forbidden when `hostUsers` is false"));
+            }
+        }
+    }
     let mut volume_names = HashSet::new();
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         let field = format!("spec.volumes[{i}]");
@@ -776,6 +787,23 @@ mod tests {
         assert!(p[0].contains("not a Linux signal name"), "{p:?}");
         let p = pod("", "SIGUSR1");
         assert!(p[0].contains("spec.os.name: linux"), "{p:?}");
+    }
+
+    #[test]
+    fn a_pod_in_its_own_user_namespace_shares_no_host_namespace() {
+        let pod = |host: &str| {
+            problems(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: u}}\nspec:\n  hostUsers: false\n{host}  containers: [{{name: c, image: i}}]\n"
+            ))
+        };
+        assert!(pod("").is_empty());
+        for field in ["hostNetwork", "hostPID", "hostIPC"] {
+            let p = pod(&format!("  {field}: true\n"));
+            assert_eq!(
+                p,
+                [format!("spec.{field}: forbidden when `hostUsers` is false")]
+            );
+        }
     }
 
     #[test]

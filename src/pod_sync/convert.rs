@@ -38,6 +38,8 @@ pub struct Context {
     /// The runtime handlers that support recursive read-only mounts (`""`: the default one),
     /// as the runtime's status says.
     pub rro_handlers: Vec<String>,
+    /// The runtime handlers that support user namespaces, as the runtime's status says.
+    pub userns_handlers: Vec<String>,
 }
 
 fn meta(pod: &Pod) -> (&str, &str, &str) {
@@ -81,7 +83,9 @@ fn pod_labels(pod: &Pod) -> HashMap<String, String> {
     labels
 }
 
-fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
+/// The pod's namespaces; `userns`: its own user namespace (`hostUsers: false`), else the
+/// node's (sent as no option, as before the field, so pods made either way compare equal).
+fn namespace_options(pod: &Pod, userns: Option<&cri::UserNamespace>) -> cri::NamespaceOption {
     let s = spec(pod);
     let mode = |host: Option<bool>, otherwise: cri::NamespaceMode| {
         if host.unwrap_or(false) {
@@ -99,6 +103,7 @@ fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
         network: mode(s.host_network, cri::NamespaceMode::Pod),
         pid: mode(s.host_pid, pid_default),
         ipc: mode(s.host_ipc, cri::NamespaceMode::Pod),
+        userns_options: userns.cloned(),
         ..Default::default()
     }
 }
@@ -110,6 +115,7 @@ pub fn sandbox_config(
     ctx: &Context,
     dns: cri::DnsConfig,
     cgroup_parent: String,
+    userns: Option<&cri::UserNamespace>,
 ) -> cri::PodSandboxConfig {
     let (name, namespace, uid) = meta(pod);
     let s = spec(pod);
@@ -175,7 +181,7 @@ pub fn sandbox_config(
             cgroup_parent,
             sysctls,
             security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(namespace_options(pod)),
+                namespace_options: Some(namespace_options(pod, userns)),
                 privileged,
                 ..Default::default()
             }),
@@ -265,6 +271,8 @@ pub struct ContainerInput<'a> {
     pub pid_target: Option<&'a str>,
     /// Can the pod's runtime handler make recursive read-only mounts?
     pub rro_supported: bool,
+    /// The pod's own user namespace (`hostUsers: false`); every mount is ID-mapped into it.
+    pub userns: Option<&'a cri::UserNamespace>,
 }
 
 /// May `name` be an environment variable's name (printable ASCII without '=', as upstream
@@ -559,6 +567,12 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
             serde_json::to_string(handler).unwrap_or_default(),
         );
     }
+    if let Some(userns) = input.userns {
+        for m in &mut mounts {
+            m.uid_mappings.clone_from(&userns.uids);
+            m.gid_mappings.clone_from(&userns.gids);
+        }
+    }
     Ok(cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: c.name.clone(),
@@ -768,9 +782,9 @@ fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxC
                 Some(target) => cri::NamespaceOption {
                     pid: cri::NamespaceMode::Target as i32,
                     target_id: target.to_string(),
-                    ..namespace_options(pod)
+                    ..namespace_options(pod, input.userns)
                 },
-                None => namespace_options(pod),
+                None => namespace_options(pod, input.userns),
             }),
             run_as_user: run_as_user.map(|value| cri::Int64Value { value }),
             run_as_group: run_as_group.map(|value| cri::Int64Value { value }),
@@ -888,6 +902,7 @@ mod tests {
     fn ctx() -> Context {
         Context {
             rro_handlers: Vec::new(),
+            userns_handlers: Vec::new(),
             node_name: "n1".into(),
             root_dir: "/r".into(),
             pod_logs_dir: "/logs".into(),
@@ -925,6 +940,7 @@ mod tests {
             &ctx(),
             cri::DnsConfig::default(),
             "/kubepods/podx".into(),
+            None,
         );
         let m = cfg.metadata.unwrap();
         assert_eq!(
@@ -1020,6 +1036,7 @@ mod tests {
             sub_paths: &NO_SUB_PATHS,
             pid_target: None,
             rro_supported: false,
+            userns: None,
         }
     }
 

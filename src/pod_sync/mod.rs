@@ -7,6 +7,7 @@ mod hooks;
 pub mod network;
 pub mod resources;
 pub mod status;
+pub mod userns;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -135,6 +136,8 @@ pub struct Syncer {
     refused: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Containers resized in place since they were created: their resources digest now.
     resized: std::sync::Mutex<HashMap<String, String>>,
+    /// The ID ranges of `hostUsers: false` pods.
+    userns: userns::Manager,
 }
 
 /// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
@@ -163,6 +166,7 @@ pub struct Parts {
     pub objects: crate::objects::Reader,
     pub images: images::Puller,
     pub events: crate::events::Recorder,
+    pub userns: userns::Manager,
 }
 
 impl Syncer {
@@ -187,6 +191,7 @@ impl Syncer {
             backoff: std::sync::Mutex::new(backoff),
             refused: Default::default(),
             resized: Default::default(),
+            userns: parts.userns,
         }
     }
 
@@ -238,6 +243,33 @@ impl Syncer {
             grace,
             (self.events.clone(), target),
         )
+    }
+
+    /// The pod's own user namespace when it asks for one (`hostUsers: false`): its runtime
+    /// handler must support them, as the runtime's status says, and its IDs are the range it
+    /// was given (upstream's messages).
+    fn user_namespace(
+        &self,
+        pod: &Pod,
+        objects: &crate::objects::View,
+    ) -> Result<Option<cri::UserNamespace>, String> {
+        if spec(pod).host_users != Some(false) {
+            return Ok(None);
+        }
+        let handler = runtime_handler(pod, objects)?;
+        if !self.ctx.userns_handlers.contains(&handler) {
+            return Err(if handler.is_empty() {
+                "can't set `spec.hostUsers: false`, runtime does not support user namespaces".into()
+            } else {
+                format!(
+                    "can't set `spec.hostUsers: false`, RuntimeClass handler {handler:?} does not support user namespaces"
+                )
+            });
+        }
+        self.userns
+            .range_of(&PodUid::of(pod))
+            .map(|range| Some(range.namespace()))
+            .map_err(|e| format!("create user namespace: {e}"))
     }
 
     /// Can the pod's runtime handler make recursive read-only mounts? Only asked (and its
@@ -557,8 +589,22 @@ impl Syncer {
             .create_sandbox
             .or_else(|| rt.latest_sandbox().map(|s| s.attempt))
             .unwrap_or(0);
-        let sandbox_config =
-            convert::sandbox_config(pod, attempt, &self.ctx, dns, self.cgroups.pod_parent(pod));
+        let userns = self.user_namespace(pod, &objects).map_err(|why| {
+            self.events.warning(
+                Target::pod(pod),
+                "FailedCreatePodSandBox",
+                format!("Failed to create pod sandbox: {why}"),
+            );
+            Error::Sandbox(why)
+        })?;
+        let sandbox_config = convert::sandbox_config(
+            pod,
+            attempt,
+            &self.ctx,
+            dns,
+            self.cgroups.pod_parent(pod),
+            userns.as_ref(),
+        );
         let sandbox_id = match (&plan.create_sandbox, &plan.sandbox_id) {
             (Some(_), _) => {
                 for warning in &dns_warnings {
@@ -567,9 +613,6 @@ impl Syncer {
                 }
                 if resources::wants_hugepages(pod) {
                     tracing::warn!(pod = %full_name(pod), "hugepages are not provided by nodelet; the request is ignored");
-                }
-                if spec(pod).host_users == Some(false) {
-                    tracing::warn!(pod = %full_name(pod), "hostUsers: false needs user namespaces, which the runtime does not offer here; ignored");
                 }
                 let log_dir = convert::pod_log_dir(&self.ctx, pod);
                 std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
@@ -822,6 +865,12 @@ impl Syncer {
             sub_paths: &no_sub_paths,
             pid_target: start.pid_target.as_deref(),
             rro_supported: self.rro_supported(pod, || self.objects.view(pod)),
+            userns: sandbox_config
+                .linux
+                .as_ref()
+                .and_then(|l| l.security_context.as_ref())
+                .and_then(|s| s.namespace_options.as_ref())
+                .and_then(|n| n.userns_options.as_ref()),
         };
         let sub_paths = self.mount_sub_paths(&input)?;
         input.sub_paths = &sub_paths;
@@ -1114,6 +1163,7 @@ impl Syncer {
         }
         self.kill_all(pod, &rt, true).await?;
         volumes::teardown(&self.ctx.root_dir, &uid.0)?;
+        self.userns.release(&uid);
         self.cgroups.remove_pod(&uid.0)?;
         let log_dir = convert::pod_log_dir(&self.ctx, pod);
         match std::fs::remove_dir_all(&log_dir) {
@@ -1304,6 +1354,7 @@ impl PodSyncer for Syncer {
         if let Err(e) = self.cgroups.update_qos(&pods) {
             tracing::warn!(error = %e, "cannot update the QoS cgroups");
         }
+        self.userns.release_orphans();
     }
 
     async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {

@@ -135,6 +135,22 @@ async fn a_node_registers_renews_its_lease_and_comes_back_when_deleted() {
         );
     }
     assert_eq!(status["capacity"]["pods"], "110");
+    // The runtime handlers as the runtime's status names them: containerd 2.x with runc 1.5
+    // supports both features (the test bed's second handler too); 1.6 names none.
+    let handlers = status["runtimeHandlers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if crate::bed::containerd2() {
+        let default = handlers
+            .iter()
+            .find(|h| h["name"] == "")
+            .unwrap_or_else(|| panic!("the default handler in {handlers:?}"));
+        assert_eq!(default["features"]["userNamespaces"], true);
+        assert_eq!(default["features"]["recursiveReadOnlyMounts"], true);
+    } else {
+        assert!(handlers.is_empty(), "{handlers:?}");
+    }
     let info = &status["nodeInfo"];
     assert!(
         info["containerRuntimeVersion"]

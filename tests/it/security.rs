@@ -522,3 +522,82 @@ spec:
     assert!(!on_host.exists(), "the pod's mounts went with it");
     node.finish().await;
 }
+
+/// `hostUsers: false`: on containerd 2.x (whose runc handler reports user namespaces) each pod
+/// gets its own range of 65536 host IDs mapped to root in the pod, kept in the pod's `userns`
+/// file, and its volumes are ID-mapped so the files nodelet wrote as root are root's in the pod.
+/// A pod without it shares the node's IDs. containerd 1.6 names no handler features: the pod is
+/// refused with upstream's message.
+#[tokio::test]
+async fn host_users_false_gives_each_pod_its_own_user_namespace() {
+    let node = Node::start("userns", &[]).await;
+    let report = format!(
+        "echo \"map=$(cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //')\"; echo \"file=$(stat -c %u:%g /cm/k)\"; {FOREVER}"
+    );
+    let pod = |name: &str, host_users: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{name}}}\ndata: {{k: v}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  hostUsers: {host_users}\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: cm, configMap: {{name: cm-{name}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {}]\n    volumeMounts: [{{name: cm, mountPath: /cm}}]\n",
+            serde_json::to_string(&report).expect("json")
+        )
+    };
+    node.write_manifest("a.yaml", &pod("a", "false"));
+    if !crate::bed::containerd2() {
+        eventually(
+            "the pod to be refused for want of user namespaces",
+            Duration::from_secs(30),
+            || async {
+                logs()
+                    .contains("Failed to create pod sandbox: can't set `spec.hostUsers: false`, runtime does not support user namespaces")
+                    .then_some(())
+            },
+        )
+        .await;
+        assert!(node.sandboxes("a").await.is_empty());
+        node.finish().await;
+        return;
+    }
+    node.write_manifest("b.yaml", &pod("b", "false"));
+    node.write_manifest("host.yaml", &pod("host", "true"));
+    let mapped = |log: &str| -> (u64, u64, u64) {
+        let line = log
+            .lines()
+            .find_map(|l| l.split("map=").nth(1))
+            .unwrap_or_else(|| panic!("a uid_map line in {log}"));
+        let n: Vec<u64> = line
+            .split_whitespace()
+            .map(|f| f.parse().expect("a number"))
+            .collect();
+        assert_eq!(n.len(), 3, "one mapping: {line}");
+        (n[0], n[1], n[2])
+    };
+    let a = node.wait_log("a", "c", "file=").await;
+    let b = node.wait_log("b", "c", "file=").await;
+    let host = node.wait_log("host", "c", "file=").await;
+    let (inside, first_a, length) = mapped(&a);
+    assert_eq!((inside, length), (0, 65536), "{a}");
+    assert!(first_a >= 65536 && first_a % 65536 == 0, "{a}");
+    let (_, first_b, _) = mapped(&b);
+    assert_ne!(first_a, first_b, "each pod has a range of its own");
+    assert_eq!(mapped(&host), (0, 0, 4294967295), "{host}");
+    for log in [&a, &b, &host] {
+        assert!(
+            log.contains("file=0:0"),
+            "the volume's files are root's in the pod: {log}"
+        );
+    }
+    let sandbox = node.wait_sandbox("a").await;
+    let stored = std::fs::read_to_string(
+        node.path("root")
+            .join("pods")
+            .join(&sandbox.uid.0)
+            .join("userns"),
+    )
+    .expect("the pod's userns file");
+    assert!(
+        stored.contains(&format!(
+            "\"hostId\":{first_a},\"containerId\":0,\"length\":65536"
+        )),
+        "{stored}"
+    );
+    node.finish().await;
+}
