@@ -78,6 +78,8 @@ pub(crate) struct Core {
     pub tracker: TaskTracker,
     sync_loop: SyncLoop<Syncer>,
     pleg_health: pleg::Health,
+    /// The runtime's own readiness (its Status conditions).
+    runtime_state: crate::runtime_state::RuntimeState,
     events: mpsc::Receiver<pleg::Event>,
     probes: mpsc::UnboundedReceiver<probe::Update>,
     runtime: crate::runtime::RuntimeClient,
@@ -279,6 +281,8 @@ impl Core {
         let pleg = pleg::Pleg::new(runtime.clone(), cache, config.feature("EventedPLEG"));
         let pleg_health = pleg.health();
         tracker.spawn(pleg.run(events_tx, cancel.clone()));
+        let (runtime_state, check) = crate::runtime_state::watch(runtime.clone(), cancel.clone());
+        tracker.spawn(check);
         let eviction = eviction::Manager {
             config: eviction::Config {
                 thresholds,
@@ -303,6 +307,7 @@ impl Core {
             tracker,
             sync_loop,
             pleg_health,
+            runtime_state,
             events,
             probes,
             runtime,
@@ -576,6 +581,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
                 pleg: core.pleg_health.clone(),
                 pressure: pressure_rx
                     .unwrap_or_else(|| tokio::sync::watch::channel(Pressure::default()).1),
+                runtime: core.runtime_state.clone(),
             },
             statuses: core.status.clone(),
             desired: core.sync_loop.desired(),

@@ -38,6 +38,7 @@ pub mod pod_workers;
 pub mod probe;
 pub mod run_once;
 pub mod runtime;
+pub mod runtime_state;
 pub mod server;
 pub mod service_links;
 pub mod sources;

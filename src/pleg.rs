@@ -134,12 +134,13 @@ pub struct Relist {
 }
 
 impl Health {
-    /// `Err` with how long ago the last relist completed when that is too long ago.
-    pub fn check(&self) -> Result<(), Duration> {
+    /// `Err` with how long ago the last relist completed, and the threshold, when that is too
+    /// long ago.
+    pub fn check(&self) -> Result<(), (Duration, Duration)> {
         let relist = self.0.borrow();
         let age = relist.succeeded.elapsed();
         if age > relist.unhealthy_after {
-            Err(age)
+            Err((age, relist.unhealthy_after))
         } else {
             Ok(())
         }

@@ -68,21 +68,35 @@ pub fn runtime_handlers(
 pub struct Signals {
     pub pleg: crate::pleg::Health,
     pub pressure: watch::Receiver<Pressure>,
+    /// The runtime's own RuntimeReady and NetworkReady conditions.
+    pub runtime: crate::runtime_state::RuntimeState,
 }
 
 impl Signals {
-    /// `Err(why)` when the node is not ready, as upstream words it.
+    /// `Err(why)` when the node is not ready, as upstream words it (several reasons as its
+    /// aggregate error prints them: `[a, b]`).
     fn ready(&self) -> Result<(), String> {
+        let mut errors = Vec::new();
         if self.pleg.runtime_error().is_some() {
-            return Err("container runtime is down".into());
+            errors.push("container runtime is down".to_string());
         }
-        self.pleg.check().map_err(|age| {
-            format!(
+        if let Err((age, threshold)) = self.pleg.check() {
+            errors.push(format!(
                 "PLEG is not healthy: pleg was last seen active {}; threshold is {}",
                 crate::config::format_duration(age),
-                crate::config::format_duration(crate::pleg::UNHEALTHY_AFTER),
-            )
-        })
+                crate::config::format_duration(threshold),
+            ));
+        }
+        for e in self.runtime.errors() {
+            if !errors.contains(&e) {
+                errors.push(e);
+            }
+        }
+        match errors.as_slice() {
+            [] => Ok(()),
+            [one] => Err(one.clone()),
+            many => Err(format!("[{}]", many.join(", "))),
+        }
     }
 }
 
@@ -494,6 +508,7 @@ mod tests {
         Signals {
             pleg: crate::pleg::Health::healthy_for_tests(),
             pressure: watch::channel(pressure).1,
+            runtime: crate::runtime_state::RuntimeState::fixed(Vec::new()),
         }
     }
 

@@ -721,6 +721,16 @@ impl RuntimeClient {
         .await
     }
 
+    /// The runtime's conditions (RuntimeReady, NetworkReady and any of its own).
+    pub async fn conditions(&self) -> Result<Vec<cri::RuntimeCondition>> {
+        Ok(self
+            .status(false)
+            .await?
+            .status
+            .map(|s| s.conditions)
+            .unwrap_or_default())
+    }
+
     /// The runtime handlers the runtime names in its status, with what each supports (runtimes
     /// from before the field, containerd 1.6 among them, name none).
     pub async fn handlers(&self) -> Result<Vec<cri::RuntimeHandler>> {

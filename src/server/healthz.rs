@@ -39,7 +39,7 @@ impl Checks {
             ),
             (
                 "pleg",
-                self.pleg.check().map_err(|age| {
+                self.pleg.check().map_err(|(age, _)| {
                     format!("PLEG is not healthy: last relist {}s ago", age.as_secs())
                 }),
             ),

@@ -506,6 +506,13 @@ pub struct OtherRuntime {
 }
 
 impl OtherRuntime {
+    /// This bed's CNI network config, which its containerd watches.
+    pub fn cni_config(&self) -> PathBuf {
+        self.dir
+            .join("cni/net.d")
+            .join(format!("10-nodelet-testbed-{}.conflist", self.net))
+    }
+
     pub async fn up(name: &str, net: u8) -> OtherRuntime {
         let dir = testbed_dir().join("beds").join(name);
         let bed = OtherRuntime {

@@ -1546,3 +1546,48 @@ async fn an_api_pod_runs_under_the_handler_of_its_runtime_class() {
     );
     node.finish().await;
 }
+
+/// The node is Ready only while its runtime says it is: containerd reports NetworkReady=false
+/// once its CNI config is gone, and the Node's Ready condition says so in upstream's words
+/// until the config is back.
+#[tokio::test]
+async fn a_runtime_without_a_network_makes_the_node_not_ready_until_it_has_one_again() {
+    let cp = ControlPlane::start("netready", false).await;
+    let bed = OtherRuntime::up("netready", 2).await;
+    let node = join_on(&bed.endpoint, &cp, "netready", &[]).await;
+    let nodes = cp.nodes();
+    let ready = |want: &'static str| {
+        let nodes = nodes.clone();
+        let name = node.name.clone();
+        async move {
+            let n = nodes.get_opt(&name).await.ok().flatten()?;
+            let c = n
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (c.status == want).then_some(c.message.unwrap_or_default())
+        }
+    };
+    eventually("the node Ready", Duration::from_secs(60), || ready("True")).await;
+    let config = bed.cni_config();
+    let saved = std::fs::read(&config).expect("the bed's CNI config");
+    std::fs::remove_file(&config).expect("remove the CNI config");
+    let message = eventually(
+        "the node NotReady for want of a network",
+        Duration::from_secs(60),
+        || ready("False"),
+    )
+    .await;
+    assert!(
+        message.contains("container runtime network not ready: NetworkReady=false"),
+        "{message}"
+    );
+    std::fs::write(&config, saved).expect("put the CNI config back");
+    eventually("the node Ready again", Duration::from_secs(60), || {
+        ready("True")
+    })
+    .await;
+    node.finish().await;
+    bed.down().await;
+}
