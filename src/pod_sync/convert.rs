@@ -154,6 +154,7 @@ pub fn sandbox_config(
                 .and_then(|sc| sc.privileged)
                 .unwrap_or(false)
         });
+    let (resources, overhead) = sandbox_resources(pod);
     let sysctls = s
         .security_context
         .as_ref()
@@ -183,9 +184,27 @@ pub fn sandbox_config(
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(pod, userns)),
                 privileged,
+                // The sandbox always runs with the runtime's default profile, so that pods may
+                // use least-privileged profiles (upstream, kubernetes#84623).
+                seccomp: Some(cri::SecurityProfile {
+                    profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32,
+                    ..Default::default()
+                }),
+                run_as_user: s
+                    .security_context
+                    .as_ref()
+                    .and_then(|sc| sc.run_as_user)
+                    .map(|value| cri::Int64Value { value }),
+                run_as_group: s
+                    .security_context
+                    .as_ref()
+                    .and_then(|sc| sc.run_as_group)
+                    .map(|value| cri::Int64Value { value }),
+                supplemental_groups: supplemental_groups(pod),
                 ..Default::default()
             }),
-            ..Default::default()
+            resources: Some(resources),
+            overhead: Some(overhead),
         }),
         windows: None,
     }
@@ -464,34 +483,7 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         .map(|(key, value)| cri::KeyValue { key, value })
         .collect();
     let mut mounts = Vec::new();
-    let message_path = c.termination_message_path.as_deref().unwrap_or_default();
-    let user_mounted = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .any(|m| m.mount_path == message_path);
-    if let Some(host) = input
-        .termination_log
-        .filter(|_| !message_path.is_empty() && !user_mounted)
-    {
-        mounts.push(cri::Mount {
-            container_path: message_path.to_string(),
-            host_path: host.to_string_lossy().into_owned(),
-            ..Default::default()
-        });
-    }
-    let own_hosts = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .any(|m| m.mount_path == "/etc/hosts");
-    if let Some(hosts) = input.etc_hosts.filter(|_| !own_hosts) {
-        mounts.push(cri::Mount {
-            container_path: "/etc/hosts".into(),
-            host_path: hosts.to_string_lossy().into_owned(),
-            ..Default::default()
-        });
-    }
+    // In upstream's order: the volumes, then /etc/hosts, then the termination log.
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let Some(volume) = input.volumes.get(&m.name) else {
             return Err(format!("volumeMount {}: volume is not set up", m.name));
@@ -523,6 +515,34 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
             ..Default::default()
         });
     }
+    let own_hosts = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/etc/hosts");
+    if let Some(hosts) = input.etc_hosts.filter(|_| !own_hosts) {
+        mounts.push(cri::Mount {
+            container_path: "/etc/hosts".into(),
+            host_path: hosts.to_string_lossy().into_owned(),
+            ..Default::default()
+        });
+    }
+    let message_path = c.termination_message_path.as_deref().unwrap_or_default();
+    let user_mounted = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == message_path);
+    if let Some(host) = input
+        .termination_log
+        .filter(|_| !message_path.is_empty() && !user_mounted)
+    {
+        mounts.push(cri::Mount {
+            container_path: message_path.to_string(),
+            host_path: host.to_string_lossy().into_owned(),
+            ..Default::default()
+        });
+    }
     let mut labels = HashMap::new();
     let (name, namespace, uid) = meta(pod);
     labels.insert(LABEL_POD_NAME.to_string(), name.to_string());
@@ -551,14 +571,10 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         ANNOTATION_RESOURCES.to_string(),
         resources_digest(c).encode(),
     );
-    annotations.insert(
-        "io.kubernetes.container.type".to_string(),
-        if input.init { "init" } else { "container" }.to_string(),
-    );
     if let Some(ports) = c.ports.as_ref().filter(|p| !p.is_empty()) {
         annotations.insert(
             "io.kubernetes.container.ports".to_string(),
-            serde_json::to_string(ports).unwrap_or_default(),
+            ports_annotation(ports),
         );
     }
     if let Some(handler) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
@@ -701,27 +717,124 @@ fn apparmor(pod: &Pod, c: &Container) -> Option<cri::SecurityProfile> {
     })
 }
 
-/// The container's cgroup limits and OOM score: cpu shares from its cpu request, a CFS quota
-/// from its cpu limit, a memory limit.
-pub fn linux_resources(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContainerResources {
-    let (requests, limits) = (false, true);
-    let quantity = |limits: bool, key: &str| container_quantity(c, limits, key);
-    let mut resources = cri::LinuxContainerResources {
-        cpu_shares: 2,
-        ..Default::default()
+/// The container's ports as upstream's annotation has them: Go's encoding of its ContainerPort
+/// (fields in declaration order, empty ones left out).
+fn ports_annotation(ports: &[k8s_openapi::api::core::v1::ContainerPort]) -> String {
+    let text = |s: &str| serde_json::Value::from(s).to_string();
+    let each: Vec<String> = ports
+        .iter()
+        .map(|p| {
+            let mut fields = Vec::new();
+            if let Some(name) = p.name.as_deref().filter(|n| !n.is_empty()) {
+                fields.push(format!("\"name\":{}", text(name)));
+            }
+            if let Some(port) = p.host_port.filter(|p| *p != 0) {
+                fields.push(format!("\"hostPort\":{port}"));
+            }
+            fields.push(format!("\"containerPort\":{}", p.container_port));
+            if let Some(protocol) = p.protocol.as_deref().filter(|p| !p.is_empty()) {
+                fields.push(format!("\"protocol\":{}", text(protocol)));
+            }
+            if let Some(ip) = p.host_ip.as_deref().filter(|ip| !ip.is_empty()) {
+                fields.push(format!("\"hostIP\":{}", text(ip)));
+            }
+            format!("{{{}}}", fields.join(","))
+        })
+        .collect();
+    format!("[{}]", each.join(","))
+}
+
+/// The CFS period nodelet's quotas are in (upstream's default `cpuCFSQuotaPeriod`).
+const CFS_PERIOD: i64 = 100_000;
+
+/// Cgroup limits from a cpu request and limit (cores) and a memory limit (bytes), as upstream's
+/// calculateLinuxResources: shares from the request (from the limit when there is no request),
+/// a CFS quota from the limit in a period that is always set.
+fn limits_of(
+    cpu_request: Option<f64>,
+    cpu_limit: Option<f64>,
+    memory: Option<f64>,
+) -> cri::LinuxContainerResources {
+    let shares = match (cpu_request, cpu_limit) {
+        (None, Some(limit)) if limit > 0.0 => limit,
+        (request, _) => request.unwrap_or(0.0),
     };
-    if let Some(cpu) = quantity(requests, "cpu") {
-        resources.cpu_shares = crate::cgroups::shares(cpu) as i64;
+    cri::LinuxContainerResources {
+        cpu_shares: crate::cgroups::shares(shares) as i64,
+        cpu_period: CFS_PERIOD,
+        cpu_quota: cpu_limit.filter(|cpu| *cpu > 0.0).map_or(0, |cpu| {
+            ((cpu * CFS_PERIOD as f64).round() as i64).max(1000)
+        }),
+        memory_limit_in_bytes: memory.map_or(0, |m| m as i64),
+        ..Default::default()
     }
-    if let Some(cpu) = quantity(limits, "cpu") {
-        resources.cpu_period = 100_000;
-        resources.cpu_quota = ((cpu * 100_000.0).round() as i64).max(1000);
-    }
-    if let Some(mem) = quantity(limits, "memory") {
-        resources.memory_limit_in_bytes = mem as i64;
-    }
+}
+
+/// The container's cgroup limits, hugepage limits and OOM score.
+pub fn linux_resources(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContainerResources {
+    let quantity = |limits: bool, key: &str| container_quantity(c, limits, key);
+    let mut resources = limits_of(
+        quantity(false, "cpu"),
+        quantity(true, "cpu"),
+        quantity(true, "memory"),
+    );
+    // No swap beyond the memory limit (upstream's NoSwap on cgroup v1; containerd derives
+    // memory.swap.max = 0 from it on v2).
+    resources.memory_swap_limit_in_bytes = resources.memory_limit_in_bytes;
+    resources.hugepage_limits = super::resources::hugepage_limits(c);
     resources.oom_score_adj = super::resources::oom_score_adj(pod, c, node_memory);
     resources
+}
+
+/// The pod's own resources for its sandbox config, without the overhead, and the overhead
+/// apart (upstream's calculateSandboxResources and convertOverheadToLinuxResources).
+fn sandbox_resources(pod: &Pod) -> (cri::LinuxContainerResources, cri::LinuxContainerResources) {
+    let s = spec(pod);
+    let overhead = |key: &str| crate::pod::overhead(pod, key);
+    // The limits the containers set (upstream's PodLimits), whatever the others do.
+    let limit = |key: &str| -> Option<f64> {
+        let sum: f64 = s
+            .containers
+            .iter()
+            .filter_map(|c| container_quantity(c, true, key))
+            .sum();
+        let pod = s
+            .init_containers
+            .iter()
+            .flatten()
+            .filter_map(|c| container_quantity(c, true, key))
+            .fold(sum, f64::max);
+        (pod > 0.0).then_some(pod)
+    };
+    let cpu_request = crate::pod::requests(pod).0 - overhead("cpu");
+    let has_request =
+        crate::pod::all_containers(s).any(|c| container_quantity(c, false, "cpu").is_some());
+    let own = limits_of(
+        has_request.then_some(cpu_request),
+        limit("cpu"),
+        limit("memory"),
+    );
+    let with_overhead = s.overhead.as_ref().map_or_else(Default::default, |_| {
+        let cpu = overhead("cpu");
+        limits_of(
+            Some(cpu),
+            Some(cpu),
+            Some(overhead("memory")).filter(|m| *m > 0.0),
+        )
+    });
+    (own, with_overhead)
+}
+
+/// The groups a pod's processes get besides their own, in upstream's order: fsGroup first.
+fn supplemental_groups(pod: &Pod) -> Vec<i64> {
+    let sc = spec(pod).security_context.as_ref();
+    sc.and_then(|s| s.fs_group)
+        .into_iter()
+        .chain(
+            sc.and_then(|s| s.supplemental_groups.clone())
+                .unwrap_or_default(),
+        )
+        .collect()
 }
 
 /// What the container's cgroup limits come from, as a digest recorded on the container: its cpu
@@ -791,12 +904,7 @@ fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxC
             readonly_rootfs: sc
                 .and_then(|s| s.read_only_root_filesystem)
                 .unwrap_or(false),
-            supplemental_groups: pod_sc
-                .and_then(|s| s.supplemental_groups.clone())
-                .unwrap_or_default()
-                .into_iter()
-                .chain(pod_sc.and_then(|s| s.fs_group))
-                .collect(),
+            supplemental_groups: supplemental_groups(pod),
             seccomp: Some(seccomp(
                 sc.and_then(|s| s.seccomp_profile.as_ref())
                     .or(pod_sc.and_then(|s| s.seccomp_profile.as_ref())),
@@ -824,6 +932,7 @@ fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxC
 pub const MASKED_PATHS: &[&str] = &[
     "/proc/asound",
     "/proc/acpi",
+    "/proc/interrupts",
     "/proc/kcore",
     "/proc/keys",
     "/proc/latency_stats",

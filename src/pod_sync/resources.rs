@@ -149,6 +149,61 @@ pub fn selector_value(
         .map_err(|why| format!("resourceFieldRef: {why}"))
 }
 
+/// The hugepage sizes the machine offers, in bytes (/sys/kernel/mm/hugepages), read once.
+fn hugepage_sizes() -> &'static [u64] {
+    static SIZES: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    SIZES.get_or_init(|| {
+        let mut sizes: Vec<u64> = std::fs::read_dir("/sys/kernel/mm/hugepages")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let kb: u64 = name
+                    .strip_prefix("hugepages-")?
+                    .strip_suffix("kB")?
+                    .parse()
+                    .ok()?;
+                Some(kb * 1024)
+            })
+            .collect();
+        sizes.sort_unstable();
+        sizes
+    })
+}
+
+/// A hugepage size as the CRI names it (`2MB`, `1GB`).
+fn page_size_name(bytes: u64) -> String {
+    let units = ["B", "KB", "MB", "GB", "TB"];
+    let mut size = bytes;
+    let mut unit = 0;
+    while size >= 1024 && size.is_multiple_of(1024) && unit + 1 < units.len() {
+        size /= 1024;
+        unit += 1;
+    }
+    format!("{size}{}", units[unit])
+}
+
+/// The container's hugetlb limits, one per size the machine offers, as upstream sets them: its
+/// `hugepages-<size>` limit, else 0 (no hugepages).
+pub fn hugepage_limits(c: &Container) -> Vec<crate::runtime::cri::HugepageLimit> {
+    hugepage_sizes()
+        .iter()
+        .map(|&bytes| {
+            let resource = match bytes {
+                b if b >= 1 << 30 && b.is_multiple_of(1 << 30) => {
+                    format!("hugepages-{}Gi", b >> 30)
+                }
+                b => format!("hugepages-{}Mi", b >> 20),
+            };
+            crate::runtime::cri::HugepageLimit {
+                page_size: page_size_name(bytes),
+                limit: quantity(c, true, &resource).map_or(0, |l| l as u64),
+            }
+        })
+        .collect()
+}
+
 /// Does any container ask for hugepages (which nodelet does not provide)?
 pub fn wants_hugepages(pod: &Pod) -> bool {
     crate::pod::all_containers(spec(pod)).any(|c| {

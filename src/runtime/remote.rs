@@ -525,34 +525,43 @@ impl RuntimeClient {
             })
     }
 
-    /// The host PID of the container's first process, from the runtime's verbose status
-    /// (`None` when the runtime does not tell or the container does not run).
-    pub async fn container_pid(&self, id: &str) -> Result<Option<i32>> {
+    /// The runtime's verbose account of a container (containerd: `info`, a JSON document with
+    /// the container's CRI config and OCI runtime spec).
+    pub async fn container_info(&self, id: &str) -> Result<HashMap<String, String>> {
         let mut c = self.runtime.clone();
         let req = cri::ContainerStatusRequest {
             container_id: id.into(),
             verbose: true,
         };
-        let info = self
+        Ok(self
             .call("ContainerStatus", self.timeout, c.container_status(req))
             .await?
-            .info;
-        Ok(verbose_pid(&info))
+            .info)
     }
 
-    /// The host PID of the sandbox's pause process, from the runtime's verbose status (`None`
-    /// when the runtime does not tell or the sandbox does not run).
-    pub async fn sandbox_pid(&self, id: &str) -> Result<Option<i32>> {
+    /// The runtime's verbose account of a sandbox, as [`container_info`](Self::container_info).
+    pub async fn sandbox_info(&self, id: &str) -> Result<HashMap<String, String>> {
         let mut c = self.runtime.clone();
         let req = cri::PodSandboxStatusRequest {
             pod_sandbox_id: id.into(),
             verbose: true,
         };
-        let info = self
+        Ok(self
             .call("PodSandboxStatus", self.timeout, c.pod_sandbox_status(req))
             .await?
-            .info;
-        Ok(verbose_pid(&info))
+            .info)
+    }
+
+    /// The host PID of the container's first process, from the runtime's verbose status
+    /// (`None` when the runtime does not tell or the container does not run).
+    pub async fn container_pid(&self, id: &str) -> Result<Option<i32>> {
+        Ok(verbose_pid(&self.container_info(id).await?))
+    }
+
+    /// The host PID of the sandbox's pause process, from the runtime's verbose status (`None`
+    /// when the runtime does not tell or the sandbox does not run).
+    pub async fn sandbox_pid(&self, id: &str) -> Result<Option<i32>> {
+        Ok(verbose_pid(&self.sandbox_info(id).await?))
     }
 
     /// Asks the runtime to reopen the container's log file, after it was renamed or removed.

@@ -24,3 +24,4 @@ mod secure;
 mod security;
 mod static_pods;
 mod status;
+mod upstream;

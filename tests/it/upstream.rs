@@ -1,0 +1,575 @@
+//! The upstream kubelet beside nodelet: the same static pods under each, each agent on a
+//! containerd of its own of the same build and configuration, and what the runtime recorded for
+//! them (CRI configs and the OCI specs containerd generated) compared. Every difference is fixed
+//! or listed in [`ALLOWED`] with why nodelet differs on purpose.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nodelet::runtime::RuntimeClient;
+use serde_json::Value;
+
+use crate::bed::{BUSYBOX, Node, OtherRuntime, free_port, runtime_at, test_dir};
+
+/// The node name both agents run as, so that static pods get the same names and UIDs.
+const NODE: &str = "t-diff";
+
+/// Host sysctls the kubelet sets at start (protectKernelDefaults off): restored after it stops.
+const KUBELET_SYSCTLS: [&str; 3] = [
+    "vm/overcommit_memory",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+];
+
+/// Differences nodelet keeps on purpose: a JSON path prefix (`pod/container:` dropped) and why.
+const ALLOWED: &[(&str, &str)] = &[
+    (
+        ".config.annotations.io.kubernetes.container.hash",
+        "upstream hashes its Go container object; nodelet hashes its own encoding, and compares only its own hashes",
+    ),
+    (
+        ".config.annotations.nodelet.io/",
+        "nodelet's own bookkeeping on the runtime (resources digest, owning node), read back after a restart",
+    ),
+    (
+        ".config.annotations.kubernetes.io/config.seen",
+        "when each agent first saw the manifest",
+    ),
+    (
+        ".config.mounts[",
+        "the termination-log file's name under the pod dir (upstream: random hex; nodelet: <restartCount>.termination-log)",
+    ),
+    (
+        ".runtimeSpec.mounts[",
+        "the termination-log file's name, as in the CRI mounts",
+    ),
+    (
+        ".config.linux.security_context.namespace_options.userns_options",
+        "nodelet sends no user namespace option for pods in the node's (upstream sends mode NODE): sandboxes made before the field keep matching their new containers on containerd 2.x",
+    ),
+];
+
+/// The upstream kubelet in standalone mode on a containerd of its own, stopped and cleaned up
+/// on drop: its pods, its cgroup root, the host sysctls it changed, and the symlinks and
+/// directories it makes at fixed host paths.
+struct Kubelet {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    sysctls: Vec<(PathBuf, String)>,
+    made: Vec<PathBuf>,
+}
+
+fn cgroup_mounts() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" - cgroup "))
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .collect()
+}
+
+impl Kubelet {
+    fn start(bed: &OtherRuntime, cgroup_root: &str) -> Kubelet {
+        let bin = PathBuf::from(std::env::var("K8S_BIN").expect("K8S_BIN (make test sets it)"))
+            .join("kubelet");
+        assert!(
+            bin.is_file(),
+            "no kubelet at {}: hack/k8s/build.sh bin builds it",
+            bin.display()
+        );
+        let dir = test_dir("diff-kubelet");
+        let sysctls = KUBELET_SYSCTLS
+            .iter()
+            .map(|s| {
+                let path = Path::new("/proc/sys").join(s);
+                let value = std::fs::read_to_string(&path).expect("read a sysctl");
+                (path, value)
+            })
+            .collect();
+        // Host paths the kubelet uses whatever its root dir: removed after it if it made them.
+        let made = ["/var/log/containers", "/var/lib/kubelet/device-plugins"]
+            .into_iter()
+            .map(PathBuf::from)
+            .filter(|p| !p.exists())
+            .collect();
+        // Its cgroup root must exist in every hierarchy.
+        for mount in cgroup_mounts() {
+            let _ = std::fs::create_dir_all(mount.join(cgroup_root.trim_start_matches('/')));
+        }
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: {manifests}
+containerRuntimeEndpoint: unix://{endpoint}
+cgroupDriver: cgroupfs
+cgroupRoot: {cgroup_root}
+failCgroupV1: false
+failSwapOn: false
+authentication: {{anonymous: {{enabled: false}}, webhook: {{enabled: false}}}}
+authorization: {{mode: AlwaysAllow}}
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz}
+podLogsDir: {logs}
+imageGCHighThresholdPercent: 100
+fileCheckFrequency: 1s
+",
+                manifests = dir.path().join("manifests").display(),
+                endpoint = bed.endpoint.display(),
+                port = free_port(),
+                healthz = free_port(),
+                logs = dir.path().join("pods").display(),
+            ),
+        )
+        .expect("write the kubelet's config");
+        let log = std::fs::File::create(dir.path().join("kubelet.log")).expect("kubelet log");
+        let child = std::process::Command::new(bin)
+            .arg("--config")
+            .arg(&config)
+            .arg("--root-dir")
+            .arg(dir.path().join("root"))
+            .arg("--cert-dir")
+            .arg(dir.path().join("pki"))
+            .args(["--hostname-override", NODE, "--v=2"])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("start the kubelet");
+        Kubelet {
+            child,
+            dir,
+            sysctls,
+            made,
+        }
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("kubelet.log")).unwrap_or_default();
+            let errors: Vec<&str> = log.lines().filter(|l| l.starts_with('E')).collect();
+            eprintln!(
+                "the kubelet's errors:\n{}",
+                errors[errors.len().saturating_sub(40)..].join("\n")
+            );
+        }
+        for (path, value) in &self.sysctls {
+            let _ = std::fs::write(path, value);
+        }
+        // Its log symlinks point into this test's directory.
+        if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
+            for entry in entries.flatten() {
+                if std::fs::read_link(entry.path())
+                    .is_ok_and(|target| target.starts_with(self.dir.path()))
+                {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        for path in &self.made {
+            let _ = std::fs::remove_dir_all(path);
+        }
+        crate::bed::unmount_all_under(self.dir.path());
+    }
+}
+
+/// What the runtime recorded for one pod: the sandbox's and each container's CRI config and
+/// OCI spec, by container name (the latest attempt).
+async fn recorded(rt: &RuntimeClient, pod: &str) -> BTreeMap<String, Value> {
+    let sandboxes = rt.list_sandboxes(None).await.expect("list sandboxes");
+    let sandbox = sandboxes
+        .iter()
+        .filter(|s| s.name == pod)
+        .max_by_key(|s| s.attempt)
+        .unwrap_or_else(|| panic!("a sandbox of {pod}"));
+    let parse = |info: std::collections::HashMap<String, String>| -> Value {
+        let info: Value =
+            serde_json::from_str(info.get("info").map_or("{}", String::as_str)).expect("json");
+        serde_json::json!({"config": info["config"], "runtimeSpec": info["runtimeSpec"]})
+    };
+    let mut out = BTreeMap::new();
+    out.insert(
+        "sandbox".to_string(),
+        parse(rt.sandbox_info(&sandbox.id).await.expect("sandbox info")),
+    );
+    let mut containers = rt.list_containers(None).await.expect("list containers");
+    containers.retain(|c| c.sandbox_id == sandbox.id);
+    containers.sort_by_key(|c| c.attempt);
+    for c in containers {
+        out.insert(
+            c.name.clone(),
+            parse(rt.container_info(&c.id).await.expect("container info")),
+        );
+    }
+    out
+}
+
+/// Every leaf of `v` as `path = value`, with the strings that must differ replaced.
+fn leaves(prefix: &str, v: &Value, replace: &[(String, &str)], out: &mut BTreeMap<String, String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                leaves(&format!("{prefix}.{k}"), v, replace, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                leaves(&format!("{prefix}[{i}]"), v, replace, out);
+            }
+        }
+        other => {
+            let mut text = other.to_string();
+            for (from, to) in replace {
+                text = text.replace(from.as_str(), to);
+            }
+            // network namespaces are named by the runtime at random
+            if let Some(at) = text.find("/netns/cni-") {
+                text = format!("{}/netns/<netns>\"", &text[..at]);
+            }
+            out.insert(prefix.to_string(), text);
+        }
+    }
+}
+
+/// Ids, addresses and directories that differ between the two runs by nature.
+async fn replacements(
+    rt: &RuntimeClient,
+    dir: &Path,
+    bed_dir: &Path,
+    cgroup: &str,
+) -> Vec<(String, &'static str)> {
+    let mut out = vec![
+        (dir.display().to_string(), "<dir>"),
+        (bed_dir.display().to_string(), "<bed>"),
+        (cgroup.to_string(), "<cgroup>"),
+    ];
+    for s in rt.list_sandboxes(None).await.expect("list") {
+        out.push((s.id.clone(), "<id>"));
+        // Static pod UIDs hash the pod as each agent decodes it: upstream hashes its Go object.
+        out.push((s.uid.0.clone(), "<uid>"));
+        if let Ok(Some(pid)) = rt.sandbox_pid(&s.id).await {
+            out.push((format!("/proc/{pid}/"), "/proc/<pid>/"));
+        }
+    }
+    for c in rt.list_containers(None).await.expect("list") {
+        out.push((c.id.clone(), "<id>"));
+    }
+    // longest first, so a path is replaced before a part of it
+    out.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+    out
+}
+
+/// The pods both agents run: each a side of a pod spec the runtime sees. ConfigMap, Secret and
+/// projected volumes are left out: the upstream kubelet mounts them only with an API server.
+fn manifests() -> Vec<(&'static str, usize, String)> {
+    let sh = |script: &str| {
+        serde_json::to_string(&format!(
+            "trap 'exit 0' TERM; {script}; while true; do sleep 1; done"
+        ))
+        .expect("json")
+    };
+    let pod = |name: &str, spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: diff}}, annotations: {{note: x}}}}\nspec:\n{spec}"
+        )
+    };
+    let c = |name: &str, extra: &str| {
+        format!(
+            "  - name: {name}\n    image: {BUSYBOX}\n    command: [sh, -c, {}]\n{extra}",
+            sh("echo hi")
+        )
+    };
+    vec![
+        (
+            "plain",
+            1,
+            pod(
+                "plain",
+                &format!(
+                    "  containers:\n{}",
+                    c(
+                        "c",
+                        "    env: [{name: A, value: b}, {name: P, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]\n    workingDir: /tmp\n"
+                    )
+                ),
+            ),
+        ),
+        (
+            "qos-guaranteed",
+            1,
+            pod(
+                "qos-guaranteed",
+                &format!(
+                    "  containers:\n{}",
+                    c("c", "    resources: {limits: {cpu: 250m, memory: 64Mi}}\n")
+                ),
+            ),
+        ),
+        (
+            "qos-burstable",
+            2,
+            pod(
+                "qos-burstable",
+                &format!(
+                    "  containers:\n{}{}",
+                    c(
+                        "a",
+                        "    resources: {requests: {cpu: 100m, memory: 32Mi}, limits: {memory: 128Mi}}\n"
+                    ),
+                    c("b", "")
+                ),
+            ),
+        ),
+        (
+            "security",
+            2,
+            pod(
+                "security",
+                &format!(
+                    "  securityContext: {{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2000, supplementalGroups: [4000], sysctls: [{{name: net.ipv4.ip_unprivileged_port_start, value: '80'}}]}}\n  containers:\n{}{}",
+                    c(
+                        "locked",
+                        "    securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL], add: [NET_BIND_SERVICE]}, seccompProfile: {type: RuntimeDefault}}\n"
+                    ),
+                    c("group", "    securityContext: {runAsGroup: 5000}\n")
+                ),
+            ),
+        ),
+        (
+            "host-network",
+            1,
+            pod(
+                "host-network",
+                &format!(
+                    "  hostNetwork: true\n  containers:\n{}",
+                    c(
+                        "c",
+                        "    ports: [{containerPort: 18181, hostPort: 18181}]\n"
+                    )
+                ),
+            ),
+        ),
+        (
+            "dns",
+            1,
+            pod(
+                "dns",
+                &format!(
+                    "  hostAliases: [{{ip: 10.1.2.3, hostnames: [foo.local, bar.local]}}]\n  dnsPolicy: None\n  dnsConfig: {{nameservers: [10.0.0.10], searches: [ns.svc.example], options: [{{name: ndots, value: '2'}}]}}\n  containers:\n{}",
+                    c(
+                        "c",
+                        "    ports: [{containerPort: 8080, hostPort: 18182, protocol: TCP}]\n"
+                    )
+                ),
+            ),
+        ),
+        (
+            "init",
+            2,
+            pod(
+                "init",
+                &format!(
+                    "  initContainers:\n  - name: first\n    image: {BUSYBOX}\n    command: [sh, -c, 'echo init']\n{}  containers:\n{}",
+                    c("sidecar", "    restartPolicy: Always\n"),
+                    c("main", "")
+                ),
+            ),
+        ),
+        (
+            "probes",
+            1,
+            pod(
+                "probes",
+                &format!(
+                    "  containers:\n{}",
+                    c(
+                        "c",
+                        "    livenessProbe: {exec: {command: [\"true\"]}, periodSeconds: 5}\n    readinessProbe: {tcpSocket: {port: 1}, periodSeconds: 5}\n    startupProbe: {httpGet: {path: /, port: 1}, failureThreshold: 100}\n"
+                    )
+                ),
+            ),
+        ),
+        (
+            "hooks",
+            1,
+            pod(
+                "hooks",
+                &format!(
+                    "  terminationGracePeriodSeconds: 7\n  containers:\n{}",
+                    c(
+                        "c",
+                        "    lifecycle: {postStart: {exec: {command: [\"true\"]}}, preStop: {exec: {command: [sh, -c, 'sleep 1']}}}\n    terminationMessagePolicy: FallbackToLogsOnError\n"
+                    )
+                ),
+            ),
+        ),
+        (
+            "volumes",
+            1,
+            pod(
+                "volumes",
+                &format!(
+                    "  volumes:\n  - {{name: scratch, emptyDir: {{}}}}\n  - {{name: memory, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}\n  - {{name: host, hostPath: {{path: /etc/os-release, type: File}}}}\n  - {{name: info, downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}\n  containers:\n{}",
+                    c(
+                        "c",
+                        "    volumeMounts: [{name: scratch, mountPath: /scratch}, {name: memory, mountPath: /memory}, {name: host, mountPath: /host/os-release, readOnly: true}, {name: info, mountPath: /info}, {name: scratch, mountPath: /sub, subPath: part}]\n"
+                    )
+                ),
+            ),
+        ),
+        (
+            "downward-env",
+            1,
+            pod(
+                "downward-env",
+                &format!(
+                    "  containers:\n{}",
+                    c(
+                        "c",
+                        "    resources: {requests: {cpu: 50m, memory: 16Mi}, limits: {cpu: 100m, memory: 32Mi}}\n    env:\n    - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}\n    - {name: NS, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}\n    - {name: CPU, valueFrom: {resourceFieldRef: {resource: limits.cpu, divisor: 1m}}}\n    - {name: MEM, valueFrom: {resourceFieldRef: {resource: requests.memory}}}\n    - {name: REF, value: $(NS)-x}\n"
+                    )
+                ),
+            ),
+        ),
+        (
+            "shared-pid",
+            2,
+            pod(
+                "shared-pid",
+                &format!(
+                    "  shareProcessNamespace: true\n  containers:\n{}{}",
+                    c("a", "    stdin: true\n    tty: true\n"),
+                    c("b", "    imagePullPolicy: Never\n")
+                ),
+            ),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn the_kubelet_and_nodelet_give_the_runtime_the_same_pods() {
+    let kubelet_bed = OtherRuntime::up("diffk", 3).await;
+    let nodelet_bed = OtherRuntime::up("diffn", 4).await;
+    let kubelet_cgroup = format!("/nodelet-test/{NODE}-kubelet");
+    let kubelet = Kubelet::start(&kubelet_bed, &kubelet_cgroup);
+    let node = Node::start_on(&nodelet_bed.endpoint, "diff", &[]).await;
+    assert_eq!(node.name, NODE);
+    let pods = manifests();
+    for (name, _, yaml) in &pods {
+        std::fs::write(kubelet.manifests().join(format!("{name}.yaml")), yaml).expect("write");
+        node.write_manifest(&format!("{name}.yaml"), yaml);
+    }
+    let k_rt = runtime_at(&kubelet_bed.endpoint).await;
+    let n_rt = runtime_at(&nodelet_bed.endpoint).await;
+    for (side, rt) in [("the kubelet", &k_rt), ("nodelet", &n_rt)] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let sandboxes = rt.list_sandboxes(None).await.expect("list sandboxes");
+            let running = rt.list_containers(None).await.expect("list containers");
+            let missing: Vec<&str> = pods
+                .iter()
+                .filter(|(name, want, _)| {
+                    let pod = format!("{name}-{NODE}");
+                    !sandboxes.iter().filter(|s| s.name == pod).any(|s| {
+                        running
+                            .iter()
+                            .filter(|c| {
+                                c.sandbox_id == s.id
+                                    && c.state == nodelet::runtime::ContainerState::Running
+                            })
+                            .count()
+                            == *want
+                    })
+                })
+                .map(|(name, _, _)| *name)
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "under {side}, not every container of {missing:?} runs after 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    let k_replace = replacements(
+        &k_rt,
+        kubelet.dir.path(),
+        kubelet_bed.endpoint.parent().expect("bed dir"),
+        &kubelet_cgroup,
+    )
+    .await;
+    let n_replace = replacements(
+        &n_rt,
+        node.dir.path(),
+        nodelet_bed.endpoint.parent().expect("bed dir"),
+        &crate::bed::cgroup_root(NODE),
+    )
+    .await;
+    let mut differences = Vec::new();
+    let mut used = BTreeSet::new();
+    for (name, _, _) in &pods {
+        let pod = format!("{name}-{NODE}");
+        let (k, n) = (recorded(&k_rt, &pod).await, recorded(&n_rt, &pod).await);
+        let names: BTreeSet<&String> = k.keys().chain(n.keys()).collect();
+        for part in names {
+            let (mut kl, mut nl) = (BTreeMap::new(), BTreeMap::new());
+            leaves("", k.get(part).unwrap_or(&Value::Null), &k_replace, &mut kl);
+            leaves("", n.get(part).unwrap_or(&Value::Null), &n_replace, &mut nl);
+            let paths: BTreeSet<&String> = kl.keys().chain(nl.keys()).collect();
+            for path in paths {
+                let (kv, nv) = (kl.get(path), nl.get(path));
+                if kv == nv {
+                    continue;
+                }
+                match ALLOWED.iter().find(|(prefix, _)| path.starts_with(prefix)) {
+                    Some((prefix, _)) => {
+                        used.insert(*prefix);
+                    }
+                    None => differences.push(format!(
+                        "{name}/{part}{path}: kubelet {} nodelet {}",
+                        kv.map_or("-", String::as_str),
+                        nv.map_or("-", String::as_str)
+                    )),
+                }
+            }
+        }
+    }
+    let unused: Vec<&str> = ALLOWED
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !used.contains(p))
+        .collect();
+    node.finish().await;
+    drop(kubelet);
+    kubelet_bed.down().await;
+    nodelet_bed.down().await;
+    let _ = nodelet::cgroups::remove_tree(kubelet_cgroup.trim_start_matches('/'));
+    assert!(
+        differences.is_empty(),
+        "{} differences:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
+    assert!(
+        unused.is_empty(),
+        "allow-list entries that no longer apply: {unused:?}"
+    );
+}
