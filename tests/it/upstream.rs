@@ -199,8 +199,16 @@ async fn recorded(rt: &RuntimeClient, pod: &str) -> BTreeMap<String, Value> {
         .max_by_key(|s| s.attempt)
         .unwrap_or_else(|| panic!("a sandbox of {pod}"));
     let parse = |info: std::collections::HashMap<String, String>| -> Value {
-        let info: Value =
+        let mut info: Value =
             serde_json::from_str(info.get("info").map_or("{}", String::as_str)).expect("json");
+        // The kubelet orders the environment at random (it goes through a Go map): compared
+        // as sets.
+        if let Some(envs) = info["config"]["envs"].as_array_mut() {
+            envs.sort_by_key(|e| e["key"].as_str().unwrap_or_default().to_string());
+        }
+        if let Some(env) = info["runtimeSpec"]["process"]["env"].as_array_mut() {
+            env.sort_by_key(|e| e.as_str().unwrap_or_default().to_string());
+        }
         serde_json::json!({"config": info["config"], "runtimeSpec": info["runtimeSpec"]})
     };
     let mut out = BTreeMap::new();
