@@ -173,6 +173,25 @@ answering() { [[ -S $SOCK ]] && timeout 5 "$CTR" -a "$SOCK" version >/dev/null 2
 
 # ---------------------------------------------------------------- config
 
+# The part every config version shares: where containerd keeps its state and listens.
+config_head() { # version disabled-plugins
+    cat <<EOF
+# Written by hack/testbed.sh: the nodelet test bed's private containerd.
+version = $1
+root = "$ROOT"
+state = "$STATE"
+disabled_plugins = [$2]
+
+[grpc]
+  address = "$SOCK"
+  uid = 0
+  gid = 0
+
+[ttrpc]
+  address = "$TTRPC_SOCK"
+EOF
+}
+
 write_config() { # path [extra disabled plugin]
     if [[ $GENERATION == 2 ]]; then write_config_v3 "$@"; else write_config_v2 "$@"; fi
 }
@@ -184,20 +203,8 @@ write_config_v3() { # path [extra disabled plugin]
     local disabled='"io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"'
     [[ -n $extra ]] && disabled="$disabled, \"$extra\""
     {
+        config_head 3 "$disabled"
         cat <<EOF
-# Written by hack/testbed.sh: the nodelet test bed's private containerd.
-version = 3
-root = "$ROOT"
-state = "$STATE"
-disabled_plugins = [$disabled]
-
-[grpc]
-  address = "$SOCK"
-  uid = 0
-  gid = 0
-
-[ttrpc]
-  address = "$TTRPC_SOCK"
 
 [plugins.'io.containerd.shim.v1.manager']
   socket_dir = "$SHIM_SOCKET_DIR"
@@ -252,20 +259,9 @@ write_config_v2() { # path [extra disabled plugin]
 
     local disabled='"io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"'
     [[ -n $extra ]] && disabled="$disabled, \"$extra\""
-    cat >"$path.tmp" <<EOF
-# Written by hack/testbed.sh: the nodelet test bed's private containerd.
-version = 2
-root = "$ROOT"
-state = "$STATE"
-disabled_plugins = [$disabled]
-
-[grpc]
-  address = "$SOCK"
-  uid = 0
-  gid = 0
-
-[ttrpc]
-  address = "$TTRPC_SOCK"
+    {
+        config_head 2 "$disabled"
+        cat <<EOF
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "$OPT"
@@ -308,6 +304,7 @@ disabled_plugins = [$disabled]
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$CERTS_DIR"
 EOF
+    } >"$path.tmp"
     mv "$path.tmp" "$path"
 }
 

@@ -813,17 +813,20 @@ async fn pleg_comparison(rt: &RuntimeClient, a: &Args, work: &Path) -> Result<se
         ("events", &[]),
         ("relist", &["--feature-gates=EventedPLEG=false"]),
     ];
+    let start = |mode: &str, extra: &[&str]| {
+        Agent::start(
+            &a.nodelet,
+            &a.endpoint,
+            &work.join(format!("pleg-{mode}")),
+            extra,
+        )
+    };
     let mut starts: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for pair in 0..a.pairs {
         for k in 0..modes.len() {
             // which goes first alternates
             let (mode, extra) = modes[(pair + k) % modes.len()];
-            let agent = Agent::start(
-                &a.nodelet,
-                &a.endpoint,
-                &work.join(format!("pleg-{mode}")),
-                extra,
-            )?;
+            let agent = start(mode, extra)?;
             until(rt, "nodelet to start", START_POLL, |_, _| true).await?;
             let (start, _) = through_nodelet(rt, &agent, n, false).await?;
             starts.entry(mode).or_default().push(start);
@@ -831,12 +834,7 @@ async fn pleg_comparison(rt: &RuntimeClient, a: &Args, work: &Path) -> Result<se
     }
     let mut out = serde_json::Map::new();
     for (mode, extra) in modes {
-        let agent = Agent::start(
-            &a.nodelet,
-            &a.endpoint,
-            &work.join(format!("pleg-{mode}")),
-            extra,
-        )?;
+        let agent = start(mode, extra)?;
         for i in 0..n {
             agent.write(i, false)?;
         }
