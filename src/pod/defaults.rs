@@ -59,6 +59,13 @@ pub fn apply_defaults(pod: &mut Pod) {
         if let Some(hp) = v.host_path.as_mut() {
             hp.type_.get_or_insert_with(String::new);
         }
+        if let Some(image) = v.image.as_mut()
+            && image.pull_policy.is_none()
+        {
+            let reference = image.reference.as_deref().unwrap_or("");
+            let always = !image_has_tag_or_digest(reference) || image_tag_is_latest(reference);
+            image.pull_policy = Some(if always { "Always" } else { "IfNotPresent" }.into());
+        }
     }
 }
 

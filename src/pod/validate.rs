@@ -172,6 +172,7 @@ const SUPPORTED_VOLUMES: &[&str] = &[
     "secret",
     "downwardAPI",
     "projected",
+    "image",
 ];
 
 /// Every problem of a decoded, defaulted pod, each as `field.path: what is wrong`. Empty means valid.
@@ -337,6 +338,21 @@ fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
             &format!("{field}.emptyDir.sizeLimit"),
             "memory",
             &limit.0,
+        );
+    }
+    if let Some(image) = &v.image {
+        if image
+            .reference
+            .as_deref()
+            .is_none_or(|r| r.trim().is_empty())
+        {
+            p.push(format!("{field}.image.reference: required"));
+        }
+        check_one_of(
+            p,
+            &format!("{field}.image.pullPolicy"),
+            image.pull_policy.as_deref(),
+            &["Always", "IfNotPresent", "Never"],
         );
     }
     if let Some(hp) = &v.host_path {

@@ -292,6 +292,8 @@ pub struct ContainerInput<'a> {
     pub rro_supported: bool,
     /// The pod's own user namespace (`hostUsers: false`); every mount is ID-mapped into it.
     pub userns: Option<&'a cri::UserNamespace>,
+    /// The image IDs of the image volumes the container mounts, by volume name.
+    pub image_volumes: &'a HashMap<String, String>,
 }
 
 /// May `name` be an environment variable's name (printable ASCII without '=', as upstream
@@ -491,6 +493,28 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         let has_sub_path = [&m.sub_path, &m.sub_path_expr]
             .into_iter()
             .any(|s| s.as_deref().is_some_and(|s| !s.is_empty()));
+        if let Some(reference) = &volume.image {
+            if has_sub_path {
+                return Err(format!(
+                    "volumeMount {}: a subPath of an image volume is not supported",
+                    m.name
+                ));
+            }
+            let Some(id) = input.image_volumes.get(&m.name) else {
+                return Err(format!("volumeMount {}: the image is not pulled", m.name));
+            };
+            mounts.push(cri::Mount {
+                container_path: m.mount_path.clone(),
+                readonly: true,
+                image: Some(cri::ImageSpec {
+                    image: id.clone(),
+                    user_specified_image: reference.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            continue;
+        }
         let host_path = match input.sub_paths.get(&i) {
             Some(path) => path.clone(),
             None if has_sub_path => {
@@ -1129,6 +1153,8 @@ mod tests {
             std::sync::LazyLock::new(HashMap::new);
         static NO_SUB_PATHS: std::sync::LazyLock<HashMap<usize, PathBuf>> =
             std::sync::LazyLock::new(HashMap::new);
+        static NO_IMAGES: std::sync::LazyLock<HashMap<String, String>> =
+            std::sync::LazyLock::new(HashMap::new);
         ContainerInput {
             pod: p,
             container: &p.spec.as_ref().unwrap().containers[0],
@@ -1146,6 +1172,7 @@ mod tests {
             pid_target: None,
             rro_supported: false,
             userns: None,
+            image_volumes: &NO_IMAGES,
         }
     }
 

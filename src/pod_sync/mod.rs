@@ -783,7 +783,8 @@ impl Syncer {
         let mut mounted = HashMap::new();
         for (i, sub) in convert::sub_paths(input).map_err(config_error)? {
             let name = &mounts[i].name;
-            let Some(volume) = input.volumes.get(name) else {
+            // (an image volume's subPath is refused by the container config)
+            let Some(volume) = input.volumes.get(name).filter(|v| v.image.is_none()) else {
                 continue;
             };
             let target = volumes::subpath::target(&pod_dir, name, &container.name, i);
@@ -839,6 +840,33 @@ impl Syncer {
             container: start.name.clone(),
             message,
         })?;
+        let mut image_volumes = HashMap::new();
+        for m in container.volume_mounts.iter().flatten() {
+            let Some(source) = s
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == m.name)
+                .and_then(|v| v.image.as_ref())
+            else {
+                continue;
+            };
+            let request = images::Request {
+                image: source.reference.as_deref().unwrap_or_default(),
+                policy: source.pull_policy.as_deref().unwrap_or("IfNotPresent"),
+                ..request
+            };
+            let pulled = self
+                .images
+                .ensure(&request)
+                .await
+                .map_err(|source| Error::Image {
+                    container: start.name.clone(),
+                    reason: source.reason(),
+                    source,
+                })?;
+            image_volumes.insert(m.name.clone(), pulled.id);
+        }
         let etc_hosts = self.write_etc_hosts(pod, pod_ip)?;
         let termination_log = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0)
             .join("containers")
@@ -871,6 +899,7 @@ impl Syncer {
                 .and_then(|l| l.security_context.as_ref())
                 .and_then(|s| s.namespace_options.as_ref())
                 .and_then(|n| n.userns_options.as_ref()),
+            image_volumes: &image_volumes,
         };
         let sub_paths = self.mount_sub_paths(&input)?;
         input.sub_paths = &sub_paths;

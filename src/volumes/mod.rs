@@ -178,6 +178,8 @@ pub struct Mounted {
     pub path: PathBuf,
     /// API-data volumes are always mounted read-only, as upstream.
     pub read_only: bool,
+    /// An image volume's reference: the runtime mounts the image itself (no host path).
+    pub image: Option<String>,
 }
 
 /// Makes every volume of the pod available on the host and returns each by name. Idempotent: a
@@ -192,6 +194,16 @@ pub fn setup(pod: &Pod, root_dir: &Path, inputs: &Inputs<'_>) -> Result<HashMap<
     let mut mounted = HashMap::new();
     let fs_group = spec(pod).security_context.as_ref().and_then(|s| s.fs_group);
     for v in spec(pod).volumes.iter().flatten() {
+        if let Some(image) = &v.image {
+            let reference = image.reference.clone().unwrap_or_default();
+            let mount = Mounted {
+                path: PathBuf::new(),
+                read_only: true,
+                image: Some(reference),
+            };
+            mounted.insert(v.name.clone(), mount);
+            continue;
+        }
         let (path, read_only) = if v.empty_dir.is_some() {
             (empty_dir(v, &dir, fs_group)?, false)
         } else if let Some(hp) = &v.host_path {
@@ -213,7 +225,12 @@ pub fn setup(pod: &Pod, root_dir: &Path, inputs: &Inputs<'_>) -> Result<HashMap<
                 message: "volume type is not supported".into(),
             });
         };
-        mounted.insert(v.name.clone(), Mounted { path, read_only });
+        let mount = Mounted {
+            path,
+            read_only,
+            image: None,
+        };
+        mounted.insert(v.name.clone(), mount);
     }
     Ok(mounted)
 }

@@ -499,3 +499,37 @@ async fn a_credential_provider_plugin_logs_in_to_the_registry_with_auth() {
     node.finish().await;
     forget_images(&image);
 }
+
+/// An image volume (`volumes[].image`): the image is pulled under the volume's pull policy and
+/// the runtime mounts its contents read-only (CRI Mount.image, containerd 2.1 on). containerd
+/// 1.6 predates the field and cannot create the container.
+#[tokio::test]
+async fn an_image_volume_mounts_the_images_contents_read_only() {
+    let node = Node::start("imagevol", &[]).await;
+    let script = serde_json::to_string(
+        "trap 'exit 0' TERM; if [ -x /img/bin/busybox ]; then echo found; fi; if touch /img/x 2>/dev/null; then echo writable; else echo read-only; fi; while true; do sleep 1; done",
+    )
+    .expect("json");
+    node.write_manifest(
+        "v.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: v}}\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: img, image: {{reference: {BUSYBOX}, pullPolicy: IfNotPresent}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    volumeMounts: [{{name: img, mountPath: /img}}]\n"
+        ),
+    );
+    if crate::bed::containerd2() {
+        let log = node.wait_log("v", "c", "read-only").await;
+        assert!(log.contains("found"), "the image's files are there: {log}");
+    } else {
+        node.wait_status("v", "CreateContainerError", |s: &PodStatus| {
+            s.container_statuses.as_ref().is_some_and(|c| {
+                c[0].state
+                    .as_ref()
+                    .and_then(|st| st.waiting.as_ref())
+                    .and_then(|w| w.reason.as_deref())
+                    == Some("CreateContainerError")
+            })
+        })
+        .await;
+    }
+    node.finish().await;
+}
