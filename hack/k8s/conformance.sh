@@ -61,6 +61,7 @@ e2e-test-images/nonewprivs:1.4	nnp built from this module, setuid root, as upstr
 e2e-test-images/nginx:1.15-4	stand-in: busybox httpd serving on port 80 (tests only need a server that stays up)
 e2e-test-images/nginx:1.27-0	stand-in: as nginx:1.15-4
 e2e-test-images/glibc-dns-testing:2.0.0	stand-in: busybox sh and hostname (upstream: Debian with dnsutils)
+e2e-test-images/kitten:1.8	the agnhost stand-in with upstream's kitten.jpg and data.json at the root, and an /etc/os-release naming Alpine Linux, as its Alpine base has (the image volume test reads both)
 pause:3.10.2	the test bed's pause image
 EOF
 )
@@ -93,6 +94,10 @@ image_args() { # name:tag bin -> mkimage.py busybox arguments
         e2e-test-images/nginx:*) ARGS=("${path[@]}" --dir usr/share/nginx/html
             --cmd '["httpd", "-f", "-p", "80", "-h", "/usr/share/nginx/html"]') ;;
         e2e-test-images/glibc-dns-testing:*) ARGS=("${path[@]}") ;;
+        e2e-test-images/kitten:*) image_args e2e-test-images/agnhost: "$2"
+            ARGS+=(--add "$AGNHOST_SRC/../kitten/html/kitten.jpg:kitten.jpg:644"
+            --add "$AGNHOST_SRC/../kitten/html/data.json:data.json:644"
+            --add "$E2E_DIR/os-release:etc/os-release:644" --cmd '["test-webserver"]') ;;
         *) die "no recipe for image $1" ;;
     esac
 }
@@ -121,6 +126,7 @@ exec wget -q -O - "$url"
 CURL
     mv "$E2E_DIR/curl.tmp" "$E2E_DIR/curl"
     printf '#!/bin/busybox sh\n# bash stand-in for upstream'"'"'s e2e tests: busybox sh.\nexec /bin/busybox sh "$@"\n' >"$E2E_DIR/bash"
+    printf '# os-release of the kitten stand-in: upstream'"'"'s image is built on Alpine Linux\nNAME="Alpine Linux"\nID=alpine\n' >"$E2E_DIR/os-release"
 }
 
 cmd_images() {
@@ -139,7 +145,7 @@ cmd_images() {
             archive=$TB/images/pause.tar
         else
             image_args "$name" "$bin"
-            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$bin/nmeter" "$E2E_DIR/curl" "$E2E_DIR/bash"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
+            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$bin/nmeter" "$E2E_DIR/curl" "$E2E_DIR/bash" "$E2E_DIR/os-release"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
             if [[ ! -s $archive || $(cat "$archive.stamp" 2>/dev/null) != "$stamp" ]]; then
                 log "building $name ($what)"
                 python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
