@@ -174,13 +174,15 @@ answering() { [[ -S $SOCK ]] && timeout 5 "$CTR" -a "$SOCK" version >/dev/null 2
 # ---------------------------------------------------------------- config
 
 # The part every config version shares: where containerd keeps its state and listens.
-config_head() { # version disabled-plugins
+config_head() { # version disabled-plugins [extra disabled plugin]
+    local disabled=$2
+    [[ -n ${3:-} ]] && disabled="$disabled, \"$3\""
     cat <<EOF
 # Written by hack/testbed.sh: the nodelet test bed's private containerd.
 version = $1
 root = "$ROOT"
 state = "$STATE"
-disabled_plugins = [$2]
+disabled_plugins = [$disabled]
 
 [grpc]
   address = "$SOCK"
@@ -200,10 +202,8 @@ write_config() { # path [extra disabled plugin]
 # socket is machine-wide.
 write_config_v3() { # path [extra disabled plugin]
     local path=$1 extra=${2:-} handler
-    local disabled='"io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"'
-    [[ -n $extra ]] && disabled="$disabled, \"$extra\""
     {
-        config_head 3 "$disabled"
+        config_head 3 '"io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"' "$extra"
         cat <<EOF
 
 [plugins.'io.containerd.shim.v1.manager']
@@ -256,11 +256,8 @@ EOF
 # containerd 1.6
 write_config_v2() { # path [extra disabled plugin]
     local path=$1 extra=${2:-}
-
-    local disabled='"io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"'
-    [[ -n $extra ]] && disabled="$disabled, \"$extra\""
     {
-        config_head 2 "$disabled"
+        config_head 2 '"io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"' "$extra"
         cat <<EOF
 
 [plugins."io.containerd.internal.v1.opt"]

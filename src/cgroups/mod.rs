@@ -82,6 +82,14 @@ pub struct PodLimits {
     pub memory: Option<i64>,
 }
 
+/// The CFS period quotas are in (upstream's default `cpuCFSQuotaPeriod`, 100 ms).
+pub const CFS_PERIOD: i64 = 100_000;
+
+/// The CFS quota of `cores` of cpu in [`CFS_PERIOD`], at least upstream's 1 ms.
+pub fn cfs_quota(cores: f64) -> i64 {
+    ((cores * CFS_PERIOD as f64).round() as i64).max(1000)
+}
+
 /// CPU shares for `cores` of cpu: 1024 per core, from whole millicores rounded down as upstream
 /// computes them (25m is 25 shares), at least 2.
 pub fn shares(cores: f64) -> u64 {
@@ -118,7 +126,7 @@ pub fn pod_limits(pod: &Pod) -> PodLimits {
         } else {
             shares(cpu_request)
         },
-        cpu_quota: all("cpu").map(|cores| ((cores * 100_000.0).round() as i64).max(1000)),
+        cpu_quota: all("cpu").map(cfs_quota),
         memory: all("memory").map(|b| b as i64),
     }
 }

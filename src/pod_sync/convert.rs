@@ -768,9 +768,6 @@ fn ports_annotation(ports: &[k8s_openapi::api::core::v1::ContainerPort]) -> Stri
     format!("[{}]", each.join(","))
 }
 
-/// The CFS period nodelet's quotas are in (upstream's default `cpuCFSQuotaPeriod`).
-const CFS_PERIOD: i64 = 100_000;
-
 /// Cgroup limits from a cpu request and limit (cores) and a memory limit (bytes), as upstream's
 /// calculateLinuxResources: shares from the request (from the limit when there is no request),
 /// a CFS quota from the limit in a period that is always set.
@@ -785,10 +782,10 @@ fn limits_of(
     };
     cri::LinuxContainerResources {
         cpu_shares: crate::cgroups::shares(shares) as i64,
-        cpu_period: CFS_PERIOD,
-        cpu_quota: cpu_limit.filter(|cpu| *cpu > 0.0).map_or(0, |cpu| {
-            ((cpu * CFS_PERIOD as f64).round() as i64).max(1000)
-        }),
+        cpu_period: crate::cgroups::CFS_PERIOD,
+        cpu_quota: cpu_limit
+            .filter(|cpu| *cpu > 0.0)
+            .map_or(0, crate::cgroups::cfs_quota),
         memory_limit_in_bytes: memory.map_or(0, |m| m as i64),
         ..Default::default()
     }

@@ -827,15 +827,17 @@ impl Syncer {
             sandbox: sandbox_config,
             secrets: &secrets,
         };
-        let image_info = self
-            .images
-            .ensure(&request)
-            .await
-            .map_err(|source| Error::Image {
-                container: start.name.clone(),
-                reason: source.reason(),
-                source,
-            })?;
+        let pull = async |request: &images::Request<'_>| {
+            self.images
+                .ensure(request)
+                .await
+                .map_err(|source| Error::Image {
+                    container: start.name.clone(),
+                    reason: source.reason(),
+                    source,
+                })
+        };
+        let image_info = pull(&request).await?;
         verify_non_root(pod, container, &image_info).map_err(|message| Error::Config {
             container: start.name.clone(),
             message,
@@ -856,15 +858,7 @@ impl Syncer {
                 policy: source.pull_policy.as_deref().unwrap_or("IfNotPresent"),
                 ..request
             };
-            let pulled = self
-                .images
-                .ensure(&request)
-                .await
-                .map_err(|source| Error::Image {
-                    container: start.name.clone(),
-                    reason: source.reason(),
-                    source,
-                })?;
+            let pulled = pull(&request).await?;
             image_volumes.insert(m.name.clone(), pulled.id);
         }
         let etc_hosts = self.write_etc_hosts(pod, pod_ip)?;

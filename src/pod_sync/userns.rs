@@ -246,8 +246,12 @@ impl Manager {
         }
     }
 
-    /// The pod's range: the one its file names, else a free one, written to its file first.
+    /// The pod's range: the one it holds, else the one its file names, else a free one,
+    /// written to its file first.
     pub fn range_of(&self, uid: &PodUid) -> Result<Range, String> {
+        if let Some(slot) = self.state().by_pod.get(uid) {
+            return Ok(self.range(*slot));
+        }
         let path = self.file(uid);
         match std::fs::read(&path) {
             Ok(text) if !text.is_empty() => {
