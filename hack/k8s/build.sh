@@ -23,7 +23,7 @@ ETCD_VERSION=v3.6.16
 
 cache=${NODELET_CACHE:-${HOME:-/root}/.cache/nodelet}
 bindir="$cache/k8s/$K8S_VERSION-etcd$ETCD_VERSION/bin"
-kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
+kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm)
 # The conformance tests: binary name and package. e2e.test and e2e_node.test are test
 # binaries (`go test -c`).
 e2e_test_pkg=k8s.io/kubernetes/test/e2e

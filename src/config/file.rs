@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::fields::{ACCEPTED_UPSTREAM_FIELDS, Kind, Raw, RawValue, by_name};
+use super::fields::{ACCEPTED_UPSTREAM_FIELDS, Kind, Raw, RawValue, ZERO_IS_A_VALUE, by_name};
 
 const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 const KIND: &str = "KubeletConfiguration";
@@ -75,12 +75,17 @@ fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
         }
         let Some(field) = by_name(name).filter(|f| f.in_file) else {
             if ACCEPTED_UPSTREAM_FIELDS.contains(&name.as_str()) {
-                out.ignored.push(name.clone());
+                if !unset(name, value, true) {
+                    out.ignored.push(name.clone());
+                }
             } else {
                 out.errors.push(err(name, "unknown field".into()));
             }
             continue;
         };
+        if unset(name, value, false) {
+            continue;
+        }
         let converted = match field.kind {
             Kind::Scalar | Kind::Bool => scalar(value).map(RawValue::Scalar),
             Kind::Map => string_map(value).map(RawValue::Map),
@@ -116,6 +121,7 @@ fn nested(block: &str, value: &Value, origin: &str, out: &mut FileKnobs) {
             continue;
         }
         match by_name(&dotted) {
+            Some(_) if unset(&dotted, v, false) => {}
             Some(field) => match scalar(v) {
                 Ok(text) => {
                     out.raw.insert(field.name, RawValue::Scalar(text));
@@ -124,8 +130,29 @@ fn nested(block: &str, value: &Value, origin: &str, out: &mut FileKnobs) {
                     .errors
                     .push(format!("config file {origin}: {dotted}: {msg}")),
             },
+            None if unset(&dotted, v, true) => {}
             None => out.ignored.push(dotted),
         }
+    }
+}
+
+/// Whether the file leaves `field` unset: absent to upstream too, because its value is the Go
+/// zero value of a field that is not a pointer (see [`ZERO_IS_A_VALUE`]). `deep` also counts
+/// lists and objects of zeros, for fields nodelet only warns about.
+fn unset(field: &str, v: &Value, deep: bool) -> bool {
+    !ZERO_IS_A_VALUE.contains(&field) && is_zero(v, deep)
+}
+
+fn is_zero(v: &Value, deep: bool) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => {
+            s.is_empty() || s == "0" || super::duration::parse(s).is_ok_and(|d| d.is_zero())
+        }
+        Value::Array(items) => deep && items.iter().all(|i| is_zero(i, deep)),
+        Value::Object(m) => deep && m.values().all(|i| is_zero(i, deep)),
     }
 }
 
@@ -269,6 +296,26 @@ mod tests {
             Some(&RawValue::Scalar("1m".into()))
         );
         assert_eq!(out.ignored, vec!["authentication.future.x".to_string()]);
+    }
+
+    #[test]
+    fn a_kubeadm_file_with_its_zero_values_means_the_defaults() {
+        let out = knobs(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 0s\nport: 0\nhealthzPort: 0\naddress: \"\"\ncgroupDriver: cgroupfs\ncrashLoopBackOff: {}\nimageMaximumGCAge: 0s\nlogging:\n  flushFrequency: 0\n  options:\n    json: {infoBufferSize: \"0\"}\n  verbosity: 0\nauthentication:\n  anonymous: {enabled: false}\n  webhook: {cacheTTL: 0s, enabled: true}\nauthorization:\n  webhook: {cacheAuthorizedTTL: 0s}\ncpuCFSQuota: false\nevictionHard: {}\n",
+        );
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        let set: Vec<&str> = out.raw.keys().copied().collect();
+        assert_eq!(
+            set,
+            [
+                "authentication.anonymous.enabled",
+                "authentication.webhook.enabled",
+                "cgroupDriver",
+                "evictionHard",
+                "healthzPort",
+            ]
+        );
+        assert_eq!(out.ignored, vec!["cpuCFSQuota".to_string()]);
     }
 
     #[test]
