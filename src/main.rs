@@ -59,6 +59,10 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::from(code as u8);
         }
+        Invocation::Version(line) => {
+            println!("{line}");
+            return ExitCode::SUCCESS;
+        }
         Invocation::Run(result) => match *result {
             Ok(loaded) => loaded,
             Err(e) => {

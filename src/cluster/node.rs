@@ -17,12 +17,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::KUBELET_VERSION;
 use crate::eviction::Pressure;
 use crate::types::Allocatable;
-
-/// The version nodelet reports as its kubelet version: the Kubernetes API level it speaks, with
-/// its own version as build metadata.
-pub const KUBELET_VERSION: &str = concat!("v1.34.0+nodelet-", env!("CARGO_PKG_VERSION"));
 
 /// What the node is, fixed for the agent's lifetime.
 #[derive(Clone, Debug)]

@@ -9,9 +9,17 @@ use super::fields::{FIELDS, Kind, Raw, RawValue};
 /// The clap command: every knob of [`FIELDS`] as a `--flag`.
 pub fn command() -> Command {
     let mut cmd = Command::new("nodelet")
-        .version(env!("CARGO_PKG_VERSION"))
         .about("nodelet: a node agent that does the kubelet's job")
         .disable_help_subcommand(true)
+        .disable_version_flag(true)
+        .arg(
+            Arg::new("version")
+                .long("version")
+                .action(ArgAction::SetTrue)
+                .help(
+                    "Print the version as the kubelet does (Kubernetes vX.Y.Z+nodelet-N) and exit",
+                ),
+        )
         // Like the kubelet's flag parser: a flag given again overrides the earlier value.
         .args_override_self(true);
     for f in FIELDS.iter().filter(|f| !f.flag.is_empty()) {

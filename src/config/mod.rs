@@ -364,9 +364,15 @@ pub struct Loaded {
 }
 
 /// What the command line asked for: a run, or help/version text to print.
+/// The version nodelet reports as its kubelet version (`--version`, the Node's nodeInfo): the
+/// Kubernetes API level it speaks, with its own version as build metadata.
+pub const KUBELET_VERSION: &str = concat!("v1.34.0+nodelet-", env!("CARGO_PKG_VERSION"));
+
 pub enum Invocation {
     Run(Box<Result<Loaded, ConfigError>>),
     Exit(clap::Error),
+    /// `--version`: this line to print, and nothing to run.
+    Version(String),
 }
 
 /// Parses the command line (and the --config file it names) into a validated configuration.
@@ -379,6 +385,10 @@ where
         Ok(m) => m,
         Err(e) => return Invocation::Exit(e),
     };
+    // As the kubelet prints it: tools such as kubeadm read the version from this line.
+    if matches.get_flag("version") {
+        return Invocation::Version(format!("Kubernetes {KUBELET_VERSION}"));
+    }
     let mut problems = Vec::new();
     let flag_raw = flags::to_raw(&matches, &mut problems);
     Invocation::Run(Box::new(load(flag_raw, problems)))
@@ -978,6 +988,7 @@ mod tests {
         match from_args(argv) {
             Invocation::Run(result) => *result,
             Invocation::Exit(e) => panic!("unexpected clap exit: {e}"),
+            Invocation::Version(line) => panic!("unexpected version: {line}"),
         }
     }
 
@@ -1117,6 +1128,17 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.problems.len(), 3, "{err}");
         assert!(err.problems[0].contains("containerLogMaxSize (--container-log-max-size)"));
+    }
+
+    #[test]
+    fn the_version_reads_as_the_kubelets() {
+        let Invocation::Version(text) = from_args(["nodelet", "--version"]) else {
+            panic!("--version runs nothing");
+        };
+        assert!(
+            text.starts_with("Kubernetes v1.") && text.contains("+nodelet-"),
+            "{text}"
+        );
     }
 
     #[test]

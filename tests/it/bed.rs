@@ -262,6 +262,7 @@ impl Node {
                 Err(e) => panic!("test config is invalid: {e}"),
             },
             Invocation::Exit(e) => panic!("test flags are invalid: {e}"),
+            Invocation::Version(_) => panic!("test flags ask for the version"),
         };
         self.cancel = CancellationToken::new();
         let agent = nodelet::agent::start(config, self.cancel.clone())

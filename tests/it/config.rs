@@ -11,6 +11,7 @@ fn load(args: &[&str]) -> Result<nodelet::config::Config, Vec<String>> {
             Err(e) => Err(e.problems),
         },
         Invocation::Exit(e) => panic!("clap exit: {e}"),
+        Invocation::Version(line) => panic!("version printed: {line}"),
     }
 }
 
