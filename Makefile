@@ -19,7 +19,7 @@ TESTBED := bash hack/testbed.sh
 # The upstream control plane's binaries, built from Go modules and cached by version.
 K8S_BIN = $(shell bash hack/k8s/build.sh bin)
 
-.PHONY: help deps runtime-up images registries e2e-images runtime-down k8s nextest check unit build test run cluster conformance conformance-node bench fuzz clean
+.PHONY: help deps runtime-up images registries e2e-images control-plane-images runtime-down k8s nextest check unit build test run cluster bootstrap conformance conformance-node bench fuzz clean
 
 help:
 	@echo "make deps          install missing Debian packages (containerd, runc, CNI plugins, ...)"
@@ -27,6 +27,7 @@ help:
 	@echo "make images        build and import localhost/pause:local and localhost/busybox:local"
 	@echo "make registries    start the two loopback image registries (open, basic auth) and push to them"
 	@echo "make e2e-images    build upstream's e2e.test and the test images it runs, push them to the open registry"
+	@echo "make control-plane-images  the control plane's images for kubeadm, pushed to the open registry"
 	@echo "make runtime-down  stop the test bed and its registries, and clean up after them"
 	@echo "make k8s           build (once per version) etcd, kube-apiserver, controller manager, scheduler, kubectl"
 	@echo "make check         rustfmt, clippy (warnings are errors) and shellcheck"
@@ -35,6 +36,7 @@ help:
 	@echo "make test          run the tests against the test bed, then tear it down"
 	@echo "make run           run nodelet in the foreground against the test bed"
 	@echo "make cluster       a control plane plus one nodelet joined to it, in the foreground"
+	@echo "make bootstrap     kubeadm init with nodelet as the node agent, in a machine of its own, in the foreground"
 	@echo "make conformance   upstream's node conformance tests against nodelet (long; target/conformance)"
 	@echo "make conformance-node  upstream's node e2e suite against a running nodelet node (target/conformance-node)"
 	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench)"
@@ -55,6 +57,9 @@ registries: images
 
 e2e-images: registries
 	@bash hack/k8s/conformance.sh images >/dev/null
+
+control-plane-images: registries k8s
+	@bash hack/k8s/bootstrap.sh images
 
 runtime-down:
 	@$(TESTBED) down
@@ -91,7 +96,7 @@ CONTAINERD16_TESTS := test(/^(cri|images|lifecycle|status|network|cgroups|resili
 # generation, keeping the registries). Always tears the test bed down (also after a failure or
 # Ctrl-C: the trap only keeps the shell alive), and exits with the tests' status (or, when the
 # tests passed, with the tear-down's).
-test: deps nextest k8s runtime-up images registries e2e-images
+test: deps nextest k8s runtime-up images registries e2e-images control-plane-images
 	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1 K8S_BIN="$(K8S_BIN)"; \
 	trap : INT TERM; \
 	cargo nextest run --locked; \
@@ -130,6 +135,11 @@ cluster: deps k8s runtime-up images build
 		--pod-logs-dir $(NODELET_TESTBED)/pods-logs \
 		--container-logs-dir $(NODELET_TESTBED)/containers-logs \
 		--hostname-override nodelet-dev --cgroup-root /nodelet-dev
+
+# kubeadm writes the control plane's static pods and nodelet runs them; the machine (its own
+# namespaces, containerd and files) lives until Ctrl-C. hack/k8s/bootstrap.sh says how to reach it.
+bootstrap: deps k8s runtime-up images registries control-plane-images build
+	@bash hack/k8s/bootstrap.sh run
 
 # All of upstream's [NodeConformance] tests and sig-node's [Conformance] tests, against a control
 # plane and CONFORMANCE_NODES nodelet nodes; the results land in target/conformance.

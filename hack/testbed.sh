@@ -764,10 +764,25 @@ PY
 }
 
 # Bring the machine back to its state before `up`, whatever ran or died.
+# Processes run beside this bed's containerd that it does not start itself (a kubeadm machine's
+# nodelet and registry, hack/k8s/bootstrap.sh): "pid exe" lines; a pid running another program
+# is not ours any more.
+stop_companions() {
+    local pid exe
+    [[ -r $TB/companions ]] || return 0
+    while read -r pid exe; do
+        [[ -n $pid && $(readlink "/proc/$pid/exe" 2>/dev/null) == "$exe" ]] || continue
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_gone "$pid" 5 || log "warning: process $pid ($exe) does not go away"
+    done <"$TB/companions"
+    rm -f "$TB/companions"
+}
+
 teardown() {
     local purged=0 ids tasks ns id
     mkdir -p "$TB"
     (( NET != 0 )) || down_beds
+    stop_companions
     remember_cgroups
     if answering; then
         if purge_containers; then purged=1; else log "some containers could not be removed cleanly"; fi

@@ -123,9 +123,12 @@ fn unknown_fields_in_the_file_are_refused_by_name() {
 
 #[test]
 fn a_runtime_that_never_answers_fails_start_up_naming_the_endpoint() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::bed::test_dir("no-runtime");
     let sock = dir.path().join("none.sock");
+    // Its own root dir: the agent makes it a shared mount before it asks for the runtime.
     let out = Command::new(env!("CARGO_BIN_EXE_nodelet"))
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
         .args([
             "--container-runtime-endpoint",
             &format!("unix://{}", sock.display()),
@@ -138,6 +141,7 @@ fn a_runtime_that_never_answers_fails_start_up_naming_the_endpoint() {
         ])
         .output()
         .expect("run nodelet");
+    crate::bed::unmount_all_under(dir.path());
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&sock.display().to_string()), "{stderr}");

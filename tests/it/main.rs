@@ -3,6 +3,7 @@
 
 mod admin;
 mod bed;
+mod bootstrap;
 mod cgroups;
 mod cluster;
 mod config;

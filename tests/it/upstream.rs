@@ -88,11 +88,17 @@ impl Kubelet {
                 (path, value)
             })
             .collect();
-        // Host paths the kubelet uses whatever its root dir: removed after it if it made them.
+        // Host paths the kubelet uses whatever its root dir: removed after it if it made them
+        // (from the first directory of the path that was missing).
         let made = ["/var/log/containers", "/var/lib/kubelet/device-plugins"]
             .into_iter()
-            .map(PathBuf::from)
-            .filter(|p| !p.exists())
+            .filter_map(|p| {
+                Path::new(p)
+                    .ancestors()
+                    .take_while(|a| !a.exists())
+                    .last()
+                    .map(Path::to_path_buf)
+            })
             .collect();
         // Its cgroup root must exist in every hierarchy.
         for mount in cgroup_mounts() {
@@ -118,6 +124,7 @@ readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz}
 podLogsDir: {logs}
+volumePluginDir: {plugins}
 imageGCHighThresholdPercent: 100
 fileCheckFrequency: 1s
 ",
@@ -126,6 +133,7 @@ fileCheckFrequency: 1s
                 port = free_port(),
                 healthz = free_port(),
                 logs = dir.path().join("pods").display(),
+                plugins = dir.path().join("volume-plugins").display(),
             ),
         )
         .expect("write the kubelet's config");
