@@ -155,7 +155,7 @@ conformance-node: deps k8s runtime-up images registries e2e-images build
 	$(TESTBED) down || true; exit $$status
 
 # BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60".
-bench: deps k8s runtime-up images
+bench: deps k8s runtime-up images registries control-plane-images
 	cargo build --release --locked --bin nodelet --example bench
 	@status=0; $(TARGET_DIR)/release/examples/bench \
 		--endpoint unix://$(NODELET_TESTBED)/containerd.sock \

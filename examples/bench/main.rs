@@ -3,13 +3,15 @@
 //! invocation; only ratios are meant to be compared across runs.
 //!
 //! Then cluster mode (`cluster.rs`): pods through the API beside static pods, API requests per
-//! pod, and the footprint joined to a control plane. Last, the PLEG following the runtime's
-//! container events against relisting every second.
+//! pod, and the footprint joined to a control plane. Then the PLEG following the runtime's
+//! container events against relisting every second. Last (`bootstrap.rs`), `kubeadm init` with
+//! nodelet as the node agent against the same with the upstream kubelet.
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
 //!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
-//!              [--only footprint|pleg]
+//!              [--only footprint|pleg|bootstrap]
 
+mod bootstrap;
 mod cluster;
 
 use std::collections::BTreeMap;
@@ -58,6 +60,8 @@ struct Args {
     footprint_only: bool,
     /// Only the PLEG comparison (`--only pleg`).
     pleg_only: bool,
+    /// Only kubeadm init under nodelet and under the kubelet (`--only bootstrap`).
+    bootstrap_only: bool,
 }
 
 fn args() -> Result<Args> {
@@ -72,6 +76,7 @@ fn args() -> Result<Args> {
         work_dir: std::env::temp_dir(),
         footprint_only: false,
         pleg_only: false,
+        bootstrap_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,6 +95,7 @@ fn args() -> Result<Args> {
             }
             "--only" if value == "footprint" => a.footprint_only = true,
             "--only" if value == "pleg" => a.pleg_only = true,
+            "--only" if value == "bootstrap" => a.bootstrap_only = true,
             other => bail!("unknown flag {other} {value}"),
         }
     }
@@ -630,6 +636,10 @@ async fn main() -> Result<()> {
         let pleg = pleg_comparison(&rt, &a, work.path()).await?;
         return write_report(&a, BTreeMap::from([("pleg", pleg)]));
     }
+    if a.bootstrap_only {
+        let b = bootstrap::run(&a.nodelet, a.pairs, a.footprint).await?;
+        return write_report(&a, BTreeMap::from([("bootstrap", b)]));
+    }
     let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"), &[])?;
     until(&rt, "nodelet to start", START_POLL, |_, _| true).await?;
     let mut report = BTreeMap::new();
@@ -792,6 +802,10 @@ async fn main() -> Result<()> {
     }
     let pleg = pleg_comparison(&rt, &a, work.path()).await?;
     report.insert("pleg", pleg);
+    report.insert(
+        "bootstrap",
+        bootstrap::run(&a.nodelet, a.pairs, a.footprint).await?,
+    );
     write_report(&a, report)
 }
 

@@ -5,7 +5,7 @@
 #
 # kubeadm's paths (/etc/kubernetes, /var/lib/kubelet, /var/lib/etcd) and ports (6443, 2379, 10250,
 # ...) are fixed, so each bootstrap gets a machine of its own: private mount, network and UTS
-# namespaces in which /etc and /var are overlays (writes land in the machine's directory, the
+# namespaces in which /etc, /usr and /var are overlays (writes land in the machine's directory, the
 # host's files stay as they are), a containerd test bed, a view of the open loopback registry and
 # the machine's own loopback and bridge. Nothing kubeadm or nodelet does in it reaches the host.
 #
@@ -20,7 +20,9 @@
 #   bootstrap.sh down NAME       stop the machine and everything in it, and remove its directory
 #   bootstrap.sh run             `make bootstrap`: machine "dev", up, wait for Ctrl-C, down
 #
-# NODELET is the nodelet binary (default: the debug build in CARGO_TARGET_DIR).
+# NODELET is the nodelet binary (default: the debug build in CARGO_TARGET_DIR). NODE_AGENT=kubelet
+# at `up` runs the upstream kubelet built beside the control plane instead, for comparisons; it
+# changes three host sysctls, which `down` restores.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -112,6 +114,15 @@ spawn() { # pidfile log cmd...
     echo "$! $(readlink -f "$1")" >>"$MDIR/companions"
 }
 
+# The node agent's binary: nodelet, or the upstream kubelet (NODE_AGENT=kubelet at `up`).
+agent_binary() {
+    if [[ $(cat "$MDIR/agent" 2>/dev/null || echo "$AGENT") == kubelet ]]; then
+        echo "$(bin_dir)/kubelet"
+    else
+        echo "$NODELET"
+    fi
+}
+
 # The bed's containerd is started inside the new namespaces, after the overlays are in place; it
 # keeps them alive. The test bed directory is bound back over the /var overlay so that containerd's
 # snapshots and the machine's own upper layers stay on the host's file system.
@@ -119,9 +130,10 @@ start_machine() { # NET
     local net=$1 gateway generation
     gateway=10.$((213 + net)).0.1
     generation=${NODELET_CONTAINERD:-$(cat "$TB/containerd-generation" 2>/dev/null || echo 2)}
-    mkdir -p "$MDIR"/upper/{etc,var} "$MDIR"/work/{etc,var} "$MDIR/bin" "$MDIR/certs.d"
+    mkdir -p "$MDIR"/upper/{etc,usr,var} "$MDIR"/work/{etc,usr,var} "$MDIR/bin" "$MDIR/certs.d"
     cp -r "$TB/certs.d/$REGISTRY" "$MDIR/certs.d/"
-    ln -sf "$NODELET" "$MDIR/bin/kubelet"
+    echo "$AGENT" >"$MDIR/agent"
+    ln -sf "$(agent_binary)" "$MDIR/bin/kubelet"
     echo "$gateway" >"$MDIR/address"
     # shellcheck disable=SC2016 # the script expands its own arguments
     unshare --mount --net --uts --propagation private -- env \
@@ -133,7 +145,7 @@ start_machine() { # NET
         echo 1 >/proc/sys/net/ipv4/ip_forward
         mount -t tmpfs nodelet-bootstrap /mnt
         case $1/ in /var/*|/etc/*) mkdir /mnt/tb; mount --bind "$1" /mnt/tb ;; esac
-        for d in etc var; do
+        for d in etc usr var; do
             mount -t overlay "nodelet-$d" -o "lowerdir=/$d,upperdir=$NODELET_TESTBED/upper/$d,workdir=$NODELET_TESTBED/work/$d" "/$d"
         done
         case $1/ in /var/*|/etc/*) mount --move /mnt/tb "$1" ;; esac
@@ -197,40 +209,65 @@ kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 cgroupRoot: $CGROUP_ROOT
 EOF
+    # The kubelet of 1.35 and later refuses cgroup v1 unless told otherwise; nodelet runs on it.
+    [[ $AGENT == nodelet ]] || echo "failCgroupV1: false" >>"$MDIR/kubeadm.yaml"
+}
+
+# Host sysctls the upstream kubelet sets at start: what they were, for `down`.
+KUBELET_SYSCTLS=(vm/overcommit_memory kernel/panic kernel/panic_on_oops)
+
+save_sysctls() {
+    local s
+    for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s $(cat "/proc/sys/$s")"; done >"$MDIR/sysctls"
+}
+
+restore_sysctls() {
+    local s v
+    [[ -r $MDIR/sysctls ]] || return 0
+    while read -r s v; do echo "$v" >"/proc/sys/$s"; done <"$MDIR/sysctls"
 }
 
 # As the kubelet's systemd unit runs it: kubeadm's config and kubeconfig, then its flags file.
 cmd_start_node() {
-    local args=() env=/var/lib/kubelet/kubeadm-flags.env
+    local args=() env=/var/lib/kubelet/kubeadm-flags.env mount
     if in_machine test -s "$env"; then
         # shellcheck disable=SC2016
         mapfile -t args < <(in_machine bash -c '. "$0"; printf "%s\n" $KUBELET_KUBEADM_ARGS' "$env")
     fi
-    spawn "$MDIR/nodelet.pid" "$MDIR/nodelet.log" "$NODELET" --config=/var/lib/kubelet/config.yaml \
+    local agent
+    agent=$(cat "$MDIR/agent")
+    if [[ $agent == kubelet ]]; then
+        [[ -r $MDIR/sysctls ]] || save_sysctls
+        # The kubelet wants its cgroup root to exist in every hierarchy.
+        while read -r mount; do mkdir -p "$mount$CGROUP_ROOT"; done < <(findmnt -n -l -t cgroup,cgroup2 -o TARGET)
+    fi
+    spawn "$MDIR/agent.pid" "$MDIR/$agent.log" "$(agent_binary)" --config=/var/lib/kubelet/config.yaml \
         --kubeconfig=/etc/kubernetes/kubelet.conf "${args[@]}"
-    log "nodelet started in machine $NAME (log: $MDIR/nodelet.log)"
+    log "$agent started in machine $NAME (log: $MDIR/$agent.log)"
 }
 
 cmd_stop_node() {
     local pid
-    pid=$(cat "$MDIR/nodelet.pid" 2>/dev/null) || return 0
-    if [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$(readlink -f "$NODELET")" ]]; then
+    pid=$(cat "$MDIR/agent.pid" 2>/dev/null) || return 0
+    if [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$(readlink -f "$(agent_binary)")" ]]; then
         kill -TERM "$pid" 2>/dev/null || true
         for _ in $(seq 1 100); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
     fi
-    rm -f "$MDIR/nodelet.pid"
+    rm -f "$MDIR/agent.pid"
 }
 
 cmd_up() { # NAME NET
     local net=${2:-} started=$SECONDS pid
     [[ $net =~ ^([1-9]|[12][0-9]|30)$ ]] || die "usage: bootstrap.sh up NAME NET (NET 1-30)"
-    [[ -x $NODELET ]] || die "no nodelet at $NODELET (cargo build)"
+    [[ $AGENT == nodelet || $AGENT == kubelet ]] || die "NODE_AGENT must be nodelet or kubelet"
+    [[ -x $(agent_binary) ]] || die "no $AGENT at $(agent_binary)"
     cmd_down_quiet
     start_machine "$net"
     start_registry
     write_kubeadm_config
     log "kubeadm init in machine $NAME (log: $MDIR/kubeadm.log)"
+    date +%s.%N >"$MDIR/init-started"
     in_machine "$(bin_dir)/kubeadm" init --config "$MDIR/kubeadm.yaml" >"$MDIR/kubeadm.log" 2>&1 &
     pid=$!
     # kubeadm does not start the kubelet (it would ask systemd): nodelet starts as soon as
@@ -251,6 +288,7 @@ cmd_down_quiet() {
     local pid mount
     [[ -d $MDIR ]] || return 0
     cmd_stop_node
+    restore_sysctls
     if pid=$(machine_pid); then
         nsenter --target "$pid" --mount --net -- env NODELET_TESTBED="$MDIR" \
             NODELET_TESTBED_NET="$(cat "$MDIR/net" 2>/dev/null || echo 1)" bash "$hack/testbed.sh" down ||
@@ -288,6 +326,7 @@ EOF
 }
 
 NODELET=${NODELET:-${CARGO_TARGET_DIR:-${HOME:-/root}/.cache/nodelet/target}/debug/nodelet}
+AGENT=${NODE_AGENT:-nodelet}
 case ${1:-} in
     images) cmd_images ;;
     up) set_machine "${2:-}"; cmd_up "$2" "${3:-}" ;;
