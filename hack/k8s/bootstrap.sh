@@ -9,9 +9,10 @@
 # host's files stay as they are), a containerd test bed, a view of the open loopback registry and
 # the machine's own loopback and bridge. Nothing kubeadm or nodelet does in it reaches the host.
 #
-#   bootstrap.sh images          build the control plane's images (the Go-built binaries on busybox)
-#                                and push them, with the pause image, to the open registry under
-#                                the names kubeadm asks for (registry.sh up first)
+#   bootstrap.sh images          build the control plane's images and its addons' (kube-proxy,
+#                                CoreDNS): the Go-built binaries on busybox, kube-proxy with the
+#                                host's iptables; push them, with the pause image, to the open
+#                                registry under the names kubeadm asks for (registry.sh up first)
 #   bootstrap.sh up NAME NET     machine NAME on test bed network NET (1-30): kubeadm init in it
 #                                with nodelet as the kubelet; returns once init has exited 0
 #   bootstrap.sh exec NAME CMD   run CMD in machine NAME (kubectl there uses kubeadm's admin.conf)
@@ -36,7 +37,9 @@ K8S_VERSION=v1.36.3
 # kubeadm names etcd's image after the etcd it was released with; ours is the one built here.
 ETCD_TAG=3.6.16-0
 PAUSE_TAG=3.10.2
+COREDNS_TAG=v1.14.2
 IMAGE_DIR=$TB/bootstrap-images
+XTABLES=/usr/lib/x86_64-linux-gnu/xtables
 
 log() { echo "bootstrap: $*" >&2; }
 die() { echo "bootstrap: error: $*" >&2; exit 1; }
@@ -52,23 +55,54 @@ push() { # archive ref
     skopeo --insecure-policy copy -q --dest-tls-verify=false "oci-archive:$1" "docker://$2" >/dev/null
 }
 
+# kube-proxy programs the node's packet filter with iptables: the host's (nft backend), with
+# the libraries and extensions it loads, beside the binary.
+iptables_args() {
+    local lib tool ext
+    echo --add; echo "$(readlink -f /usr/sbin/xtables-nft-multi):usr/sbin/xtables-nft-multi:755"
+    for tool in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+        echo --link; echo "usr/sbin/$tool:xtables-nft-multi"
+    done
+    for lib in $( { ldd /usr/sbin/xtables-nft-multi; for ext in "$XTABLES"/*.so; do ldd "$ext"; done; } |
+        grep -o '/[^ ]*' | sort -u); do
+        echo --add; echo "$(readlink -f "$lib"):${lib#/}:755"
+    done
+    for lib in "$XTABLES"/*.so; do
+        echo --add; echo "$lib:${lib#/}:644"
+    done
+}
+
+image_args() { # name bin -> ARGS
+    ARGS=(--path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+    case $1 in
+        coredns) ARGS+=(--add "$2/coredns:coredns:755" --entrypoint '["/coredns"]') ;;
+        kube-proxy) mapfile -t -O "${#ARGS[@]}" ARGS < <(iptables_args)
+            ARGS+=(--add "$2/kube-proxy:usr/local/bin/kube-proxy:755") ;;
+        *) ARGS+=(--add "$2/$1:usr/local/bin/$1:755") ;;
+    esac
+}
+
 cmd_images() {
-    local bin name tag archive stamp
+    local bin name tag archive stamp ARGS
     bin=$(bin_dir)
     [[ -x $BUSYBOX_BIN ]] || die "no static busybox at $BUSYBOX_BIN (package busybox-static)"
     [[ -s $TB/images/pause.tar ]] || die "no pause image yet: run 'hack/testbed.sh images' first"
+    [[ -x /usr/sbin/xtables-nft-multi ]] || die "no iptables (nft) on the host for the kube-proxy image (package iptables)"
     mkdir -p "$IMAGE_DIR"
-    for name in etcd kube-apiserver kube-controller-manager kube-scheduler; do
-        tag=$K8S_VERSION
-        [[ $name == etcd ]] && tag=$ETCD_TAG
+    for name in etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy coredns; do
+        case $name in
+            etcd) tag=$ETCD_TAG ;;
+            coredns) tag=$COREDNS_TAG ;;
+            *) tag=$K8S_VERSION ;;
+        esac
         archive=$IMAGE_DIR/$name.tar
-        stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/$name"; echo "$REPO/$name:$tag"; } | sha256sum | cut -d' ' -f1)
+        image_args "$name" "$bin"
+        stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/$name"; echo "$REPO/$name:$tag ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
         if [[ ! -s $archive || $(cat "$archive.stamp" 2>/dev/null) != "$stamp" ]]; then
             log "building $REPO/$name:$tag"
             # Uncompressed: the binaries are large and the image never leaves the machine.
             python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$REPO/$name:$tag" \
-                --out "$archive" --no-gzip --path /usr/local/bin:/usr/bin:/bin \
-                --add "$bin/$name:usr/local/bin/$name:755" >/dev/null
+                --out "$archive" --no-gzip "${ARGS[@]}" >/dev/null
             echo "$stamp" >"$archive.stamp"
         fi
         push "$archive" "$REPO/$name:$tag"
@@ -143,6 +177,8 @@ start_machine() { # NET
         ip link set lo up
         # kubeadm wants forwarding on; this is the machine'\''s own network stack.
         echo 1 >/proc/sys/net/ipv4/ip_forward
+        # A /run of its own: kube-proxy'\''s xtables lock and the runtime'\''s state stay in it.
+        mount -t tmpfs -o mode=0755 nodelet-run /run
         mount -t tmpfs nodelet-bootstrap /mnt
         case $1/ in /var/*|/etc/*) mkdir /mnt/tb; mount --bind "$1" /mnt/tb ;; esac
         for d in etc usr var; do
@@ -174,8 +210,10 @@ sleep_until() { # seconds what command...
 }
 
 write_kubeadm_config() {
-    local address
+    local address kubelet_extra=
     address=$(cat "$MDIR/address")
+    # The kubelet of 1.35 and later refuses cgroup v1 unless told otherwise; nodelet runs on it.
+    [[ $AGENT == nodelet ]] || kubelet_extra="failCgroupV1: false"
     cat >"$MDIR/kubeadm.yaml" <<EOF
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: InitConfiguration
@@ -190,8 +228,6 @@ nodeRegistration:
   # This machine's cgroups are v1 (hybrid), which kubeadm's system check refuses for kubelets
   # of 1.35 and later.
   ignorePreflightErrors: [SystemVerification]
-# CoreDNS and kube-proxy are not built here; the control plane does not need them.
-skipPhases: [addon/coredns, addon/kube-proxy]
 timeouts:
   # The test machine runs other tests beside this one.
   kubernetesAPICall: 3m
@@ -208,9 +244,16 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 cgroupRoot: $CGROUP_ROOT
+$kubelet_extra
+---
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+# The connection tracking table's size and timeouts are the host's, not the machine's.
+conntrack:
+  maxPerCore: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
 EOF
-    # The kubelet of 1.35 and later refuses cgroup v1 unless told otherwise; nodelet runs on it.
-    [[ $AGENT == nodelet ]] || echo "failCgroupV1: false" >>"$MDIR/kubeadm.yaml"
 }
 
 # Host sysctls the upstream kubelet sets at start: what they were, for `down`.

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Build the upstream control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) and upstream's conformance tests (e2e.test, the ginkgo runner and the
+# kube-scheduler, kubectl, the kubelet, kubeadm, and the addons kubeadm installs: kube-proxy and
+# CoreDNS) and upstream's conformance tests (e2e.test, the ginkgo runner and the
 # test image programs agnhost and nnp) from upstream's Go modules, cached by version outside the
 # checkout.
 #
 #   hack/k8s/build.sh bin      print the directory holding the control plane, building what is missing
 #   hack/k8s/build.sh e2e      the same for the conformance tests (same directory)
 #   hack/k8s/build.sh e2e-node the same, and upstream's node e2e suite (e2e_node.test)
-#   hack/k8s/build.sh update   regenerate kube/go.mod and etcd/go.mod (after changing a version)
+#   hack/k8s/build.sh update   regenerate the go.mod files of kube/, etcd/ and coredns/ (after changing a version)
 #
 # A warm run finds every binary in the cache and builds nothing.
 set -euo pipefail
@@ -20,10 +21,12 @@ K8S_VERSION=v1.36.3
 # The `go` line k8s.io/kubernetes declares at that version, so the binaries keep its GODEBUG defaults.
 K8S_GO=1.26.0
 ETCD_VERSION=v3.6.16
+# The CoreDNS kubeadm installs at that Kubernetes version (its CoreDNSVersion).
+COREDNS_VERSION=v1.14.2
 
 cache=${NODELET_CACHE:-${HOME:-/root}/.cache/nodelet}
 bindir="$cache/k8s/$K8S_VERSION-etcd$ETCD_VERSION/bin"
-kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm)
+kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy)
 # The conformance tests: binary name and package. e2e.test and e2e_node.test are test
 # binaries (`go test -c`).
 e2e_test_pkg=k8s.io/kubernetes/test/e2e
@@ -83,6 +86,20 @@ tool go.etcd.io/etcd/server/v3
 MOD
     rm -f "$here/etcd/go.sum"
     (cd "$here/etcd" && go mod tidy)
+
+    log "regenerating coredns/go.mod for CoreDNS $COREDNS_VERSION"
+    mkdir -p "$here/coredns"
+    cat > "$here/coredns/go.mod" <<MOD
+module nodelet.local/k8s/coredns
+
+go $K8S_GO
+
+require github.com/coredns/coredns $COREDNS_VERSION
+
+tool github.com/coredns/coredns
+MOD
+    rm -f "$here/coredns/go.sum"
+    (cd "$here/coredns" && go mod tidy)
 }
 
 # Upstream's release builds stamp the version; without it /version says v0.0.0-master.
@@ -99,7 +116,7 @@ kube_ldflags() {
 
 build() {
     local missing=() b start
-    for b in "${kube_bins[@]}" etcd; do [[ -x $bindir/$b ]] || missing+=("$b"); done
+    for b in "${kube_bins[@]}" etcd coredns; do [[ -x $bindir/$b ]] || missing+=("$b"); done
     if [[ ${#missing[@]} -eq 0 ]]; then
         log "cached in $bindir"
         return
@@ -112,6 +129,13 @@ build() {
         (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$bindir/etcd.tmp" go.etcd.io/etcd/server/v3)
         mv "$bindir/etcd.tmp" "$bindir/etcd"
         log "etcd built in $((SECONDS - start)) s"
+    fi
+    if [[ ! -x $bindir/coredns ]]; then
+        start=$SECONDS
+        log "building coredns $COREDNS_VERSION"
+        (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$bindir/coredns.tmp" github.com/coredns/coredns)
+        mv "$bindir/coredns.tmp" "$bindir/coredns"
+        log "coredns built in $((SECONDS - start)) s"
     fi
     for b in "${kube_bins[@]}"; do
         [[ -x $bindir/$b ]] && continue

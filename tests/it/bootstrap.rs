@@ -1,6 +1,7 @@
 //! A control plane bootstrapped the way clusters are built: `kubeadm init` with nodelet as the
 //! node agent (hack/k8s/bootstrap.sh), in a machine of its own (private mount, network and UTS
-//! namespaces over a containerd of its own), checked with the kubectl built beside it.
+//! namespaces over a containerd of its own), with kubeadm's addons (kube-proxy, CoreDNS), checked
+//! with the kubectl built beside it.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -156,11 +157,13 @@ fn restarts(pod: &Value) -> i64 {
         .unwrap_or(0)
 }
 
+fn ready(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running" && condition_true(pod, "Ready")
+}
+
 /// Ready, mirroring its static pod, Running.
 fn mirror_ready(pod: &Value) -> bool {
-    annotation(pod, "kubernetes.io/config.mirror").is_some()
-        && pod["status"]["phase"] == "Running"
-        && condition_true(pod, "Ready")
+    annotation(pod, "kubernetes.io/config.mirror").is_some() && ready(pod)
 }
 
 #[tokio::test]
@@ -184,6 +187,23 @@ async fn kubeadm_init_bootstraps_a_control_plane_that_nodelet_runs_and_keeps() {
         )
         .await;
     }
+
+    // kubeadm's addons: kube-proxy (a DaemonSet of host-network, privileged pods) and CoreDNS.
+    eventually(
+        "kube-proxy Running and Ready on the node",
+        Duration::from_secs(120),
+        || async {
+            let pods = machine
+                .get(&["-n", "kube-system", "pods", "-l", "k8s-app=kube-proxy"])
+                .await?;
+            let items = pods["items"].as_array()?;
+            items
+                .iter()
+                .any(|p| p["spec"]["nodeName"] == node.as_str() && ready(p))
+                .then_some(())
+        },
+    )
+    .await;
 
     // A single node: workloads run on it once the control-plane taint is gone.
     machine
@@ -223,6 +243,41 @@ async fn kubeadm_init_bootstraps_a_control_plane_that_nodelet_runs_and_keeps() {
                 })
                 .count();
             (running == 2).then_some(())
+        },
+    )
+    .await;
+
+    // Cluster DNS: CoreDNS reaches the API server through kube-proxy's Service rules, and a
+    // pod resolves the API server's Service through it.
+    eventually(
+        "CoreDNS's 2 pods Ready",
+        Duration::from_secs(180),
+        || async {
+            let pods = machine
+                .get(&["-n", "kube-system", "pods", "-l", "k8s-app=kube-dns"])
+                .await?;
+            let items = pods["items"].as_array()?;
+            (items.iter().filter(|p| ready(p)).count() == 2).then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "kubernetes.default resolved in a pod",
+        Duration::from_secs(60),
+        || async {
+            let out = machine
+                .exec(&[
+                    "kubectl",
+                    "exec",
+                    "deploy/web",
+                    "--",
+                    "nslookup",
+                    "kubernetes.default.svc.cluster.local",
+                ])
+                .await;
+            String::from_utf8_lossy(&out.stdout)
+                .contains("10.96.0.1")
+                .then_some(())
         },
     )
     .await;

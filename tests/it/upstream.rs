@@ -125,6 +125,7 @@ healthzBindAddress: 127.0.0.1
 healthzPort: {healthz}
 podLogsDir: {logs}
 volumePluginDir: {plugins}
+makeIPTablesUtilChains: false
 imageGCHighThresholdPercent: 100
 fileCheckFrequency: 1s
 ",
