@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{Container as SpecContainer, Pod};
 
 use super::convert::{ResourcesDigest, resources_digest};
-use crate::pod::{container_hash, spec};
+use crate::pod::{container_changed, spec};
 use crate::runtime::{Container, ContainerState, PodRuntime, SandboxState};
 
 /// A container to stop, and why.
@@ -247,7 +247,7 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
                 continue;
             };
             match c.state {
-                ContainerState::Running if c.hash != container_hash(init) => {
+                ContainerState::Running if container_changed(&c.digest, &c.user_image, init) => {
                     plan.kill.push(kill(c, "container spec changed"));
                     plan.start.push(start(rt, init, true));
                 }
@@ -303,7 +303,7 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
             plan.start.push(start(rt, want, false));
             continue;
         };
-        let hash_changed = c.hash != container_hash(want);
+        let hash_changed = container_changed(&c.digest, &c.user_image, want);
         match c.state {
             ContainerState::Running if hash_changed => {
                 plan.kill.push(kill(c, "container spec changed"));
@@ -500,7 +500,7 @@ mod tests {
             attempt,
             state,
             created_at: attempt as i64,
-            hash: container_hash(want),
+            digest: crate::pod::container_digest(want),
             exit_code: code.unwrap_or(0),
             ..Default::default()
         }
@@ -683,7 +683,7 @@ mod tests {
     fn a_changed_container_spec_replaces_the_container() {
         let p = pod("Always", &[], &["a"]);
         let mut c = container(&p, "c1", "s1", "a", 0, ContainerState::Running, None);
-        c.hash = "old".into();
+        c.digest = "v1:0".into();
         let rt = PodRuntime {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![c],

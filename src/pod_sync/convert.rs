@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::objects::Kind;
-use crate::pod::{container_hash, container_quantity, grace_period_seconds, spec};
+use crate::pod::{
+    container_digest, container_hash, container_quantity, grace_period_seconds, spec,
+};
 use crate::runtime::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ANNOTATION_RESOURCES,
     ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_GRACE, ANNOTATION_TERMINATION_MESSAGE_PATH,
-    ANNOTATION_TERMINATION_MESSAGE_POLICY, LABEL_CONTAINER_NAME, LABEL_POD_NAME,
-    LABEL_POD_NAMESPACE, LABEL_POD_UID, cri,
+    ANNOTATION_TERMINATION_MESSAGE_POLICY, LABEL_CONTAINER_DIGEST, LABEL_CONTAINER_NAME,
+    LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, cri,
 };
 
 /// Node-level settings the conversion needs.
@@ -573,6 +575,7 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
     labels.insert(LABEL_POD_NAMESPACE.to_string(), namespace.to_string());
     labels.insert(LABEL_POD_UID.to_string(), uid.to_string());
     labels.insert(LABEL_CONTAINER_NAME.to_string(), c.name.clone());
+    labels.insert(LABEL_CONTAINER_DIGEST.to_string(), container_digest(c));
     let mut annotations = HashMap::new();
     annotations.insert(ANNOTATION_CONTAINER_HASH.to_string(), container_hash(c));
     annotations.insert(

@@ -206,7 +206,7 @@ impl Syncer {
         let previous = rt
             .latest_container(&start.name)
             .filter(|c| c.state == ContainerState::Exited)?;
-        let key = format!("{}_{}_{}", PodUid::of(pod), start.name, previous.hash);
+        let key = format!("{}_{}_{}", PodUid::of(pod), start.name, previous.digest);
         let finished = UNIX_EPOCH + Duration::from_nanos(previous.finished_at.max(0) as u64);
         let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
         // After a nodelet restart the delay goes on from the restart count, not from zero.

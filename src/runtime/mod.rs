@@ -21,6 +21,9 @@ pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
 /// CRI label: the container's name.
 pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// CRI label: the versioned digest of the container spec the container was created from (see
+/// `pod::container_digest`), what decides whether it still matches its spec.
+pub const LABEL_CONTAINER_DIGEST: &str = "nodelet.io/container-digest";
 /// CRI annotation: the hash of the container spec the container was created from.
 pub const ANNOTATION_CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 /// CRI annotation: the container's restart count.
@@ -93,8 +96,8 @@ pub struct Container {
     pub attempt: u32,
     pub state: ContainerState,
     pub created_at: i64,
-    /// The spec hash recorded at creation (`io.kubernetes.container.hash`).
-    pub hash: String,
+    /// The spec digest recorded at creation ([`LABEL_CONTAINER_DIGEST`]).
+    pub digest: String,
     /// Details from ContainerStatus (zero or empty until fetched): times in Unix nanoseconds.
     pub started_at: i64,
     pub finished_at: i64,
@@ -102,7 +105,9 @@ pub struct Container {
     /// The runtime's reason for an exit (`Completed`, `Error`, `OOMKilled`).
     pub reason: String,
     pub message: String,
-    /// The image as the user named it, and the image ID it resolved to.
+    /// The image as its creator named it (where the runtime reports it), the image as the
+    /// runtime was asked for it, and the image ID it resolved to.
+    pub user_image: String,
     pub image: String,
     pub image_ref: String,
     /// The host file behind the container's terminationMessagePath, and the message policy.
@@ -163,9 +168,9 @@ fn container_from_cri(c: cri::Container) -> Container {
         attempt: meta.attempt,
         state: state_from_cri(c.state),
         created_at: c.created_at,
-        hash: c
-            .annotations
-            .get(ANNOTATION_CONTAINER_HASH)
+        digest: c
+            .labels
+            .get(LABEL_CONTAINER_DIGEST)
             .cloned()
             .unwrap_or_default(),
         started_at: 0,
@@ -173,6 +178,11 @@ fn container_from_cri(c: cri::Container) -> Container {
         exit_code: 0,
         reason: String::new(),
         message: String::new(),
+        user_image: c
+            .image
+            .as_ref()
+            .map(|i| i.user_specified_image.clone())
+            .unwrap_or_default(),
         image: c.image.map(|i| i.image).unwrap_or_default(),
         image_ref: c.image_ref,
         termination_message_file: None,

@@ -5,11 +5,14 @@ use std::collections::HashMap;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, cri};
+use nodelet::runtime::{
+    ANNOTATION_CONTAINER_HASH, ANNOTATION_NODE_NAME, ContainerState, LABEL_CONTAINER_DIGEST,
+    LABEL_POD_UID, cri,
+};
 
 use crate::bed::{
-    FOREVER, Node, clean_node, eventually, node_sandboxes, nodelet_command, pod_yaml, runtime,
-    test_dir,
+    BUSYBOX, FOREVER, Node, clean_node, eventually, node_sandboxes, nodelet_command, pod_yaml,
+    runtime, test_dir,
 };
 
 /// nodelet as a child process with its own dirs and node name.
@@ -93,6 +96,16 @@ impl Process {
     }
 }
 
+/// A failed test leaves no agent running.
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[tokio::test]
 async fn kill_9_and_restart_adopts_running_pods_without_restarting_them() {
     let mut p = Process::new("kill9");
@@ -129,6 +142,197 @@ async fn kill_9_and_restart_adopts_running_pods_without_restarting_them() {
             "{pod} was restarted"
         );
     }
+    p.finish().await;
+}
+
+/// An upgrade restarts nothing: a container made by a nodelet that recorded no spec digest (or
+/// one of a version this nodelet does not compute) and a container hash this one would not
+/// compute is adopted as it runs.
+#[tokio::test]
+async fn a_container_from_another_nodelet_version_is_adopted_not_restarted() {
+    let mut p = Process::new("olddigest");
+    // Whatever an earlier, failed run of this test left of its node goes first.
+    clean_node(&p.node, p.dir.path()).await;
+    let pod = format!("old-{}", p.node);
+    // Ready once /tmp/ready exists: the test makes it in the container it expects nodelet to keep.
+    p.manifest(
+        "old.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: old
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, "trap 'exit 0' TERM; {FOREVER}"]
+    readinessProbe:
+      exec:
+        command: [test, -f, /tmp/ready]
+      periodSeconds: 1
+"#
+        ),
+    );
+    p.start();
+    let rt = runtime().await;
+    let (original, _) = eventually("the pod running", Duration::from_secs(60), || async {
+        p.running().await.remove(&pod)
+    })
+    .await;
+    p.signal(libc::SIGKILL);
+    p.wait_exit(Duration::from_secs(10)).await;
+
+    // The same container as an older nodelet would have made it.
+    let status = rt
+        .container_status(&original)
+        .await
+        .expect("ContainerStatus");
+    let sandbox = rt
+        .list_containers(None)
+        .await
+        .expect("list containers")
+        .into_iter()
+        .find(|c| c.id == original)
+        .expect("the container")
+        .sandbox_id;
+    let mut labels = status.labels.clone();
+    assert!(
+        labels.remove(LABEL_CONTAINER_DIGEST).is_some(),
+        "{labels:?}"
+    );
+    let mut annotations = status.annotations.clone();
+    annotations.insert(ANNOTATION_CONTAINER_HASH.into(), "0123456789abcdef".into());
+    let log = std::path::PathBuf::from(&status.log_path);
+    let log_directory = log
+        .parent()
+        .and_then(|container_dir| container_dir.parent())
+        .expect("the pod's log directory");
+    rt.stop_container(&original, 0).await.expect("stop it");
+    rt.remove_container(&original).await.expect("remove it");
+    // As nodelet sets them: the pod's network and IPC, a PID namespace of its own.
+    let namespaces = cri::NamespaceOption {
+        network: cri::NamespaceMode::Pod as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    };
+    let config = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: "c".into(),
+            attempt: 0,
+        }),
+        image: status.image.clone(),
+        command: vec!["sh".into(), "-c".into(), FOREVER.into()],
+        labels,
+        annotations,
+        log_path: "c/0.log".into(),
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(namespaces.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let sb = rt
+        .list_sandboxes(None)
+        .await
+        .expect("list sandboxes")
+        .into_iter()
+        .find(|s| s.id == sandbox)
+        .expect("its sandbox");
+    let sandbox_config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: sb.name.clone(),
+            uid: sb.uid.to_string(),
+            namespace: sb.namespace.clone(),
+            attempt: sb.attempt,
+        }),
+        log_directory: log_directory.display().to_string(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let older = rt
+        .create_container(&sandbox, config, sandbox_config, None)
+        .await
+        .expect("CreateContainer");
+    rt.start_container(&older).await.expect("StartContainer");
+
+    // nodelet's first sync of the pod would replace it; a later one reports it Ready.
+    p.start();
+    let cli = |args: Vec<std::ffi::OsString>| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"))
+            .args(args)
+            .output()
+            .await
+            .expect("the CLI runs")
+    };
+    let root = p.dir.path().join("root");
+    let status_of = || async {
+        let args = vec![
+            "--root-dir".into(),
+            root.clone().into_os_string(),
+            "get".into(),
+            "pod".into(),
+            pod.clone().into(),
+            "-o".into(),
+            "json".into(),
+        ];
+        let out = cli(args).await;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let c = &status["status"]["containerStatuses"][0];
+        c["state"]["running"].is_object().then(|| c.clone())
+    };
+    eventually(
+        "nodelet's status of the pod",
+        Duration::from_secs(60),
+        status_of,
+    )
+    .await;
+    let out = rt
+        .exec_sync(
+            &older,
+            vec!["touch".into(), "/tmp/ready".into()],
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("the container nodelet found still runs");
+    assert_eq!(out.exit_code, 0);
+    // The sync that reports it Ready comes after the first one.
+    let adopted = eventually("the pod Ready", Duration::from_secs(60), || async {
+        status_of().await.filter(|c| c["ready"] == true)
+    })
+    .await;
+    assert_eq!(
+        adopted["containerID"],
+        format!("containerd://{older}").as_str(),
+        "the container was replaced: {adopted}"
+    );
+    assert_eq!(adopted["restartCount"], 0, "{adopted}");
+    // A replacement would have begun in the first sync, before the container could turn Ready
+    // (the probe reads the file made after that sync's status), and stopping it takes its grace
+    // period: its Killing event would be recorded by now.
+    let out = cli(vec![
+        "--root-dir".into(),
+        root.clone().into_os_string(),
+        "events".into(),
+    ])
+    .await;
+    let events = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{events}");
+    assert!(
+        !events.contains("Killing"),
+        "nodelet replaced the container:\n{events}"
+    );
     p.finish().await;
 }
 

@@ -29,6 +29,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "upstream hashes its Go container object; nodelet hashes its own encoding, and compares only its own hashes",
     ),
     (
+        ".config.labels.nodelet.io/container-digest",
+        "nodelet's versioned digest of the container spec, what decides whether a container still matches it (so an upgrade of nodelet restarts nothing); upstream decides by its hash annotation",
+    ),
+    (
         ".config.annotations.nodelet.io/",
         "nodelet's own bookkeeping on the runtime (resources digest, owning node), read back after a restart",
     ),
