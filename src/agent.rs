@@ -97,6 +97,11 @@ pub(crate) struct Core {
 impl Core {
     /// Connects to the runtime (waiting for it) and builds the core; `None` when cancelled.
     pub async fn connect(config: &Config, cancel: &CancellationToken) -> Result<Option<Core>> {
+        if config.fail_cgroup_v1 && !crate::cgroups::unified() {
+            anyhow::bail!(
+                "the host's cgroups are v1 and failCgroupV1 (--fail-cgroupv1) is true: move the host to cgroup v2, or set it to false"
+            );
+        }
         crate::volumes::prepare_root(&config.root_dir).context("--root-dir")?;
         if let Err(e) = crate::volumes::share_root(&config.root_dir) {
             tracing::warn!(root_dir = %config.root_dir.display(), error = %e, "cannot make the root dir a shared mount; volumes with mountPropagation HostToContainer or Bidirectional will not propagate");

@@ -210,10 +210,8 @@ sleep_until() { # seconds what command...
 }
 
 write_kubeadm_config() {
-    local address kubelet_extra=
+    local address
     address=$(cat "$MDIR/address")
-    # The kubelet of 1.35 and later refuses cgroup v1 unless told otherwise; nodelet runs on it.
-    [[ $AGENT == nodelet ]] || kubelet_extra="failCgroupV1: false"
     cat >"$MDIR/kubeadm.yaml" <<EOF
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: InitConfiguration
@@ -244,7 +242,8 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 cgroupRoot: $CGROUP_ROOT
-$kubelet_extra
+# This machine's cgroups are v1, which the kubelet of 1.35 and later refuses unless told.
+failCgroupV1: false
 ---
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration

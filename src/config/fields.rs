@@ -444,6 +444,13 @@ pub const FIELDS: &[Field] = &[
         "Create the QoS cgroup hierarchy [default true]",
     ),
     field(
+        "failCgroupV1",
+        "fail-cgroupv1",
+        true,
+        Bool,
+        "Refuse to start on a host whose cgroups are v1 (hybrid included) [default false]",
+    ),
+    field(
         "failSwapOn",
         "fail-swap-on",
         true,
@@ -652,7 +659,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "evictionMinimumReclaim",
     "evictionSoft",
     "evictionSoftGracePeriod",
-    "failCgroupV1",
     "hairpinMode",
     "imageMaximumGCAge",
     "imagePullCredentialsVerificationPolicy",

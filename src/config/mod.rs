@@ -147,6 +147,9 @@ pub struct Config {
     /// Whether the kubepods cgroup is limited to allocatable (enforceNodeAllocatable: pods).
     pub enforce_pods_allocatable: bool,
     pub fail_swap_on: bool,
+    /// Refuse a host without the unified cgroup hierarchy (upstream's default from 1.35 is true;
+    /// nodelet speaks 1.34, whose default is false).
+    pub fail_cgroup_v1: bool,
     pub cgroup_driver: CgroupDriver,
     /// The hidden test-only periods.
     pub testing: Testing,
@@ -254,6 +257,7 @@ impl Config {
             "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
             "cgroupDriver": self.cgroup_driver.as_str(),
             "failSwapOn": self.fail_swap_on,
+            "failCgroupV1": self.fail_cgroup_v1,
             "maxPods": self.max_pods,
             "userNamespaces": {"idsPerPod": self.user_namespace_ids_per_pod},
             "featureGates": self.feature_gates,
@@ -792,6 +796,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),
+        fail_cgroup_v1: r.bool("failCgroupV1", false),
         cgroup_driver,
         testing: Testing {
             backoff: r.optional_duration("testingBackoff"),

@@ -146,3 +146,37 @@ fn a_runtime_that_never_answers_fails_start_up_naming_the_endpoint() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&sock.display().to_string()), "{stderr}");
 }
+
+/// `failCgroupV1: true` refuses a host without the unified cgroup hierarchy, before anything
+/// else; on a unified host it changes nothing (the agent goes on to the runtime).
+#[test]
+fn fail_cgroupv1_refuses_a_cgroup_v1_host() {
+    let dir = crate::bed::test_dir("cgroupv1");
+    let sock = dir.path().join("none.sock");
+    let out = Command::new(env!("CARGO_BIN_EXE_nodelet"))
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
+        .args([
+            "--fail-cgroupv1",
+            "--container-runtime-endpoint",
+            &format!("unix://{}", sock.display()),
+            "--hostname-override",
+            "n",
+            "--healthz-port",
+            "0",
+            "--runtime-request-timeout",
+            "1s",
+        ])
+        .output()
+        .expect("run nodelet");
+    crate::bed::unmount_all_under(dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let unified = std::fs::metadata("/sys/fs/cgroup/cgroup.controllers").is_ok()
+        && !std::path::Path::new("/sys/fs/cgroup/memory").exists();
+    if unified {
+        assert!(stderr.contains(&sock.display().to_string()), "{stderr}");
+    } else {
+        assert!(stderr.contains("--fail-cgroupv1"), "{stderr}");
+    }
+}
