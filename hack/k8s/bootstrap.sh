@@ -193,7 +193,6 @@ start_machine() { # NET
 # The open registry's storage, served on the machine's own loopback under the same address.
 start_registry() {
     local reg=$TB/registry
-    [[ -s $reg/open/config.yml ]] || die "the open registry is not set up: run 'hack/registry.sh up' first"
     sed "s#^http: .*#http: {addr: $REGISTRY, secret: nodelet-machine-$NAME}#" "$reg/open/config.yml" >"$MDIR/registry.yml"
     spawn "$MDIR/registry.pid" "$MDIR/registry.log" "$reg/bin/docker-registry" serve "$MDIR/registry.yml"
     sleep_until 10 "the machine's registry" in_machine python3 -c \
@@ -304,6 +303,8 @@ cmd_up() { # NAME NET
     [[ $net =~ ^([1-9]|[12][0-9]|30)$ ]] || die "usage: bootstrap.sh up NAME NET (NET 1-30)"
     [[ $AGENT == nodelet || $AGENT == kubelet ]] || die "NODE_AGENT must be nodelet or kubelet"
     [[ -x $(agent_binary) ]] || die "no $AGENT at $(agent_binary)"
+    [[ -s $TB/registry/open/config.yml && -d $TB/certs.d/$REGISTRY ]] ||
+        die "the open registry is not up: run 'make registries control-plane-images' first"
     cmd_down_quiet
     start_machine "$net"
     start_registry
