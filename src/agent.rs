@@ -3,7 +3,7 @@
 //! (`run_once.rs`) builds the same core and feeds it one snapshot per source.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,6 +92,8 @@ pub(crate) struct Core {
     runtime_handlers: Vec<crate::runtime::cri::RuntimeHandler>,
     /// The Services for the containers' service links, filled in cluster mode.
     services: crate::service_links::Store,
+    /// The cgroup driver in use (see [`cgroup_driver`]), which /configz shows.
+    cgroup_driver: crate::types::CgroupDriver,
 }
 
 impl Core {
@@ -321,6 +323,7 @@ impl Core {
             runtime_version: (version.runtime_name, version.runtime_version),
             runtime_handlers,
             services,
+            cgroup_driver: driver,
         }))
     }
 
@@ -338,41 +341,65 @@ impl Core {
     }
 }
 
-/// The cgroup driver pods get. As upstream, a runtime that reports its driver over the CRI
-/// (RuntimeConfig) decides; with an older runtime, `--cgroup-driver` does, and it must agree with
-/// the driver the runtime's own configuration names, when it names one.
+/// /configz: the configuration, with the cgroup driver in use (as upstream shows the runtime's).
+fn configz(config: &Config, driver: crate::types::CgroupDriver) -> serde_json::Value {
+    let mut out = config.kubelet_configuration();
+    out["cgroupDriver"] = driver.as_str().into();
+    out
+}
+
+/// The cgroup driver pods get; no setting is needed. A runtime that reports its driver over the
+/// CRI (RuntimeConfig) decides, as upstream; else the driver its own configuration names (older
+/// runtimes); else `--cgroup-driver`, unless it names systemd on a host that systemd did not boot,
+/// where only cgroupfs works. Each choice that overrides the setting is said in one line. nodelet
+/// drives cgroupfs only: a runtime that uses systemd's is a one-line error naming the fix.
 async fn cgroup_driver(
     runtime: &RuntimeClient,
     ours: crate::types::CgroupDriver,
 ) -> Result<crate::types::CgroupDriver> {
-    match runtime.reported_cgroup_driver().await {
-        Ok(Some(theirs)) => {
-            if theirs != ours {
-                tracing::info!(runtime = %theirs, flag = %ours, "using the cgroup driver the runtime reports over CRI, not --cgroup-driver");
+    use crate::types::CgroupDriver::{Cgroupfs, Systemd};
+    let theirs = match runtime.reported_cgroup_driver().await {
+        Ok(Some(theirs)) => Some((theirs, "reports over CRI")),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask the runtime for its cgroup driver");
+            None
+        }
+    };
+    let theirs = match theirs {
+        Some(t) => Some(t),
+        None => match runtime.runtime_config().await {
+            Ok(Some(rc)) => crate::runtime::configured_cgroup_driver(&rc)
+                .map(|t| (t, "names in its configuration")),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the runtime's configuration for its cgroup driver");
+                None
             }
-            return Ok(theirs);
-        }
-        Ok(None) => {}
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot ask the runtime for its cgroup driver; --cgroup-driver applies")
-        }
-    }
-    match runtime.runtime_config().await {
-        Ok(Some(rc)) => match crate::runtime::configured_cgroup_driver(&rc) {
-            Some(theirs) if theirs != ours => anyhow::bail!(
-                "the container runtime uses the {theirs} cgroup driver but nodelet uses {ours} (--cgroup-driver); \
-                 they must agree: set --cgroup-driver={theirs}, or SystemdCgroup = {} for runc in the runtime's config",
-                ours == crate::types::CgroupDriver::Systemd
-            ),
-            Some(_) => tracing::debug!(driver = %ours, "the runtime uses the same cgroup driver"),
-            None => tracing::debug!("the runtime does not say which cgroup driver it uses"),
         },
-        Ok(None) => tracing::debug!("the runtime does not report its configuration"),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the runtime's configuration to check its cgroup driver")
+    };
+    let driver = match theirs {
+        Some((theirs, how)) => {
+            if theirs != ours {
+                tracing::info!(runtime = %theirs, setting = %ours, "using the cgroup driver the runtime {how}, not --cgroup-driver");
+            }
+            theirs
         }
+        None if ours == Systemd && !Path::new("/run/systemd/system").exists() => {
+            tracing::warn!(
+                "--cgroup-driver=systemd, but systemd did not boot this host; using cgroupfs"
+            );
+            Cgroupfs
+        }
+        None => ours,
+    };
+    if driver == Systemd {
+        anyhow::bail!(
+            "the container runtime uses the systemd cgroup driver, which nodelet does not drive yet: \
+             set SystemdCgroup = false for runc in the runtime's configuration (and --cgroup-driver=cgroupfs)"
+        );
     }
-    Ok(ours)
+    Ok(driver)
 }
 
 /// `default`, unless a hidden test-only flag (`flag`) set `wanted` shorter.
@@ -483,7 +510,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             runtime: core.runtime.clone(),
             statuses: core.status.clone(),
             log_dir: PathBuf::from("/var/log"),
-            configz: config.kubelet_configuration(),
+            configz: configz(&config, core.cgroup_driver),
         };
         let reviewer = api.as_ref().map(|(_, clients)| {
             let ttls = crate::cluster::review::Ttls {

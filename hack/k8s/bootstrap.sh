@@ -239,7 +239,7 @@ etcd:
 ---
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-cgroupDriver: cgroupfs
+# No cgroupDriver: kubeadm's default (systemd) stands, and the agent uses the runtime's (cgroupfs).
 cgroupRoot: $CGROUP_ROOT
 # This machine's cgroups are v1, which the kubelet of 1.35 and later refuses unless told.
 failCgroupV1: false

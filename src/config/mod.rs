@@ -673,7 +673,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
     }
     let cgroup_driver = r.parsed("cgroupDriver", CgroupDriver::Cgroupfs, |s| match s {
         "cgroupfs" => Ok(CgroupDriver::Cgroupfs),
-        "systemd" => Err("the systemd cgroup driver is not supported yet; use cgroupfs (and configure the runtime to match)".into()),
+        "systemd" => Ok(CgroupDriver::Systemd),
         other => Err(format!("{other:?} is not cgroupfs or systemd")),
     });
     let static_pod_url = r.text("staticPodURL").filter(|s| !s.is_empty());

@@ -229,3 +229,21 @@ async fn a_runtime_class_picks_the_handler_and_its_overhead_counts_in_the_pod_cg
     assert!(node.sandboxes("nope").await.is_empty());
     node.finish().await;
 }
+
+/// No cgroup driver setting is needed: `--cgroup-driver=systemd` on this host (whose runtime
+/// uses cgroupfs, and which systemd did not boot) is overridden, said in one line, and pods run
+/// in cgroupfs paths.
+#[tokio::test]
+async fn a_wrong_cgroup_driver_setting_is_overridden_not_fatal() {
+    let node = Node::start("cgdriver", &["--cgroup-driver", "systemd"]).await;
+    node.write_manifest("g.yaml", &pod("g", "{limits: {cpu: 100m, memory: 32Mi}}"));
+    let (g, _) = node.wait_running("g", 1).await;
+    let dir = format!("{}/kubepods/pod{}", cgroup_root(&node.name), g.uid);
+    assert!(cgroup_dir("memory", &dir).is_dir(), "no cgroup {dir}");
+    let logs = crate::bed::logs();
+    assert!(
+        logs.contains("not --cgroup-driver") || logs.contains("systemd did not boot this host"),
+        "no line says which driver is used instead"
+    );
+    node.finish().await;
+}

@@ -187,6 +187,8 @@ async fn the_authenticated_api_wants_a_certificate_from_the_client_ca() {
         "127.0.0.1",
         "--client-ca-file",
         &ca,
+        "--cgroup-driver",
+        "systemd",
     ];
     let mut node = Node::start("secure-auth", &args).await;
     node.write_manifest("a.yaml", &pod_yaml("a", &[("app", FOREVER)], ""));
@@ -205,6 +207,8 @@ async fn the_authenticated_api_wants_a_certificate_from_the_client_ca() {
     assert_eq!(code, 200);
     let configz: serde_json::Value = serde_json::from_str(&configz).unwrap();
     assert_eq!(configz["kubeletconfig"]["port"], port);
+    // The driver in use (the runtime's), not the setting.
+    assert_eq!(configz["kubeletconfig"]["cgroupDriver"], "cgroupfs");
     assert_eq!(
         configz["kubeletconfig"]["authentication"]["anonymous"]["enabled"],
         false
