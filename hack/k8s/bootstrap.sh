@@ -123,10 +123,13 @@ set_machine() { # NAME
     CGROUP_ROOT=/nodelet-test/kubeadm-$NAME
 }
 
+# The machine's containerd, whose namespaces are the machine's; only while that pid still runs
+# the machine's config (a pid is reused once its process is gone).
 machine_pid() {
     local pid
     pid=$(cat "$MDIR/containerd.pid" 2>/dev/null) || return 1
-    [[ -n $pid && -d /proc/$pid ]] || return 1
+    [[ -n $pid ]] || return 1
+    tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF "$MDIR/config.toml" || return 1
     echo "$pid"
 }
 
@@ -146,6 +149,8 @@ spawn() { # pidfile log cmd...
     PATH=$MDIR/bin:$PATH nsenter --target "$pid" --mount --net --uts -- setsid "$@" </dev/null >>"$out" 2>&1 &
     echo $! >"$pidfile"
     echo "$! $(readlink -f "$1")" >>"$MDIR/companions"
+    # Not this script's job: `down` stops it, and its end is not reported here.
+    disown $!
 }
 
 # The node agent's binary: nodelet, or the upstream kubelet (NODE_AGENT=kubelet at `up`).
