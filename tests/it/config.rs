@@ -121,17 +121,19 @@ fn unknown_fields_in_the_file_are_refused_by_name() {
     );
 }
 
-#[test]
-fn a_runtime_that_never_answers_fails_start_up_naming_the_endpoint() {
-    let dir = crate::bed::test_dir("no-runtime");
-    let sock = dir.path().join("none.sock");
-    // Its own root dir: the agent makes it a shared mount before it asks for the runtime.
+/// Runs the agent with `extra` flags against a runtime endpoint where nothing answers, in a
+/// test dir of its own (the agent makes its root dir a shared mount before it asks for the
+/// runtime); its exit status and stderr, and the endpoint's path.
+fn start_without_a_runtime(test: &str, extra: &[&str]) -> (Option<i32>, String, String) {
+    let dir = crate::bed::test_dir(test);
+    let sock = dir.path().join("none.sock").display().to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_nodelet"))
         .arg("--root-dir")
         .arg(dir.path().join("root"))
+        .args(extra)
         .args([
             "--container-runtime-endpoint",
-            &format!("unix://{}", sock.display()),
+            &format!("unix://{sock}"),
             "--hostname-override",
             "n",
             "--healthz-port",
@@ -142,40 +144,30 @@ fn a_runtime_that_never_answers_fails_start_up_naming_the_endpoint() {
         .output()
         .expect("run nodelet");
     crate::bed::unmount_all_under(dir.path());
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&sock.display().to_string()), "{stderr}");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        sock,
+    )
+}
+
+#[test]
+fn a_runtime_that_never_answers_fails_start_up_naming_the_endpoint() {
+    let (code, stderr, sock) = start_without_a_runtime("no-runtime", &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&sock), "{stderr}");
 }
 
 /// `failCgroupV1: true` refuses a host without the unified cgroup hierarchy, before anything
 /// else; on a unified host it changes nothing (the agent goes on to the runtime).
 #[test]
 fn fail_cgroupv1_refuses_a_cgroup_v1_host() {
-    let dir = crate::bed::test_dir("cgroupv1");
-    let sock = dir.path().join("none.sock");
-    let out = Command::new(env!("CARGO_BIN_EXE_nodelet"))
-        .arg("--root-dir")
-        .arg(dir.path().join("root"))
-        .args([
-            "--fail-cgroupv1",
-            "--container-runtime-endpoint",
-            &format!("unix://{}", sock.display()),
-            "--hostname-override",
-            "n",
-            "--healthz-port",
-            "0",
-            "--runtime-request-timeout",
-            "1s",
-        ])
-        .output()
-        .expect("run nodelet");
-    crate::bed::unmount_all_under(dir.path());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr, sock) = start_without_a_runtime("cgroupv1", &["--fail-cgroupv1"]);
+    assert_eq!(code, Some(1), "{stderr}");
     let unified = std::fs::metadata("/sys/fs/cgroup/cgroup.controllers").is_ok()
         && !std::path::Path::new("/sys/fs/cgroup/memory").exists();
     if unified {
-        assert!(stderr.contains(&sock.display().to_string()), "{stderr}");
+        assert!(stderr.contains(&sock), "{stderr}");
     } else {
         assert!(stderr.contains("--fail-cgroupv1"), "{stderr}");
     }
