@@ -378,25 +378,28 @@ async fn cgroup_driver(
             }
         },
     };
-    let driver = match theirs {
+    let (driver, source) = match theirs {
         Some((theirs, how)) => {
             if theirs != ours {
                 tracing::info!(runtime = %theirs, setting = %ours, "using the cgroup driver the runtime {how}, not --cgroup-driver");
             }
-            theirs
+            (theirs, "the container runtime uses it")
         }
         None if ours == Systemd && !Path::new("/run/systemd/system").exists() => {
             tracing::warn!(
                 "--cgroup-driver=systemd, but systemd did not boot this host; using cgroupfs"
             );
-            Cgroupfs
+            (Cgroupfs, "")
         }
-        None => ours,
+        None => (
+            ours,
+            "--cgroup-driver names it and the runtime does not say its own",
+        ),
     };
     if driver == Systemd {
         anyhow::bail!(
-            "the container runtime uses the systemd cgroup driver, which nodelet does not drive yet: \
-             set SystemdCgroup = false for runc in the runtime's configuration (and --cgroup-driver=cgroupfs)"
+            "the systemd cgroup driver is needed ({source}), which nodelet does not drive yet: \
+             set SystemdCgroup = false for runc in the runtime's configuration"
         );
     }
     Ok(driver)

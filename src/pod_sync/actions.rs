@@ -303,9 +303,9 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
             plan.start.push(start(rt, want, false));
             continue;
         };
-        let hash_changed = container_changed(&c.digest, &c.user_image, want);
+        let spec_changed = container_changed(&c.digest, &c.user_image, want);
         match c.state {
-            ContainerState::Running if hash_changed => {
+            ContainerState::Running if spec_changed => {
                 plan.kill.push(kill(c, "container spec changed"));
                 plan.start.push(start(rt, want, false));
             }
