@@ -165,6 +165,7 @@ component_args() { # dir component
             --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$CLUSTER_CIDR"
             --allocate-node-cidrs=false --controllers '*,-cloud-node-lifecycle'
             --node-monitor-grace-period "$NODE_MONITOR_GRACE"
+            --flex-volume-plugin-dir "$dir/flexvolume"
             --profiling=false --v 1) ;;
         kube-scheduler) ARGS=("$BIN/kube-scheduler"
             --kubeconfig "$dir/scheduler.kubeconfig"
