@@ -1,9 +1,51 @@
 //! Per-key exponential backoff as upstream's: 10 s doubling to 300 s, an entry forgotten once it
 //! has not been bumped for twice the cap (10 min). Container restarts (CrashLoopBackOff, keyed by
 //! pod, container and spec hash) and image pulls (ImagePullBackOff, keyed by pod and image) use it.
+//! The token bucket that paces image pulls and API requests lives here too.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The longest a token bucket asks anyone to wait, whatever its rate says.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// A token bucket: `burst` tokens at most, refilled at `qps` per second.
+#[derive(Debug)]
+pub struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now`.
+    pub fn new(qps: f64, burst: u32, now: Instant) -> TokenBucket {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            qps,
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Takes a token at `now`, or says how long until one is there (at most a minute).
+    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else if self.qps <= 0.0 {
+            Err(Duration::from_secs(1))
+        } else {
+            let wait = (1.0 - self.tokens) / self.qps;
+            Err(Duration::try_from_secs_f64(wait).map_or(MAX_WAIT, |d| d.min(MAX_WAIT)))
+        }
+    }
+}
 
 /// Delays per key; a key starts with the pod UID it belongs to.
 #[derive(Debug)]
@@ -109,6 +151,27 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_paces_at_qps() {
+        let now = Instant::now();
+        let mut b = TokenBucket::new(2.0, 3, now);
+        for _ in 0..3 {
+            assert_eq!(b.take(now), Ok(()));
+        }
+        assert_eq!(b.take(now), Err(Duration::from_millis(500)));
+        assert_eq!(b.take(now + Duration::from_millis(500)), Ok(()));
+        assert!(b.take(now + Duration::from_millis(600)).is_err());
+        // A long pause refills no more than the burst.
+        let later = now + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(b.take(later), Ok(()));
+        }
+        assert!(b.take(later).is_err());
+        let mut stopped = TokenBucket::new(0.0, 1, now);
+        assert_eq!(stopped.take(now), Ok(()));
+        assert_eq!(stopped.take(later), Err(Duration::from_secs(1)));
+    }
 
     fn at(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)

@@ -8,12 +8,13 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
+
+use crate::backoff::TokenBucket;
 
 /// Why no client could be made.
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +23,13 @@ pub enum Error {
     Read {
         path: String,
         #[source]
-        source: kube::config::KubeconfigError,
+        source: std::io::Error,
+    },
+    #[error("the kubeconfig {path} is not a kubeconfig")]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_yaml_ng::Error,
     },
     #[error("the kubeconfig {path} does not give a usable cluster and user")]
     Config {
@@ -42,10 +49,7 @@ pub enum Error {
 /// client); [`paced`] makes paced clients over the same connections.
 pub async fn from_kubeconfig(path: &Path) -> Result<Client, Error> {
     let shown = path.display().to_string();
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Read {
-        path: shown.clone(),
-        source,
-    })?;
+    let kubeconfig = read(path)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|source| Error::Config {
@@ -57,6 +61,63 @@ pub async fn from_kubeconfig(path: &Path) -> Result<Client, Error> {
         source,
     })?;
     Ok(builder.build())
+}
+
+/// The kubeconfig at `path`, its relative file names made relative to its directory, as
+/// client-go resolves them. It is one document, as client-go reads it, parsed by the YAML
+/// reader the manifests use.
+fn read(path: &Path) -> Result<Kubeconfig, Error> {
+    let shown = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: shown(),
+        source,
+    })?;
+    let mut config: Kubeconfig = if text.trim().is_empty() {
+        Kubeconfig::default()
+    } else {
+        serde_yaml_ng::from_str(&text).map_err(|source| Error::Parse {
+            path: shown(),
+            source,
+        })?
+    };
+    if let Some(dir) = path.parent() {
+        resolve_paths(&mut config, dir);
+    }
+    Ok(config)
+}
+
+/// Makes the file names in `config` that are relative absolute under `dir`: the CA, the
+/// client certificate and key, the token file, and an exec command that names a path (a bare
+/// command is looked up in PATH).
+fn resolve_paths(config: &mut Kubeconfig, dir: &Path) {
+    let resolve = |name: &mut Option<String>| {
+        if let Some(relative) = name.as_deref().filter(|n| Path::new(n).is_relative())
+            && let Some(absolute) = dir.join(relative).to_str()
+        {
+            *name = Some(absolute.to_owned());
+        }
+    };
+    for cluster in config
+        .clusters
+        .iter_mut()
+        .filter_map(|c| c.cluster.as_mut())
+    {
+        resolve(&mut cluster.certificate_authority);
+    }
+    for user in config
+        .auth_infos
+        .iter_mut()
+        .filter_map(|a| a.auth_info.as_mut())
+    {
+        resolve(&mut user.client_certificate);
+        resolve(&mut user.client_key);
+        resolve(&mut user.token_file);
+        if let Some(exec) = user.exec.as_mut()
+            && exec.command.as_deref().is_some_and(|c| c.contains('/'))
+        {
+            resolve(&mut exec.command);
+        }
+    }
 }
 
 /// A client whose requests go through `client`'s connections, paced at `qps` with bursts of
@@ -73,56 +134,20 @@ pub fn paced(client: &Client, qps: f64, burst: u32) -> Client {
     )
 }
 
-/// The longest a request waits for a token, whatever the pacing says.
-const MAX_WAIT: Duration = Duration::from_secs(60);
-
-/// A token bucket: `burst` tokens at most, refilled at `qps` per second.
-#[derive(Debug)]
-struct Bucket {
-    qps: f64,
-    burst: f64,
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn new(qps: f64, burst: u32) -> Bucket {
-        let burst = f64::from(burst.max(1));
-        Bucket {
-            qps,
-            burst,
-            tokens: burst,
-            at: Instant::now(),
-        }
-    }
-
-    /// Takes a token, or says how long until one is there.
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else if self.qps <= 0.0 {
-            Err(Duration::from_secs(1))
-        } else {
-            let wait = (1.0 - self.tokens) / self.qps;
-            Err(Duration::try_from_secs_f64(wait).map_or(MAX_WAIT, |d| d.min(MAX_WAIT)))
-        }
-    }
-}
-
 /// Paces the requests of the service it wraps.
 #[derive(Clone, Debug)]
 struct PaceLayer {
-    bucket: Arc<Mutex<Bucket>>,
+    bucket: Arc<Mutex<TokenBucket>>,
 }
 
 impl PaceLayer {
     fn new(qps: f64, burst: u32) -> PaceLayer {
         PaceLayer {
-            bucket: Arc::new(Mutex::new(Bucket::new(qps, burst))),
+            bucket: Arc::new(Mutex::new(TokenBucket::new(
+                qps,
+                burst,
+                Instant::now().into_std(),
+            ))),
         }
     }
 }
@@ -144,7 +169,7 @@ impl<S> Layer<S> for PaceLayer {
 /// so a token is taken once per request.
 struct Paced<S> {
     inner: S,
-    bucket: Arc<Mutex<Bucket>>,
+    bucket: Arc<Mutex<TokenBucket>>,
     wait: Option<Pin<Box<Sleep>>>,
     permit: bool,
 }
@@ -169,7 +194,7 @@ where
                 .bucket
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .take(Instant::now());
+                .take(Instant::now().into_std());
             match taken {
                 Ok(()) => self.permit = true,
                 Err(delay) => self.wait = Some(Box::pin(tokio::time::sleep(delay))),
@@ -187,23 +212,53 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
-    async fn the_bucket_allows_a_burst_then_paces_at_qps() {
-        let mut b = Bucket::new(2.0, 3);
-        let now = Instant::now();
-        for _ in 0..3 {
-            assert_eq!(b.take(now), Ok(()));
-        }
-        assert_eq!(b.take(now), Err(Duration::from_millis(500)));
-        assert_eq!(b.take(now + Duration::from_millis(500)), Ok(()));
-        assert!(b.take(now + Duration::from_millis(600)).is_err());
-        // A long pause refills no more than the burst.
-        let later = now + Duration::from_secs(60);
-        for _ in 0..3 {
-            assert_eq!(b.take(later), Ok(()));
-        }
-        assert!(b.take(later).is_err());
+    #[test]
+    fn a_kubeconfig_names_files_relative_to_its_directory() {
+        let dir = tempfile::tempdir().expect("a temporary dir");
+        let path = dir.path().join("kubelet.conf");
+        let text = r#"apiVersion: v1
+kind: Config
+current-context: node
+clusters:
+- name: local
+  cluster:
+    server: https://127.0.0.1:6443
+    certificate-authority: pki/ca.crt
+users:
+- name: node
+  user:
+    client-certificate: /etc/kubernetes/pki/node.crt
+    client-key: node.key
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: helper
+contexts:
+- name: node
+  context:
+    cluster: local
+    user: node
+"#;
+        std::fs::write(&path, text).expect("the kubeconfig written");
+        let config = read(&path).expect("a kubeconfig");
+        let cluster = config.clusters[0].cluster.as_ref().expect("a cluster");
+        let ca = dir.path().join("pki/ca.crt");
+        assert_eq!(cluster.certificate_authority.as_deref(), ca.to_str());
+        let user = config.auth_infos[0].auth_info.as_ref().expect("a user");
+        let key = dir.path().join("node.key");
+        assert_eq!(user.client_key.as_deref(), key.to_str());
+        assert_eq!(
+            user.client_certificate.as_deref(),
+            Some("/etc/kubernetes/pki/node.crt")
+        );
+        let exec = user.exec.as_ref().expect("an exec plugin");
+        assert_eq!(exec.command.as_deref(), Some("helper"));
+        assert_eq!(config.current_context.as_deref(), Some("node"));
+
+        std::fs::write(&path, "clusters: {").expect("the kubeconfig written");
+        let error = read(&path).expect_err("not YAML");
+        assert!(error.to_string().contains("kubelet.conf"), "{error}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, TokenBucket};
 use crate::events::{Recorder, Target};
 use crate::runtime::{self, RuntimeClient, cri};
 use crate::types::PodUid;
@@ -107,35 +107,13 @@ pub struct Config {
     pub credential_providers: Option<Arc<Providers>>,
 }
 
-/// A token bucket: `burst` pulls at once, refilled at `qps`.
-struct Bucket {
-    tokens: f64,
-    refilled: Instant,
-}
-
-impl Bucket {
-    /// Takes a token at `now`, or says how long until one is there.
-    fn take(&mut self, now: Instant, qps: f64, burst: u32) -> Option<Duration> {
-        let burst = f64::from(burst.max(1));
-        let refill = now.duration_since(self.refilled).as_secs_f64() * qps;
-        self.tokens = (self.tokens + refill).min(burst);
-        self.refilled = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            None
-        } else {
-            Some(Duration::from_secs_f64((1.0 - self.tokens) / qps))
-        }
-    }
-}
-
 /// Pulls images for pods.
 pub struct Puller {
     runtime: RuntimeClient,
     config: Config,
     events: Recorder,
     slots: tokio::sync::Semaphore,
-    bucket: Mutex<Bucket>,
+    bucket: Mutex<TokenBucket>,
     backoff: Mutex<Backoff>,
     /// One lock per image: a second pod waits for the first pull instead of pulling again.
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -200,10 +178,7 @@ impl Puller {
         Puller {
             runtime,
             slots: tokio::sync::Semaphore::new(parallel),
-            bucket: Mutex::new(Bucket {
-                tokens: f64::from(config.burst.max(1)),
-                refilled: Instant::now(),
-            }),
+            bucket: Mutex::new(TokenBucket::new(config.qps, config.burst, Instant::now())),
             backoff: Mutex::new(Backoff::new(config.backoff_initial, PULL_BACKOFF_MAX)),
             in_flight: Mutex::new(HashMap::new()),
             config,
@@ -296,14 +271,14 @@ impl Puller {
         let permit = self.slots.acquire().await.ok();
         if self.config.qps > 0.0 {
             loop {
-                let wait = self.bucket.lock().unwrap_or_else(|e| e.into_inner()).take(
-                    Instant::now(),
-                    self.config.qps,
-                    self.config.burst,
-                );
-                match wait {
-                    None => break,
-                    Some(d) => tokio::time::sleep(d).await,
+                let taken = self
+                    .bucket
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take(Instant::now());
+                match taken {
+                    Ok(()) => break,
+                    Err(d) => tokio::time::sleep(d).await,
                 }
             }
         }
@@ -395,24 +370,6 @@ impl Puller {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_bucket_allows_a_burst_then_paces_at_qps() {
-        let start = Instant::now();
-        let mut b = Bucket {
-            tokens: 2.0,
-            refilled: start,
-        };
-        assert_eq!(b.take(start, 1.0, 2), None);
-        assert_eq!(b.take(start, 1.0, 2), None);
-        let wait = b.take(start, 1.0, 2).expect("the burst is used up");
-        assert!((wait.as_secs_f64() - 1.0).abs() < 1e-6, "{wait:?}");
-        assert_eq!(b.take(start + Duration::from_secs(1), 1.0, 2), None);
-        let later = start + Duration::from_secs(100);
-        assert_eq!(b.take(later, 1.0, 2), None);
-        assert_eq!(b.take(later, 1.0, 2), None, "refills up to the burst only");
-        assert!(b.take(later, 1.0, 2).is_some());
-    }
 
     #[test]
     fn reasons_are_the_kubelets() {
