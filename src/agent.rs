@@ -229,8 +229,20 @@ impl Core {
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();
         let recorder = crate::events::Recorder::default();
+        let running = match runtime.list_containers(None).await {
+            Ok(containers) => containers
+                .into_iter()
+                .filter(|c| c.state == crate::runtime::ContainerState::Running)
+                .map(|c| c.id)
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %crate::types::error_chain(&e), "cannot list the running containers; their probe results start anew");
+                std::collections::HashSet::new()
+            }
+        };
         let probe_manager = Arc::new(probe::Manager::new(
             runtime.clone(),
+            probe::Results::restore(&config.root_dir, &running),
             probe_tx,
             recorder.clone(),
             tracker.clone(),

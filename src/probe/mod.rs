@@ -1,11 +1,16 @@
 //! Liveness, readiness and startup probes: one worker per probed running container, results
 //! kept per container ID and reported on change only. The startup probe gates the others.
+//!
+//! Readiness and startup results are also kept in a checkpoint file in the root dir, so a
+//! restarted agent reports the running containers it finds as Ready and Started as they were,
+//! not as new, until their probes say otherwise.
 
 mod check;
 
 pub use check::{Target, attempt, exec_outcome};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -57,26 +62,114 @@ pub struct Update {
 
 /// Probe results by container ID; a missing result means "not known yet".
 #[derive(Clone, Default)]
-pub struct Results(Arc<Mutex<HashMap<(String, Kind), bool>>>);
+pub struct Results {
+    by_container: Arc<Mutex<HashMap<(String, Kind), bool>>>,
+    /// Where readiness and startup results are kept across restarts.
+    checkpoint: Option<Arc<PathBuf>>,
+}
+
+/// The checkpoint's content: the readiness and startup results of each container by ID.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Checkpoint {
+    containers: BTreeMap<String, Kept>,
+}
+
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Kept {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ready: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    started: Option<bool>,
+}
+
+/// The checkpoint file's name in the root dir.
+pub const CHECKPOINT_FILE: &str = "probe_results_state";
 
 impl Results {
+    /// Results kept in the checkpoint under `root_dir`, starting with those it holds for the
+    /// containers in `running` (a restarted agent's containers).
+    pub fn restore(root_dir: &Path, running: &HashSet<String>) -> Results {
+        let path = root_dir.join(CHECKPOINT_FILE);
+        let kept = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice::<Checkpoint>(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(file = %path.display(), error = %e, "the probe results checkpoint is not readable; containers start as not ready until probed");
+                Checkpoint::default()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint::default(),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read the probe results checkpoint; containers start as not ready until probed");
+                Checkpoint::default()
+            }
+        };
+        let mut by_container = HashMap::new();
+        for (id, kept) in kept.containers {
+            if !running.contains(&id) {
+                continue;
+            }
+            for (kind, result) in [(Kind::Readiness, kept.ready), (Kind::Startup, kept.started)] {
+                if let Some(result) = result {
+                    by_container.insert((id.clone(), kind), result);
+                }
+            }
+        }
+        Results {
+            by_container: Arc::new(Mutex::new(by_container)),
+            checkpoint: Some(Arc::new(path)),
+        }
+    }
+
     pub fn get(&self, container_id: &str, kind: Kind) -> Option<bool> {
         self.lock().get(&(container_id.to_string(), kind)).copied()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, Kind), bool>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.by_container.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records a result; true when it changed.
     fn set(&self, container_id: &str, kind: Kind, success: bool) -> bool {
-        self.lock()
-            .insert((container_id.to_string(), kind), success)
-            != Some(success)
+        let mut results = self.lock();
+        let changed = results.insert((container_id.to_string(), kind), success) != Some(success);
+        if changed && kind != Kind::Liveness {
+            self.save(&results);
+        }
+        changed
     }
 
     fn forget(&self, container_id: &str) {
-        self.lock().retain(|(id, _), _| id != container_id);
+        let mut results = self.lock();
+        let before = results.len();
+        results.retain(|(id, _), _| id != container_id);
+        if results.len() != before {
+            self.save(&results);
+        }
+    }
+
+    /// Writes the readiness and startup results to the checkpoint, under the results' lock so
+    /// that the last change is the last written.
+    fn save(&self, results: &HashMap<(String, Kind), bool>) {
+        let Some(path) = &self.checkpoint else { return };
+        let mut kept = Checkpoint::default();
+        for ((id, kind), result) in results {
+            let entry = kept.containers.entry(id.clone()).or_default();
+            match kind {
+                Kind::Readiness => entry.ready = Some(*result),
+                Kind::Startup => entry.started = Some(*result),
+                Kind::Liveness => {}
+            }
+        }
+        kept.containers
+            .retain(|_, k| k.ready.is_some() || k.started.is_some());
+        let written = serde_json::to_vec(&kept)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, bytes)?;
+                std::fs::rename(&tmp, path.as_path())
+            });
+        if let Err(e) = written {
+            tracing::warn!(file = %path.display(), error = %e, "cannot write the probe results checkpoint; a restart will report the containers as not ready until probed");
+        }
     }
 
     /// Has the container failed its liveness or startup probe (it must be restarted)?
@@ -112,6 +205,7 @@ pub struct Manager {
 impl Manager {
     pub fn new(
         runtime: RuntimeClient,
+        results: Results,
         updates: mpsc::UnboundedSender<Update>,
         events: Recorder,
         tracker: TaskTracker,
@@ -120,7 +214,7 @@ impl Manager {
         Manager {
             runtime,
             events,
-            results: Results::default(),
+            results,
             workers: Mutex::new(HashMap::new()),
             updates,
             tracker,
@@ -181,7 +275,8 @@ impl Manager {
                 if workers.contains_key(&key) {
                     continue;
                 }
-                if kind == Kind::Readiness {
+                // Not ready until probed, unless the checkpoint says how it was before a restart.
+                if kind == Kind::Readiness && self.results.get(&c.id, kind).is_none() {
                     self.results.set(&c.id, kind, false);
                 }
                 let token = self.cancel.child_token();
@@ -258,6 +353,12 @@ impl Worker {
         // (a readiness probe with a long period does not hold readiness back for a period).
         let mut gated = false;
         loop {
+            // A container found started (the checkpoint's result) needs no startup probe.
+            if self.kind == Kind::Startup
+                && self.results.get(&self.container_id, Kind::Startup) == Some(true)
+            {
+                return;
+            }
             let started = self.started.notified();
             tokio::pin!(started);
             started.as_mut().enable();
@@ -377,5 +478,46 @@ mod tests {
         assert_eq!(results.unhealthy("c1"), Some(Kind::Liveness));
         results.forget("c1");
         assert_eq!(results.get("c1", Kind::Readiness), None);
+    }
+
+    #[test]
+    fn readiness_and_startup_outlive_a_restart_for_running_containers() {
+        let dir = tempfile::tempdir().expect("a temporary dir");
+        let running: HashSet<String> = ["c1".to_string(), "c2".to_string()].into();
+        let results = Results::restore(dir.path(), &running);
+        assert_eq!(
+            results.get("c1", Kind::Readiness),
+            None,
+            "no checkpoint yet"
+        );
+        results.set("c1", Kind::Readiness, true);
+        results.set("c1", Kind::Startup, true);
+        results.set("c1", Kind::Liveness, true);
+        results.set("c2", Kind::Readiness, false);
+        results.set("c3", Kind::Readiness, true);
+
+        let restarted = Results::restore(dir.path(), &running);
+        assert_eq!(restarted.get("c1", Kind::Readiness), Some(true));
+        assert_eq!(restarted.get("c1", Kind::Startup), Some(true));
+        assert_eq!(
+            restarted.get("c1", Kind::Liveness),
+            None,
+            "liveness starts anew"
+        );
+        assert_eq!(restarted.get("c2", Kind::Readiness), Some(false));
+        assert_eq!(
+            restarted.get("c3", Kind::Readiness),
+            None,
+            "c3 no longer runs"
+        );
+
+        restarted.forget("c1");
+        let again = Results::restore(dir.path(), &running);
+        assert_eq!(again.get("c1", Kind::Readiness), None);
+        assert_eq!(again.get("c2", Kind::Readiness), Some(false));
+
+        std::fs::write(dir.path().join(CHECKPOINT_FILE), "{").expect("written");
+        let unreadable = Results::restore(dir.path(), &running);
+        assert_eq!(unreadable.get("c2", Kind::Readiness), None);
     }
 }

@@ -336,6 +336,127 @@ spec:
     p.finish().await;
 }
 
+/// What an observer of a pod's status sees of its readiness: the pod's Ready condition, and its
+/// container's ready, started, ID and restart count; none while the agent does not know the pod.
+async fn observed(root: &std::path::Path, pod: &str) -> Option<serde_json::Value> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodelet"))
+        .arg("--root-dir")
+        .arg(root)
+        .args(["get", "pod", pod, "-o", "json"])
+        .output()
+        .await
+        .expect("the CLI runs");
+    let pod: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let status = &pod["status"];
+    let ready = status["conditions"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["type"] == "Ready"))
+        .map_or(serde_json::Value::Null, |c| c["status"].clone());
+    let c = &status["containerStatuses"][0];
+    Some(serde_json::json!({
+        "Ready": ready,
+        "ready": c["ready"],
+        "started": c["started"],
+        "containerID": c["containerID"],
+        "restartCount": c["restartCount"],
+    }))
+}
+
+/// A restart is invisible: after a clean restart and after kill -9, for two probe periods, a
+/// Ready pod stays Ready and Started and a NotReady one stays NotReady, with the same
+/// containers and restart counts, although their probes take seconds to answer.
+#[tokio::test]
+async fn a_restart_changes_no_pods_readiness_in_either_direction() {
+    let mut p = Process::new("invisible");
+    clean_node(&p.node, p.dir.path()).await;
+    let probed = |name: &str, probes: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, "trap 'exit 0' TERM; {FOREVER}"]
+{probes}"#
+        )
+    };
+    // Each probe takes two seconds: an agent that waited for them after a restart would show
+    // the first pod not Started and NotReady for at least that long.
+    p.manifest(
+        "up.yaml",
+        &probed(
+            "up",
+            r#"    startupProbe:
+      exec:
+        command: [sleep, "2"]
+      periodSeconds: 3
+      timeoutSeconds: 10
+    readinessProbe:
+      exec:
+        command: [sleep, "2"]
+      periodSeconds: 3
+      timeoutSeconds: 10
+"#,
+        ),
+    );
+    p.manifest(
+        "down.yaml",
+        &probed(
+            "down",
+            r#"    readinessProbe:
+      exec:
+        command: [test, -f, /tmp/ready]
+      periodSeconds: 3
+"#,
+        ),
+    );
+    p.start();
+    let root = p.dir.path().join("root");
+    let (up, down) = (format!("up-{}", p.node), format!("down-{}", p.node));
+    let expected = eventually(
+        "one pod Ready, the other running but NotReady",
+        Duration::from_secs(90),
+        || async {
+            let up = observed(&root, &up).await?;
+            let down = observed(&root, &down).await?;
+            (up["Ready"] == "True"
+                && up["started"] == true
+                && down["Ready"] == "False"
+                && down["started"] == true
+                && down["containerID"].is_string())
+            .then_some((up, down))
+        },
+    )
+    .await;
+    for signal in [libc::SIGTERM, libc::SIGKILL] {
+        p.signal(signal);
+        p.wait_exit(Duration::from_secs(30)).await;
+        p.start();
+        // From the restarted agent's first answer, over two probe periods.
+        eventually("the restarted agent's answer", Duration::from_secs(60), || {
+            observed(&root, &up)
+        })
+        .await;
+        let until = std::time::Instant::now() + Duration::from_secs(6);
+        let mut seen = 0;
+        while std::time::Instant::now() < until {
+            for (pod, want) in [(&up, &expected.0), (&down, &expected.1)] {
+                let Some(now) = observed(&root, pod).await else {
+                    continue;
+                };
+                assert_eq!(&now, want, "{pod} after a restart by signal {signal}");
+                seen += 1;
+            }
+        }
+        assert!(seen > 10, "only {seen} observations");
+    }
+    p.finish().await;
+}
+
 #[tokio::test]
 async fn sigterm_stops_nodelet_quickly_and_leaves_pods_running() {
     let mut p = Process::new("sigterm");
