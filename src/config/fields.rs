@@ -504,14 +504,14 @@ pub const FIELDS: &[Field] = &[
         "serialize-image-pulls",
         true,
         Bool,
-        "Pull one image at a time [default true]",
+        "Pull one image at a time [default false; upstream: true]",
     ),
     field(
         "maxParallelImagePulls",
         "max-parallel-image-pulls",
         true,
         Scalar,
-        "With serializeImagePulls false, the most pulls at once [default no limit]",
+        "With serializeImagePulls false, the most pulls at once, no registry more than half [default 10; upstream: no limit]",
     ),
     field(
         "registryPullQPS",

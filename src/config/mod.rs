@@ -162,7 +162,7 @@ pub struct Config {
     pub image_gc_low_threshold_percent: u8,
     pub image_minimum_gc_age: Duration,
     pub serialize_image_pulls: bool,
-    /// `None`: no bound on parallel pulls.
+    /// `None`: the puller's default bound on parallel pulls.
     pub max_parallel_image_pulls: Option<u32>,
     pub registry_pull_qps: f64,
     pub registry_burst: u32,
@@ -839,7 +839,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
                 d => Ok(d),
             }
         }),
-        serialize_image_pulls: r.bool("serializeImagePulls", true),
+        serialize_image_pulls: r.bool("serializeImagePulls", false),
         max_parallel_image_pulls: r.parsed("maxParallelImagePulls", None, |s| {
             match s.trim().parse::<u32>() {
                 Ok(n) if n > 0 => Ok(Some(n)),

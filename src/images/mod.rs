@@ -2,8 +2,8 @@
 //! policy decides whether to pull, references are checked and given their default tag,
 //! node-level credentials come from the docker keyring and credential provider plugins, failed
 //! pulls back off per pod and image
-//! (ErrImagePull, then ImagePullBackOff), and pulls are paced (serialized or bounded in parallel,
-//! QPS with a burst) with one pull per image at a time.
+//! (ErrImagePull, then ImagePullBackOff), and pulls are paced (in parallel in a bounded pool
+//! no registry may fill, or serialized; QPS with a burst) with one pull per image at a time.
 
 mod credential_provider;
 pub mod gc;
@@ -25,6 +25,9 @@ use crate::types::PodUid;
 pub use credential_provider::Providers;
 pub use keyring::{Credential, Keyring};
 pub use reference::{Reference, parse as parse_reference};
+
+/// The most pulls at once when pulls are parallel and maxParallelImagePulls is not set.
+pub const DEFAULT_PARALLEL_PULLS: u32 = 10;
 
 /// First delay after a failed pull; it doubles up to [`PULL_BACKOFF_MAX`] (upstream values).
 pub const PULL_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
@@ -93,9 +96,10 @@ impl From<cri::Image> for Image {
 pub struct Config {
     /// Where `config.json` / `.dockercfg` are looked for first (--root-dir).
     pub root_dir: PathBuf,
-    /// One pull at a time (serializeImagePulls, default true).
+    /// One pull at a time (serializeImagePulls; nodelet's default is false).
     pub serialize: bool,
-    /// With parallel pulls, at most this many at once (maxParallelImagePulls; none = no bound).
+    /// With parallel pulls, at most this many at once (maxParallelImagePulls; none means
+    /// [`DEFAULT_PARALLEL_PULLS`]).
     pub max_parallel: Option<u32>,
     /// Pulls per second (registryPullQPS, default 5; 0 = no limit) with a burst (registryBurst).
     pub qps: f64,
@@ -107,12 +111,56 @@ pub struct Config {
     pub credential_providers: Option<Arc<Providers>>,
 }
 
+/// The pull pool: at most `total` pulls at once, and no registry holds more than half of them,
+/// so a registry that stalls leaves the others room. Waiters are served in order.
+struct Slots {
+    total: tokio::sync::Semaphore,
+    per_registry: usize,
+    registries: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+}
+
+/// A pull's place in the pool.
+struct Slot<'a> {
+    _registry: tokio::sync::OwnedSemaphorePermit,
+    _total: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Slots {
+    fn new(total: usize) -> Slots {
+        let total = total.max(1);
+        Slots {
+            total: tokio::sync::Semaphore::new(total),
+            per_registry: (total / 2).max(1),
+            registries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits for a place for a pull from `registry`: first among its pulls, then in the pool.
+    async fn acquire(&self, registry: &str) -> Option<Slot<'_>> {
+        let queue = {
+            let mut registries = self.registries.lock().unwrap_or_else(|e| e.into_inner());
+            // A registry no pull holds or waits for is forgotten as others are named.
+            registries.retain(|_, q| Arc::strong_count(q) > 1);
+            registries
+                .entry(registry.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_registry)))
+                .clone()
+        };
+        let registry = queue.acquire_owned().await.ok()?;
+        let total = self.total.acquire().await.ok()?;
+        Some(Slot {
+            _registry: registry,
+            _total: total,
+        })
+    }
+}
+
 /// Pulls images for pods.
 pub struct Puller {
     runtime: RuntimeClient,
     config: Config,
     events: Recorder,
-    slots: tokio::sync::Semaphore,
+    slots: Slots,
     bucket: Mutex<TokenBucket>,
     backoff: Mutex<Backoff>,
     /// One lock per image: a second pod waits for the first pull instead of pulling again.
@@ -173,11 +221,11 @@ impl Puller {
             config
                 .max_parallel
                 .filter(|n| *n > 0)
-                .map_or(tokio::sync::Semaphore::MAX_PERMITS, |n| n as usize)
+                .unwrap_or(DEFAULT_PARALLEL_PULLS)
         };
         Puller {
             runtime,
-            slots: tokio::sync::Semaphore::new(parallel),
+            slots: Slots::new(parallel as usize),
             bucket: Mutex::new(TokenBucket::new(config.qps, config.burst, Instant::now())),
             backoff: Mutex::new(Backoff::new(config.backoff_initial, PULL_BACKOFF_MAX)),
             in_flight: Mutex::new(HashMap::new()),
@@ -266,9 +314,9 @@ impl Puller {
         Ok(found.map(Image::from))
     }
 
-    /// Waits for a pull slot and a QPS token.
-    async fn paced(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let permit = self.slots.acquire().await.ok();
+    /// Waits for a pull slot for the registry and a QPS token.
+    async fn paced(&self, registry: &str) -> Option<Slot<'_>> {
+        let permit = self.slots.acquire(registry).await;
         if self.config.qps > 0.0 {
             loop {
                 let taken = self
@@ -288,7 +336,7 @@ impl Puller {
     /// Pulls with each matching credential in turn (or none when none match) until one works.
     async fn pull(&self, req: &Request<'_>, wanted: &str, r: &Reference) -> Result<Image, Error> {
         let image = req.image;
-        let _slot = self.paced().await;
+        let _slot = self.paced(&r.domain).await;
         let keyring = Keyring::load(&self.config.root_dir);
         let mut credentials: Vec<Credential> = req
             .secrets
@@ -370,6 +418,39 @@ impl Puller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn no_registry_fills_the_pull_pool() {
+        use futures_util::FutureExt as _;
+        let slots = Slots::new(4);
+        let a1 = slots.acquire("a.example").await.expect("a slot");
+        let _a2 = slots.acquire("a.example").await.expect("a slot");
+        let third = slots.acquire("a.example");
+        tokio::pin!(third);
+        assert!(
+            third.as_mut().now_or_never().is_none(),
+            "a registry holds half the pool at most"
+        );
+        let b1 = slots
+            .acquire("b.example")
+            .await
+            .expect("another registry's slot");
+        let _b2 = slots
+            .acquire("b.example")
+            .await
+            .expect("another registry's slot");
+        drop(a1);
+        assert!(third.await.is_some(), "the waiter gets the freed place");
+        drop(b1);
+
+        let serialized = Slots::new(1);
+        let only = serialized.acquire("a.example").await.expect("a slot");
+        let other = serialized.acquire("b.example");
+        tokio::pin!(other);
+        assert!(other.as_mut().now_or_never().is_none(), "one at a time");
+        drop(only);
+        assert!(other.await.is_some());
+    }
 
     #[test]
     fn reasons_are_the_kubelets() {

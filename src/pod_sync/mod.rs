@@ -103,6 +103,15 @@ pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// What a sync has made ready before it starts containers.
+/// The images a container to start needs, in the runtime.
+#[derive(Default)]
+struct Pulled {
+    /// Its own (none when the spec has no such container).
+    image: Option<images::Image>,
+    /// Its image volumes' image IDs by volume name.
+    volumes: HashMap<String, String>,
+}
+
 struct Prepared<'a> {
     sandbox_id: &'a str,
     sandbox_config: &'a cri::PodSandboxConfig,
@@ -678,6 +687,7 @@ impl Syncer {
         };
         let mut first_error = None;
         let mut again: Option<Duration> = None;
+        let mut starts = Vec::new();
         for start in &plan.start {
             if let Some(wait) = self.restart_backoff(pod, &rt, start) {
                 let message = format!(
@@ -700,19 +710,26 @@ impl Syncer {
                 again = Some(again.map_or(wait, |a| a.min(wait)));
                 continue;
             }
-            let result = self
-                .start_container(
-                    pod,
-                    start,
-                    &Prepared {
-                        sandbox_id: &sandbox_id,
-                        sandbox_config: &sandbox_config,
-                        volumes: &volumes,
-                        objects: &objects,
-                        pod_ip: &pod_ip,
-                    },
-                )
-                .await;
+            starts.push(start);
+        }
+        let prepared = Prepared {
+            sandbox_id: &sandbox_id,
+            sandbox_config: &sandbox_config,
+            volumes: &volumes,
+            objects: &objects,
+            pod_ip: &pod_ip,
+        };
+        // The images of every container this sync starts are pulled at once; the containers
+        // then start in their order.
+        let pulls = starts
+            .iter()
+            .map(|start| self.pull_images(pod, start, &prepared));
+        let pulled = futures_util::future::join_all(pulls).await;
+        for (start, pulled) in starts.into_iter().zip(pulled) {
+            let result = match pulled {
+                Ok(pulled) => self.start_container(pod, start, &prepared, pulled).await,
+                Err(e) => Err(e),
+            };
             match result {
                 Ok(()) => self.record_waiting(&uid, &start.name, None),
                 Err(e) => {
@@ -795,36 +812,30 @@ impl Syncer {
         Ok(mounted)
     }
 
-    async fn start_container(
+    /// Makes sure the runtime has the images the container to start needs: its own and those
+    /// of its image volumes (by volume name).
+    async fn pull_images(
         &self,
         pod: &Pod,
         start: &actions::Start,
         prepared: &Prepared<'_>,
-    ) -> Result<(), Error> {
-        let Prepared {
-            sandbox_id,
-            sandbox_config,
-            volumes,
-            objects,
-            pod_ip,
-        } = *prepared;
+    ) -> Result<Pulled, Error> {
         let s = spec(pod);
         let Some(container) = crate::pod::find_container(s, &start.name) else {
-            return Ok(());
+            return Ok(Pulled::default());
         };
-        let container = &container;
         let image = container.image.as_deref().unwrap_or_default();
         let policy = container
             .image_pull_policy
             .as_deref()
             .unwrap_or("IfNotPresent");
-        let secrets = images::pull_secret_keyrings(pod, objects);
+        let secrets = images::pull_secret_keyrings(pod, prepared.objects);
         let request = images::Request {
             pod: &PodUid::of(pod),
             target: &Target::container(pod, &start.name),
             image,
             policy,
-            sandbox: sandbox_config,
+            sandbox: prepared.sandbox_config,
             secrets: &secrets,
         };
         let pull = async |request: &images::Request<'_>| {
@@ -837,12 +848,10 @@ impl Syncer {
                     source,
                 })
         };
-        let image_info = pull(&request).await?;
-        verify_non_root(pod, container, &image_info).map_err(|message| Error::Config {
-            container: start.name.clone(),
-            message,
-        })?;
-        let mut image_volumes = HashMap::new();
+        let mut pulled = Pulled {
+            image: Some(pull(&request).await?),
+            volumes: HashMap::new(),
+        };
         for m in container.volume_mounts.iter().flatten() {
             let Some(source) = s
                 .volumes
@@ -858,9 +867,41 @@ impl Syncer {
                 policy: source.pull_policy.as_deref().unwrap_or("IfNotPresent"),
                 ..request
             };
-            let pulled = pull(&request).await?;
-            image_volumes.insert(m.name.clone(), pulled.id);
+            let image = pull(&request).await?;
+            pulled.volumes.insert(m.name.clone(), image.id);
         }
+        Ok(pulled)
+    }
+
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        start: &actions::Start,
+        prepared: &Prepared<'_>,
+        pulled: Pulled,
+    ) -> Result<(), Error> {
+        let Prepared {
+            sandbox_id,
+            sandbox_config,
+            volumes,
+            objects,
+            pod_ip,
+        } = *prepared;
+        let Some(container) = crate::pod::find_container(spec(pod), &start.name) else {
+            return Ok(());
+        };
+        let container = &container;
+        let Pulled {
+            image: Some(image_info),
+            volumes: image_volumes,
+        } = pulled
+        else {
+            return Ok(());
+        };
+        verify_non_root(pod, container, &image_info).map_err(|message| Error::Config {
+            container: start.name.clone(),
+            message,
+        })?;
         let etc_hosts = self.write_etc_hosts(pod, pod_ip)?;
         let termination_log = volumes::pod_dir(&self.ctx.root_dir, &PodUid::of(pod).0)
             .join("containers")

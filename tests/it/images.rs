@@ -182,26 +182,39 @@ async fn the_registry_with_auth_takes_node_credentials_which_are_never_logged() 
 }
 
 /// A slow proxy in front of the open registry that records, for each repository, when its
-/// requests are in flight, so a test can see whether two pulls overlapped.
+/// requests are in flight, so a test can see whether two pulls overlapped. Each request waits
+/// a second, or, for a stalled proxy, until the test releases it.
 struct SlowProxy {
     addr: String,
     hosts_dir: std::path::PathBuf,
     /// Per repository, how many requests are in flight; and the most repositories seen at once.
     state: std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>>,
+    /// Cancelled when a stalled proxy's requests may go on.
+    release: tokio_util::sync::CancellationToken,
     stop: tokio_util::sync::CancellationToken,
 }
 
 impl SlowProxy {
     async fn start(upstream: String) -> SlowProxy {
+        SlowProxy::with_hold(upstream, false).await
+    }
+
+    /// A proxy whose requests hang until [`SlowProxy::release`].
+    async fn stalled(upstream: String) -> SlowProxy {
+        SlowProxy::with_hold(upstream, true).await
+    }
+
+    async fn with_hold(upstream: String, stalled: bool) -> SlowProxy {
         use axum::body::Body;
         use axum::extract::{Request, State};
         use http_body_util::BodyExt;
         type Shared = (
             String,
             std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>>,
+            Option<tokio_util::sync::CancellationToken>,
         );
         async fn forward(
-            State((upstream, state)): State<Shared>,
+            State((upstream, state, hold)): State<Shared>,
             req: Request,
         ) -> axum::response::Response {
             let path = req
@@ -223,8 +236,10 @@ impl SlowProxy {
                 let busy = s.0.values().filter(|n| **n > 0).count();
                 s.1 = s.1.max(busy);
             }
-            if repo.is_some() {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+            match (&repo, hold) {
+                (None, _) => {}
+                (Some(_), Some(hold)) => hold.cancelled().await,
+                (Some(_), None) => tokio::time::sleep(Duration::from_secs(1)).await,
             }
             let client =
                 hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -253,9 +268,12 @@ impl SlowProxy {
             }
         }
         let state = std::sync::Arc::new(std::sync::Mutex::new(Default::default()));
-        let app = axum::Router::new()
-            .fallback(forward)
-            .with_state((upstream, state.clone()));
+        let release = tokio_util::sync::CancellationToken::new();
+        let app = axum::Router::new().fallback(forward).with_state((
+            upstream,
+            state.clone(),
+            stalled.then(|| release.clone()),
+        ));
         let (addr, stop) = crate::bed::serve(app).await;
         let addr = addr.to_string();
         // containerd reads its hosts files at each pull: this one sends it to the proxy by HTTP.
@@ -272,6 +290,7 @@ impl SlowProxy {
             addr,
             hosts_dir,
             state,
+            release,
             stop,
         }
     }
@@ -279,13 +298,35 @@ impl SlowProxy {
     fn most_at_once(&self) -> usize {
         self.state.lock().unwrap().1
     }
+
+    /// How many requests are in flight.
+    fn in_flight(&self) -> usize {
+        self.state.lock().unwrap().0.values().sum()
+    }
+
+    fn release(&self) {
+        self.release.cancel();
+    }
 }
 
 impl Drop for SlowProxy {
     fn drop(&mut self) {
+        self.release.cancel();
         self.stop.cancel();
         let _ = std::fs::remove_dir_all(&self.hosts_dir);
     }
+}
+
+/// An absent image in the open registry `reg`, reached through `through` (the registry itself
+/// or a proxy in front of it): busybox copied to a repository of the test's own.
+fn absent_image(reg: &str, through: &str, name: &str) -> String {
+    let repo_tag = format!("{}/app:1", unique_repo(name));
+    copy_image(
+        &format!("{reg}/library/busybox:1"),
+        &format!("{reg}/{repo_tag}"),
+        None,
+    );
+    format!("{through}/{repo_tag}")
 }
 
 /// Two pods with two absent images, through the slow proxy: how many pulls overlapped.
@@ -294,22 +335,8 @@ async fn pulls_at_once(test: &str, extra: &[&str]) -> usize {
     let proxy = SlowProxy::start(reg.clone()).await;
     let images: Vec<String> = ["one", "two"]
         .iter()
-        .map(|n| {
-            format!(
-                "{}/{}/app:1",
-                proxy.addr,
-                unique_repo(&format!("t-{test}-{n}"))
-            )
-        })
+        .map(|n| absent_image(&reg, &proxy.addr, &format!("t-{test}-{n}")))
         .collect();
-    for image in &images {
-        let repo_tag = image.split_once('/').map(|(_, r)| r).unwrap_or_default();
-        copy_image(
-            &format!("{reg}/library/busybox:1"),
-            &format!("{reg}/{repo_tag}"),
-            None,
-        );
-    }
     let node = Node::start(test, extra).await;
     node.write_manifest("one.yaml", &pod("one", &images[0], "IfNotPresent"));
     node.write_manifest("two.yaml", &pod("two", &images[1], "IfNotPresent"));
@@ -323,17 +350,89 @@ async fn pulls_at_once(test: &str, extra: &[&str]) -> usize {
 }
 
 #[tokio::test]
-async fn pulls_are_serialized_by_default_and_overlap_when_allowed() {
+async fn pulls_overlap_by_default_and_are_serialized_when_asked() {
     assert_eq!(
-        pulls_at_once("imgserial", &[]).await,
-        1,
-        "one pull at a time"
-    );
-    assert_eq!(
-        pulls_at_once("imgparallel", &["--serialize-image-pulls=false"]).await,
+        pulls_at_once("imgparallel", &[]).await,
         2,
         "both pulls at once"
     );
+    assert_eq!(
+        pulls_at_once("imgserial", &["--serialize-image-pulls=true"]).await,
+        1,
+        "one pull at a time"
+    );
+}
+
+/// One pod's two containers with absent images: their pulls overlap.
+#[tokio::test]
+async fn a_pods_images_are_pulled_at_once() {
+    let reg = registry(false);
+    let proxy = SlowProxy::start(reg.clone()).await;
+    let one = absent_image(&reg, &proxy.addr, "t-imgpod-one");
+    let two = absent_image(&reg, &proxy.addr, "t-imgpod-two");
+    let node = Node::start("imgpod", &[]).await;
+    let script = "trap 'exit 0' TERM; echo started; while true; do sleep 1; done";
+    node.write_manifest(
+        "both.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: both
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: one
+    image: {one}
+    command: [sh, -c, "{script}"]
+  - name: two
+    image: {two}
+    command: [sh, -c, "{script}"]
+"#
+        ),
+    );
+    node.wait_log("both", "one", "started").await;
+    node.wait_log("both", "two", "started").await;
+    node.finish().await;
+    forget_images(&one);
+    forget_images(&two);
+    assert_eq!(proxy.most_at_once(), 2, "the pod's pulls overlapped");
+}
+
+/// A registry that stalls holds back only the pods that need it: a pod whose image is local and
+/// a pod whose image is in another registry run while the stalled pull still hangs.
+#[tokio::test]
+async fn a_stalled_registry_holds_back_no_other_pod() {
+    let reg = registry(false);
+    let stalled = SlowProxy::stalled(reg.clone()).await;
+    let stuck = absent_image(&reg, &stalled.addr, "t-imgstall-stuck");
+    let elsewhere = absent_image(&reg, &reg, "t-imgstall-elsewhere");
+    let node = Node::start("imgstall", &[]).await;
+    node.write_manifest("stuck.yaml", &pod("stuck", &stuck, "IfNotPresent"));
+    eventually("the stalled pull", Duration::from_secs(60), || async {
+        (stalled.in_flight() > 0).then_some(())
+    })
+    .await;
+    node.write_manifest("local.yaml", &pod("local", BUSYBOX, "IfNotPresent"));
+    node.write_manifest(
+        "elsewhere.yaml",
+        &pod("elsewhere", &elsewhere, "IfNotPresent"),
+    );
+    // containerd gives up on a stalled request after about a minute, which would let a pull
+    // queued behind it through: the others must run well before.
+    let others = async {
+        node.wait_log("local", "c", "stamp=one").await;
+        node.wait_log("elsewhere", "c", "stamp=one").await;
+    };
+    tokio::time::timeout(Duration::from_secs(20), others)
+        .await
+        .expect("the other pods ran within 20 s");
+    assert!(stalled.in_flight() > 0, "the stalled pull still hangs");
+    stalled.release();
+    node.wait_log("stuck", "c", "stamp=one").await;
+    node.finish().await;
+    forget_images(&stuck);
+    forget_images(&elsewhere);
 }
 
 #[tokio::test]

@@ -437,9 +437,11 @@ spec:
         p.wait_exit(Duration::from_secs(30)).await;
         p.start();
         // From the restarted agent's first answer, over two probe periods.
-        eventually("the restarted agent's answer", Duration::from_secs(60), || {
-            observed(&root, &up)
-        })
+        eventually(
+            "the restarted agent's answer",
+            Duration::from_secs(60),
+            || observed(&root, &up),
+        )
         .await;
         let until = std::time::Instant::now() + Duration::from_secs(6);
         let mut seen = 0;
