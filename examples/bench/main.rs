@@ -800,6 +800,9 @@ async fn main() -> Result<()> {
             cpu / standalone(pods, "cpu_percent").max(1e-9),
         );
     }
+    if a.footprint_only {
+        return write_report(&a, report);
+    }
     let pleg = pleg_comparison(&rt, &a, work.path()).await?;
     report.insert("pleg", pleg);
     report.insert(
