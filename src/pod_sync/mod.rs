@@ -99,6 +99,48 @@ const IMAGE_RETRY_CHECK: Duration = Duration::from_secs(1);
 const POST_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// First delay of a crashing container's restarts; it doubles up to the max (upstream values).
+/// How long past its expected time a runtime call about a pod may go unanswered before the pod
+/// is reported stale: a hung call holds up only its own pod, which says so.
+const STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// Awaits `call`, a runtime call about `target` described as `what`. One still unanswered
+/// [`STALE_AFTER`] past its `expected` time gets a RuntimeStalled warning (the pod's status is
+/// stale until it answers), and its answer a RuntimeAnswered event.
+async fn watched<T>(
+    events: &crate::events::Recorder,
+    target: &Target,
+    what: &str,
+    expected: Duration,
+    call: impl Future<Output = T>,
+) -> T {
+    let began = std::time::Instant::now();
+    tokio::pin!(call);
+    let patience = expected + STALE_AFTER;
+    tokio::select! {
+        done = &mut call => return done,
+        _ = tokio::time::sleep(patience) => {}
+    }
+    tracing::warn!(pod = %target.name, namespace = %target.namespace, call = what, "the container runtime does not answer; only this pod waits");
+    events.warning(
+        target.clone(),
+        "RuntimeStalled",
+        format!(
+            "The container runtime has not answered {what} for {}s; this pod's status is stale until it does",
+            patience.as_secs()
+        ),
+    );
+    let done = call.await;
+    events.normal(
+        target.clone(),
+        "RuntimeAnswered",
+        format!(
+            "The container runtime answered {what} after {:.1}s",
+            began.elapsed().as_secs_f64()
+        ),
+    );
+    done
+}
+
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
@@ -244,14 +286,17 @@ impl Syncer {
         let want = crate::pod::all_containers(spec(pod))
             .find(|w| w.name == name)
             .cloned();
-        hooks::stop_container(
+        let (events, expected) = (self.events.clone(), grace.period);
+        let what = format!("the stop of container {name} ({id})");
+        let stop = hooks::stop_container(
             self.runtime.clone(),
             id.to_string(),
             want,
             host.to_string(),
             grace,
-            (self.events.clone(), target),
-        )
+            (self.events.clone(), target.clone()),
+        );
+        async move { watched(&events, &target, &what, expected, stop).await }
     }
 
     /// The pod's own user namespace when it asks for one (`hostUsers: false`): its runtime
@@ -378,7 +423,9 @@ impl Syncer {
         }
         let pod_ips = match rt.latest_sandbox() {
             Some(sb) if sb.state == runtime::SandboxState::Ready => {
-                match self.runtime.sandbox_ips(&sb.id).await {
+                let ips = self.runtime.sandbox_ips(&sb.id);
+                let what = "the status of its sandbox";
+                match watched(&self.events, &Target::pod(pod), what, Duration::ZERO, ips).await {
                     Ok(ips) => ips,
                     Err(e) if e.is_not_found() => Vec::new(),
                     Err(e) => return Err(e.into()),
@@ -508,21 +555,22 @@ impl Syncer {
     }
 
     /// The pod's runtime state: the PLEG's latest reading when it is current, else listed.
-    async fn read(&self, uid: &PodUid) -> runtime::Result<PodRuntime> {
-        self.details(self.cache.get(uid), uid).await
+    async fn read(&self, pod: &Pod) -> runtime::Result<PodRuntime> {
+        self.details(self.cache.get(&PodUid::of(pod)), pod).await
     }
 
     /// The pod's runtime state from `listed` (the PLEG's reading) with the containers'
     /// status details, or listed now.
-    async fn details(
-        &self,
-        listed: Option<PodRuntime>,
-        uid: &PodUid,
-    ) -> runtime::Result<PodRuntime> {
-        match listed {
-            Some(listed) => self.runtime.with_details(listed).await,
-            None => self.runtime.pod_runtime(uid).await,
-        }
+    async fn details(&self, listed: Option<PodRuntime>, pod: &Pod) -> runtime::Result<PodRuntime> {
+        let uid = PodUid::of(pod);
+        let read = async {
+            match listed {
+                Some(listed) => self.runtime.with_details(listed).await,
+                None => self.runtime.pod_runtime(&uid).await,
+            }
+        };
+        let what = "the reading of its containers";
+        watched(&self.events, &Target::pod(pod), what, Duration::ZERO, read).await
     }
 
     async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
@@ -532,7 +580,7 @@ impl Syncer {
         // listings were a third of the agent's runtime calls. The wait delays only what the
         // sync reads (the status of what the last one started), never a start of its own.
         let listed = self.cache.newer(&uid, RELIST_WAIT).await;
-        let mut rt = self.details(listed, &uid).await?;
+        let mut rt = self.details(listed, pod).await?;
         if self.rejected(pod, &rt) {
             return Ok(None);
         }
@@ -1195,7 +1243,11 @@ impl Syncer {
             return Err(e);
         }
         for sb in &rt.sandboxes {
-            ignore_not_found(self.runtime.stop_pod_sandbox(&sb.id).await)?;
+            let stop = self.runtime.stop_pod_sandbox(&sb.id);
+            let what = format!("the stop of its sandbox {}", sb.id);
+            let target = Target::pod(pod);
+            let stopped = watched(&self.events, &target, &what, Duration::ZERO, stop).await;
+            ignore_not_found(stopped)?;
         }
         // A pod being replaced keeps its dead containers (their last state and logs) for the
         // garbage collection of later syncs; a terminated pod leaves nothing behind.
@@ -1214,7 +1266,7 @@ impl Syncer {
     async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let _removing = self.cache.removing(&uid);
-        let mut rt = self.read(&uid).await?;
+        let mut rt = self.read(pod).await?;
         // A pod deleted through the API ends with a final status from its stopped containers
         // (Succeeded when every one exited 0, else Failed), as upstream's, which the API
         // server gets before the pod's deletion completes.
@@ -1398,9 +1450,15 @@ impl PodSyncer for Syncer {
     }
 
     async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
-        self.terminate(&pod)
-            .await
-            .map_err(|e| crate::types::error_chain(&e))
+        self.terminate(&pod).await.map_err(|e| {
+            let why = crate::types::error_chain(&e);
+            self.events.warning(
+                Target::pod(&pod),
+                "FailedKillPod",
+                format!("error killing pod: {why}"),
+            );
+            why
+        })
     }
 
     async fn reject_pod(&self, pod: Arc<Pod>, reason: &str, message: &str) {
@@ -1449,5 +1507,58 @@ impl PodSyncer for Syncer {
                 })
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reasons(events: &crate::events::Recorder) -> Vec<String> {
+        events.list(None).into_iter().map(|e| e.reason).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runtime_call_that_hangs_marks_its_pod_stale_until_it_answers() {
+        let events = crate::events::Recorder::default();
+        let pod = Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let target = Target::pod(&pod);
+        let quick = watched(&events, &target, "a quick call", Duration::ZERO, async {
+            1
+        });
+        assert_eq!(quick.await, 1);
+        assert!(reasons(&events).is_empty(), "an answered call says nothing");
+
+        let expected = Duration::from_secs(5);
+        let slow = tokio::time::sleep(expected + STALE_AFTER - Duration::from_millis(1));
+        watched(&events, &target, "a slow call", expected, slow).await;
+        assert!(
+            reasons(&events).is_empty(),
+            "a call within its time is not stale"
+        );
+
+        let hung = tokio::time::sleep(Duration::from_secs(60));
+        let began = tokio::time::Instant::now();
+        watched(&events, &target, "a hung call", Duration::ZERO, hung).await;
+        assert_eq!(
+            began.elapsed(),
+            Duration::from_secs(60),
+            "the call's answer is awaited"
+        );
+        assert_eq!(reasons(&events), ["RuntimeStalled", "RuntimeAnswered"]);
+        let stalled = &events.list(None)[0];
+        assert!(
+            stalled.message.contains("a hung call"),
+            "{}",
+            stalled.message
+        );
+        assert_eq!(stalled.target.name, "p");
     }
 }

@@ -241,9 +241,11 @@ impl Node {
             &container_logs,
             "--hostname-override",
             &self.name,
-            "--healthz-port",
-            "0",
         ];
+        // Tests share the host: the healthz port only where a test asks for it.
+        if !extra.iter().any(|a| a.starts_with("--healthz-port")) {
+            args.extend_from_slice(&["--healthz-port", "0"]);
+        }
         // Image GC would remove images other tests share; only the GC test turns it on.
         if !extra
             .iter()

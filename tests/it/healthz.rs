@@ -7,7 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::bed::{FOREVER, Node, eventually, free_port, pod_yaml};
 
 /// (status code, body) of a GET on loopback.
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+pub async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .ok()?;

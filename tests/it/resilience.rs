@@ -11,8 +11,8 @@ use nodelet::runtime::{
 };
 
 use crate::bed::{
-    BUSYBOX, FOREVER, Node, clean_node, eventually, node_sandboxes, nodelet_command, pod_yaml,
-    runtime, test_dir,
+    BUSYBOX, FOREVER, Node, OtherRuntime, clean_node, eventually, free_port, node_sandboxes,
+    nodelet_command, pod_yaml, runtime, test_dir,
 };
 
 /// nodelet as a child process with its own dirs and node name.
@@ -748,4 +748,143 @@ async fn pods_come_back_whole_when_containerd_is_killed_and_restarted() {
     }
     assert!(node.agent_alive(), "nodelet kept running");
     node.finish().await;
+}
+
+/// A process stopped with SIGSTOP, continued when dropped (also after a failure).
+struct Frozen(i32);
+
+impl Frozen {
+    fn new(pid: i32) -> Frozen {
+        // SAFETY: signals a process of the test's own runtime.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGSTOP) },
+            0,
+            "SIGSTOP {pid}"
+        );
+        Frozen(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The runtime shim that serves the sandbox `sandbox_id`.
+fn shim_of(sandbox_id: &str) -> i32 {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_shim = args
+            .first()
+            .is_some_and(|a| String::from_utf8_lossy(a).contains("containerd-shim"));
+        let serves = args
+            .windows(2)
+            .any(|w| w[0] == b"-id" && w[1] == sandbox_id.as_bytes());
+        if is_shim && serves {
+            found.push(pid);
+        }
+    }
+    assert_eq!(
+        found.len(),
+        1,
+        "the shim of sandbox {sandbox_id}: {found:?}"
+    );
+    found[0]
+}
+
+/// One stuck pod never makes the node sick: with one pod's runtime shim frozen, so that the
+/// runtime's calls about that pod hang, and that pod deleted (its stop hangs), another pod's
+/// container exit shows in its status, a new pod starts, and healthz stays ok; the frozen pod
+/// alone is reported, and goes once its shim runs again. On a containerd
+/// of its own: a frozen shim also holds up calls about every container, such as stats.
+#[tokio::test]
+async fn a_frozen_pod_holds_back_no_other_pod() {
+    let bed = OtherRuntime::up("frozen", 6).await;
+    let port = free_port();
+    let healthz = format!("--healthz-port={port}");
+    let node = Node::start_on(&bed.endpoint, "frozen", &[healthz.as_str()]).await;
+    node.write_manifest("stuck.yaml", &pod_yaml("stuck", &[("c", FOREVER)], ""));
+    let steady = "while [ ! -f /tmp/exit ]; do sleep 0.2; done; rm /tmp/exit; exit 3";
+    node.write_manifest("steady.yaml", &pod_yaml("steady", &[("c", steady)], ""));
+    let (stuck, stuck_containers) = node.wait_running("stuck", 1).await;
+    let (_, steady_containers) = node.wait_running("steady", 1).await;
+
+    let frozen = Frozen::new(shim_of(&stuck.id));
+    let rt = nodelet::runtime::RuntimeClient::new(
+        &bed.endpoint,
+        &bed.endpoint,
+        Duration::from_secs(120),
+    );
+    let call = rt.exec_sync(
+        &stuck_containers[0].id,
+        vec!["true".into()],
+        Duration::from_secs(2),
+    );
+    assert!(
+        !matches!(
+            tokio::time::timeout(Duration::from_secs(5), call).await,
+            Ok(Ok(_))
+        ),
+        "calls about the frozen pod hang or fail"
+    );
+    node.remove_manifest("stuck.yaml");
+
+    // Other pods go on: a container's exit shows, a new pod starts, healthz says ok.
+    node.touch(&steady_containers[0].id, "/tmp/exit").await;
+    let restarted = async {
+        node.wait_status("steady", "restarted after its exit", |st| {
+            st.container_statuses
+                .iter()
+                .flatten()
+                .any(|c| c.restart_count >= 1)
+        })
+        .await
+    };
+    tokio::time::timeout(Duration::from_secs(10), restarted)
+        .await
+        .expect("the other pod's exit shows within 10 s");
+    node.write_manifest("fresh.yaml", &pod_yaml("fresh", &[("c", FOREVER)], ""));
+    tokio::time::timeout(Duration::from_secs(30), node.wait_running("fresh", 1))
+        .await
+        .expect("a new pod starts within 30 s");
+    let answer = crate::healthz::get(port, "/healthz").await;
+    assert_eq!(answer, Some((200, "ok".to_string())), "healthz");
+
+    // The frozen pod alone is reported, with the runtime's failure (containerd gives up on a
+    // frozen shim within seconds) or, for a call that hangs, as stale.
+    let reported = |line: &str| line.contains("FailedKillPod") || line.contains("RuntimeStalled");
+    let stuck_name = node.pod_name("stuck");
+    eventually(
+        "the frozen pod reported",
+        Duration::from_secs(60),
+        || async {
+            let out = node.cli(&["events"]).output().await.ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .any(|l| reported(l) && l.contains(&stuck_name))
+                .then_some(())
+        },
+    )
+    .await;
+    drop(frozen);
+    node.wait_gone(&stuck.uid, Duration::from_secs(60)).await;
+    let out = node.cli(&["events"]).output().await.expect("the CLI runs");
+    let events = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !events
+            .lines()
+            .any(|l| reported(l) && !l.contains(&stuck_name)),
+        "only the frozen pod is reported:\n{events}"
+    );
+    node.finish().await;
+    bed.down().await;
 }
