@@ -98,7 +98,6 @@ const IMAGE_RETRY_CHECK: Duration = Duration::from_secs(1);
 /// How long a postStart hook may run (upstream has no bound; a hung hook must not hang the pod).
 const POST_START_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// First delay of a crashing container's restarts; it doubles up to the max (upstream values).
 /// How long past its expected time a runtime call about a pod may go unanswered before the pod
 /// is reported stale: a hung call holds up only its own pod, which says so.
 const STALE_AFTER: Duration = Duration::from_secs(10);
@@ -141,10 +140,10 @@ async fn watched<T>(
     done
 }
 
+/// First delay of a crashing container's restarts; it doubles up to the max (upstream values).
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
-/// What a sync has made ready before it starts containers.
 /// The images a container to start needs, in the runtime.
 #[derive(Default)]
 struct Pulled {
@@ -154,6 +153,7 @@ struct Pulled {
     volumes: HashMap<String, String>,
 }
 
+/// What a sync has made ready before it starts containers.
 struct Prepared<'a> {
     sandbox_id: &'a str,
     sandbox_config: &'a cri::PodSandboxConfig,
