@@ -1,5 +1,6 @@
-//! The node's heartbeat: its Lease in `kube-node-lease`, renewed every quarter of its duration,
-//! owned by the Node once the Node's UID is known, and created again when it is deleted.
+//! The node's heartbeat: its Lease in `kube-node-lease`, renewed every quarter of its duration
+//! (each renewal given half that to answer), owned by the Node once the Node's UID is known, and
+//! created again when it is deleted.
 
 use std::time::Duration;
 
@@ -73,18 +74,26 @@ pub async fn run(
 ) {
     let leases: Api<Lease> = Api::namespaced(client, NAMESPACE);
     let interval = Duration::from_secs(u64::from(duration_seconds)) / 4;
+    // With retries no further apart, a path that comes back sees a renewal within an interval.
+    let deadline = (interval / 2).max(Duration::from_secs(1));
     let mut retry = RETRY_FIRST;
     loop {
         let owner = node_uid.borrow_and_update().clone();
         let wanted = lease(&node, duration_seconds, owner.as_deref());
-        let wait = match renew(&leases, &wanted).await {
+        // A renewal gets half an interval to answer: a connection black-holed on the way is
+        // given up with the request, and the next try goes over another one.
+        let renewed = match tokio::time::timeout(deadline, renew(&leases, &wanted)).await {
+            Ok(done) => done.map_err(|e| crate::types::error_chain(&e)),
+            Err(_) => Err(format!("no answer within {deadline:?}")),
+        };
+        let wait = match renewed {
             Ok(()) => {
                 retry = RETRY_FIRST;
                 interval
             }
-            Err(e) => {
-                tracing::warn!(lease = %node, error = %crate::types::error_chain(&e), "cannot renew the node lease");
-                let wait = retry;
+            Err(why) => {
+                tracing::warn!(lease = %node, error = %why, "cannot renew the node lease");
+                let wait = retry.min(deadline);
                 retry = (retry * 2).min(RETRY_MAX);
                 wait
             }

@@ -1591,3 +1591,178 @@ async fn a_runtime_without_a_network_makes_the_node_not_ready_until_it_has_one_a
     node.finish().await;
     bed.down().await;
 }
+
+/// A TCP relay to the API server that can black-hole the path: while it does, nothing is relayed
+/// (as if every packet were dropped), and a connection that carried anything meanwhile stays
+/// dead afterwards (its retransmissions back off beyond the test); connections that sat idle,
+/// and new ones, work again once the path is back.
+struct BlackHole {
+    port: u16,
+    dropping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl BlackHole {
+    async fn start(upstream: u16) -> BlackHole {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind the relay");
+        let port = listener.local_addr().expect("its address").port();
+        let dropping = std::sync::Arc::new(AtomicBool::new(false));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (flag, cancel) = (dropping.clone(), stop.clone());
+        // Relays one direction until either side closes, or forever once it carried data while
+        // the path was dropped.
+        async fn relay(
+            mut from: tokio::net::tcp::OwnedReadHalf,
+            mut to: tokio::net::tcp::OwnedWriteHalf,
+            dropping: std::sync::Arc<AtomicBool>,
+            dead: std::sync::Arc<AtomicBool>,
+        ) {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if dropping.load(Ordering::SeqCst) {
+                    dead.store(true, Ordering::SeqCst);
+                }
+                if dead.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    continue;
+                };
+                let dead = std::sync::Arc::new(AtomicBool::new(false));
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                let cancel = cancel.clone();
+                let (up, down) = (
+                    relay(cr, sw, flag.clone(), dead.clone()),
+                    relay(sr, cw, flag.clone(), dead),
+                );
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        _ = async { tokio::join!(up, down) } => {}
+                    }
+                });
+            }
+        });
+        BlackHole {
+            port,
+            dropping,
+            stop,
+        }
+    }
+
+    fn drop_path(&self, dropping: bool) {
+        self.dropping
+            .store(dropping, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The lease under a black-holed connection: with the path to the API server dropped (not
+/// refused) for 20 s, each renewal is given up after its deadline and the next goes over another
+/// connection, so the lease is renewed within 10 s of the path coming back.
+#[tokio::test]
+async fn the_lease_is_renewed_soon_after_a_black_holed_path_comes_back() {
+    let cp = ControlPlane::start("blackhole", false).await;
+    let env = std::fs::read_to_string(cp.dir.join("env")).expect("the cluster env");
+    let apiserver: u16 = env
+        .lines()
+        .find_map(|l| l.strip_prefix("APISERVER_PORT="))
+        .and_then(|p| p.parse().ok())
+        .expect("APISERVER_PORT in the cluster env");
+    let path = BlackHole::start(apiserver).await;
+    // The node's kubeconfig, through the relay.
+    let direct = cp.node_kubeconfig("t-blackhole");
+    let text = std::fs::read_to_string(&direct).expect("the node kubeconfig");
+    let via = text.replace(
+        &format!("https://127.0.0.1:{apiserver}"),
+        &format!("https://127.0.0.1:{}", path.port),
+    );
+    assert_ne!(
+        via, text,
+        "the kubeconfig names the API server by loopback and port"
+    );
+    let kubeconfig = cp.dir.join("blackhole-node.kubeconfig");
+    std::fs::write(&kubeconfig, via).expect("write the kubeconfig");
+    let config = cp.dir.join("blackhole-kubelet.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 4\n",
+    )
+    .expect("write the kubelet config");
+    let (kubeconfig, config) = (
+        kubeconfig.display().to_string(),
+        config.display().to_string(),
+    );
+    let node = Node::start(
+        "blackhole",
+        &["--kubeconfig", &kubeconfig, "--config", &config],
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(cp.admin.clone(), "kube-node-lease");
+    let since = k8s_openapi::jiff::Timestamp::now();
+    eventually("the lease renewed", Duration::from_secs(60), || async {
+        lease_renewed(&leases, &node.name)
+            .await
+            .filter(|t| *t > since)
+    })
+    .await;
+
+    path.drop_path(true);
+    let (dropped, dropped_at) = (
+        tokio::time::Instant::now(),
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let mut every = tokio::time::interval(Duration::from_millis(500));
+    while dropped.elapsed() < Duration::from_secs(20) {
+        every.tick().await;
+    }
+    // A renewal already on its way when the path went may have landed; none after.
+    let during = lease_renewed(&leases, &node.name).await.expect("the lease");
+    let landed = dropped_at
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(2))
+        .expect("a time");
+    assert!(
+        during < landed,
+        "the path was not dropped: renewed at {during}"
+    );
+    path.drop_path(false);
+    let back = k8s_openapi::jiff::Timestamp::now();
+    eventually(
+        "the lease renewed within 10 s of the path coming back",
+        Duration::from_secs(10),
+        || async {
+            lease_renewed(&leases, &node.name)
+                .await
+                .filter(|t| *t > back)
+        },
+    )
+    .await;
+    node.finish().await;
+}
