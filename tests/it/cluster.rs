@@ -1687,9 +1687,9 @@ impl Drop for BlackHole {
 /// The lease under a black-holed connection: with the path to the API server dropped (not
 /// refused) for 20 s, each renewal is given up after its deadline and the next goes over another
 /// connection, so the lease is renewed within 10 s of the path coming back.
-#[tokio::test]
-async fn the_lease_is_renewed_soon_after_a_black_holed_path_comes_back() {
-    let cp = ControlPlane::start("blackhole", false).await;
+/// Starts nodelet as node `t-<test>` joined to `cp` through a [`BlackHole`] relay, with a
+/// short lease (renewed every second).
+async fn join_through_relay(cp: &ControlPlane, test: &str) -> (Node, BlackHole) {
     let env = std::fs::read_to_string(cp.dir.join("env")).expect("the cluster env");
     let apiserver: u16 = env
         .lines()
@@ -1697,8 +1697,7 @@ async fn the_lease_is_renewed_soon_after_a_black_holed_path_comes_back() {
         .and_then(|p| p.parse().ok())
         .expect("APISERVER_PORT in the cluster env");
     let path = BlackHole::start(apiserver).await;
-    // The node's kubeconfig, through the relay.
-    let direct = cp.node_kubeconfig("t-blackhole");
+    let direct = cp.node_kubeconfig(&format!("t-{test}"));
     let text = std::fs::read_to_string(&direct).expect("the node kubeconfig");
     let via = text.replace(
         &format!("https://127.0.0.1:{apiserver}"),
@@ -1708,9 +1707,9 @@ async fn the_lease_is_renewed_soon_after_a_black_holed_path_comes_back() {
         via, text,
         "the kubeconfig names the API server by loopback and port"
     );
-    let kubeconfig = cp.dir.join("blackhole-node.kubeconfig");
+    let kubeconfig = cp.dir.join(format!("{test}-relayed.kubeconfig"));
     std::fs::write(&kubeconfig, via).expect("write the kubeconfig");
-    let config = cp.dir.join("blackhole-kubelet.yaml");
+    let config = cp.dir.join(format!("{test}-kubelet.yaml"));
     std::fs::write(
         &config,
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 4\n",
@@ -1720,11 +1719,14 @@ async fn the_lease_is_renewed_soon_after_a_black_holed_path_comes_back() {
         kubeconfig.display().to_string(),
         config.display().to_string(),
     );
-    let node = Node::start(
-        "blackhole",
-        &["--kubeconfig", &kubeconfig, "--config", &config],
-    )
-    .await;
+    let node = Node::start(test, &["--kubeconfig", &kubeconfig, "--config", &config]).await;
+    (node, path)
+}
+
+#[tokio::test]
+async fn the_lease_is_renewed_soon_after_a_black_holed_path_comes_back() {
+    let cp = ControlPlane::start("blackhole", false).await;
+    let (node, path) = join_through_relay(&cp, "blackhole").await;
     let leases: Api<Lease> = Api::namespaced(cp.admin.clone(), "kube-node-lease");
     let since = k8s_openapi::jiff::Timestamp::now();
     eventually("the lease renewed", Duration::from_secs(60), || async {
@@ -1764,5 +1766,41 @@ async fn the_lease_is_renewed_soon_after_a_black_holed_path_comes_back() {
         },
     )
     .await;
+    node.finish().await;
+}
+
+/// Static pods never wait on the API server: with every request to it hanging (its path
+/// black-holed), a static pod's manifest edit still replaces its container at once.
+#[tokio::test]
+async fn a_static_pod_edit_applies_while_every_api_request_hangs() {
+    let cp = ControlPlane::start("hangingapi", false).await;
+    let (node, path) = join_through_relay(&cp, "hangingapi").await;
+    node.write_manifest("a.yaml", &pod_yaml("a", &[("c", FOREVER)], ""));
+    let (_, before) = node.wait_running("a", 1).await;
+    cp.wait_pod("default", &node.pod_name("a"), "mirrored", |p| {
+        phase(p) == "Running"
+    })
+    .await;
+
+    path.drop_path(true);
+    let edited = "trap 'exit 0' TERM; echo edited; while true; do sleep 1; done";
+    node.write_manifest("a.yaml", &pod_yaml("a", &[("c", edited)], ""));
+    let replaced = async {
+        eventually(
+            "the edited container running",
+            Duration::from_secs(60),
+            || async {
+                let (_, now) = node.wait_running("a", 1).await;
+                (now[0].id != before[0].id).then_some(())
+            },
+        )
+        .await;
+        node.wait_log("a", "c", "edited").await;
+    };
+    // The old container's stop takes its grace period (5 s) at most.
+    tokio::time::timeout(Duration::from_secs(15), replaced)
+        .await
+        .expect("the edit applied within 15 s while the API server hung");
+    path.drop_path(false);
     node.finish().await;
 }
