@@ -147,7 +147,28 @@ async fn run_worker<S: PodSyncer>(
         let work = rx.borrow_and_update().clone();
         let started = std::time::Instant::now();
         let (result, pod, terminating) = match work {
-            Work::Sync(pod) => (syncer.sync_pod(pod.clone()).await, pod, false),
+            Work::Sync(pod) => {
+                // A termination asked for meanwhile ends the sync where it is (an image pull,
+                // a hook, a wait): the termination reads the runtime afresh and stops what the
+                // sync had begun. The watch is a copy, so updates seen here still wake the
+                // worker afterwards.
+                let mut watch = rx.clone();
+                let terminated = async move {
+                    while watch.changed().await.is_ok() {
+                        if matches!(*watch.borrow(), Work::Terminate(_)) {
+                            return;
+                        }
+                    }
+                    std::future::pending::<()>().await
+                };
+                tokio::select! {
+                    result = syncer.sync_pod(pod.clone()) => (result, pod, false),
+                    () = terminated => {
+                        tracing::debug!(pod = %full_name(&pod), %uid, "sync given up for the pod's termination");
+                        continue;
+                    }
+                }
+            }
             Work::Terminate(pod) => (
                 syncer.terminate_pod(pod.clone()).await.map(|()| None),
                 pod,
@@ -212,6 +233,9 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push(format!("sync {}", pod.metadata.name.clone().unwrap()));
+            if pod.metadata.name.as_deref() == Some("hangs") {
+                std::future::pending::<()>().await;
+            }
             let mut fails = self.fail_syncs.lock().unwrap();
             if *fails > 0 {
                 *fails -= 1;
@@ -271,6 +295,23 @@ mod tests {
         assert_eq!(until(&rec, 2).await, ["sync v1", "kill v1"]);
         workers.forget(&PodUid("u1".into()));
         assert!(workers.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_termination_ends_a_sync_that_hangs() {
+        let rec = Arc::new(Recorder::default());
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        let mut workers = PodWorkers::new(
+            rec.clone(),
+            done_tx,
+            TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        assert!(workers.update(Work::Sync(pod("hangs"))));
+        until(&rec, 1).await;
+        assert!(workers.update(Work::Terminate(pod("hangs"))));
+        assert_eq!(done_rx.recv().await, Some(PodUid("u1".into())));
+        assert_eq!(until(&rec, 2).await, ["sync hangs", "kill hangs"]);
     }
 
     #[tokio::test(start_paused = true)]

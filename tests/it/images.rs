@@ -208,11 +208,9 @@ impl SlowProxy {
         use axum::body::Body;
         use axum::extract::{Request, State};
         use http_body_util::BodyExt;
-        type Shared = (
-            String,
-            std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>>,
-            Option<tokio_util::sync::CancellationToken>,
-        );
+        type Counts =
+            std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>>;
+        type Shared = (String, Counts, Option<tokio_util::sync::CancellationToken>);
         async fn forward(
             State((upstream, state, hold)): State<Shared>,
             req: Request,
@@ -230,12 +228,20 @@ impl SlowProxy {
                         .or_else(|| p.split_once("/blobs/"))
                 })
                 .map(|(r, _)| r.to_string());
-            if let Some(r) = &repo {
+            // In flight until answered, or until the client gives up (the handler is dropped).
+            struct Flight(Counts, String);
+            impl Drop for Flight {
+                fn drop(&mut self) {
+                    *self.0.lock().unwrap().0.entry(self.1.clone()).or_default() -= 1;
+                }
+            }
+            let flight = repo.as_ref().map(|r| {
                 let mut s = state.lock().unwrap();
                 *s.0.entry(r.clone()).or_default() += 1;
                 let busy = s.0.values().filter(|n| **n > 0).count();
                 s.1 = s.1.max(busy);
-            }
+                Flight(state.clone(), r.clone())
+            });
             match (&repo, hold) {
                 (None, _) => {}
                 (Some(_), Some(hold)) => hold.cancelled().await,
@@ -248,9 +254,7 @@ impl SlowProxy {
             parts.uri = format!("http://{upstream}{path}").parse().unwrap();
             parts.headers.remove(axum::http::header::HOST);
             let answer = client.request(Request::from_parts(parts, body)).await;
-            if let Some(r) = &repo {
-                *state.lock().unwrap().0.entry(r.clone()).or_default() -= 1;
-            }
+            drop(flight);
             match answer {
                 Ok(resp) => {
                     let (parts, body) = resp.into_parts();
@@ -315,6 +319,34 @@ impl Drop for SlowProxy {
         self.stop.cancel();
         let _ = std::fs::remove_dir_all(&self.hosts_dir);
     }
+}
+
+/// Deleting a pod gives up its pull: with its registry stalled, the pod is gone within 10 s
+/// and the pull's request to the registry is abandoned.
+#[tokio::test]
+async fn deleting_a_pod_cancels_its_stalled_pull() {
+    let reg = registry(false);
+    let stalled = SlowProxy::stalled(reg.clone()).await;
+    let image = absent_image(&reg, &stalled.addr, "t-imgcancel");
+    let node = Node::start("imgcancel", &[]).await;
+    node.write_manifest("stuck.yaml", &pod("stuck", &image, "IfNotPresent"));
+    eventually("the stalled pull", Duration::from_secs(60), || async {
+        (stalled.in_flight() > 0).then_some(())
+    })
+    .await;
+    node.remove_manifest("stuck.yaml");
+    let gone = eventually("the pod gone", Duration::from_secs(60), || async {
+        node.sandboxes("stuck").await.is_empty().then_some(())
+    });
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the pod was gone within 10 s");
+    eventually("the pull given up", Duration::from_secs(10), || async {
+        (stalled.in_flight() == 0).then_some(())
+    })
+    .await;
+    node.finish().await;
+    forget_images(&image);
 }
 
 /// An absent image in the open registry `reg`, reached through `through` (the registry itself
