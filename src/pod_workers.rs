@@ -276,16 +276,26 @@ mod tests {
         panic!("never saw {n} calls: {:?}", recorder.calls.lock().unwrap());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_kill_is_never_lost_and_later_syncs_are_ignored() {
+    /// Workers over a recorder, and where they report finished terminations.
+    fn workers() -> (
+        Arc<Recorder>,
+        PodWorkers<Recorder>,
+        mpsc::UnboundedReceiver<PodUid>,
+    ) {
         let rec = Arc::new(Recorder::default());
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        let mut workers = PodWorkers::new(
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let workers = PodWorkers::new(
             rec.clone(),
             done_tx,
             TaskTracker::new(),
             CancellationToken::new(),
         );
+        (rec, workers, done_rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_is_never_lost_and_later_syncs_are_ignored() {
+        let (rec, mut workers, mut done_rx) = workers();
         assert!(workers.update(Work::Sync(pod("v1"))));
         until(&rec, 1).await;
         assert!(workers.update(Work::Terminate(pod("v1"))));
@@ -299,14 +309,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_termination_ends_a_sync_that_hangs() {
-        let rec = Arc::new(Recorder::default());
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        let mut workers = PodWorkers::new(
-            rec.clone(),
-            done_tx,
-            TaskTracker::new(),
-            CancellationToken::new(),
-        );
+        let (rec, mut workers, mut done_rx) = workers();
         assert!(workers.update(Work::Sync(pod("hangs"))));
         until(&rec, 1).await;
         assert!(workers.update(Work::Terminate(pod("hangs"))));
@@ -316,15 +319,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_sync_is_retried() {
-        let rec = Arc::new(Recorder::default());
+        let (rec, mut workers, _done_rx) = workers();
         *rec.fail_syncs.lock().unwrap() = 2;
-        let (done_tx, _done_rx) = mpsc::unbounded_channel();
-        let mut workers = PodWorkers::new(
-            rec.clone(),
-            done_tx,
-            TaskTracker::new(),
-            CancellationToken::new(),
-        );
         workers.update(Work::Sync(pod("v1")));
         assert_eq!(until(&rec, 3).await, ["sync v1", "sync v1", "sync v1"]);
     }
