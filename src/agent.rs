@@ -28,20 +28,99 @@ const EVICTION_INTERVAL: Duration = Duration::from_secs(10);
 /// How long the agent waits for its tasks after a shutdown request.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a node shutdown waits, past its stages' time, for the sync loop to answer.
+const NODE_SHUTDOWN_MARGIN: Duration = Duration::from_secs(10);
+/// How long a node shutdown waits for the pods' final statuses to reach the API server.
+const STATUS_FLUSH_WAIT: Duration = Duration::from_secs(10);
+
 /// A started agent: read handles on its state, and its tasks.
 pub struct Agent {
     /// Every pod's latest status.
     pub status: status::Reader,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    node_shutdown: NodeShutdown,
+}
+
+/// What a graceful node shutdown needs.
+struct NodeShutdown {
+    stages: Vec<crate::config::ShutdownStage>,
+    sync_loop: mpsc::Sender<sync_loop::Shutdown>,
+    /// Tells the node status (in a cluster) that the node is shutting down.
+    shutting_down: tokio::sync::watch::Sender<bool>,
+    /// The status generation the API server has in full (in a cluster).
+    synced: Option<tokio::sync::watch::Receiver<u64>>,
+    root_dir: PathBuf,
 }
 
 impl Agent {
-    /// Waits for shutdown (the cancel token), then for the agent's tasks to stop.
-    pub async fn wait(self) {
-        self.cancel.cancelled().await;
-        tracing::info!("shutting down; pods keep running");
+    /// Serves until the cancel token (pods keep running, as upstream), or until
+    /// `node_shutdown`, which stops every pod first; then waits for the agent's tasks to stop.
+    pub async fn serve(self, node_shutdown: CancellationToken) {
+        tokio::select! {
+            _ = self.cancel.cancelled() => tracing::info!("shutting down; pods keep running"),
+            _ = node_shutdown.cancelled() => self.shut_down_node().await,
+        }
         stop_tasks(&self.tracker).await;
+    }
+
+    /// Graceful node shutdown (upstream's, without logind): the node reports NotReady, new pods
+    /// are refused, the running ones stop stage by stage (lowest priority first, each within
+    /// its stage's time), every pod's final status is recorded and, in a cluster, sent; then
+    /// the agent stops.
+    async fn shut_down_node(&self) {
+        let n = &self.node_shutdown;
+        let budget: i64 = n.stages.iter().map(|s| s.seconds).sum();
+        tracing::info!(
+            budget_seconds = budget,
+            "node shutdown: the node is shutting down"
+        );
+        let started = crate::shutdown::Record {
+            start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                crate::types::now(),
+            )),
+            end_time: None,
+        };
+        started.store(&n.root_dir);
+        n.shutting_down.send_replace(true);
+        let (done, stopped) = tokio::sync::oneshot::channel();
+        let request = sync_loop::Shutdown {
+            stages: n.stages.clone(),
+            done,
+        };
+        let wait = Duration::from_secs(u64::try_from(budget).unwrap_or(0)) + NODE_SHUTDOWN_MARGIN;
+        if n.sync_loop.send(request).await.is_err()
+            || !matches!(tokio::time::timeout(wait, stopped).await, Ok(Ok(())))
+        {
+            tracing::warn!("node shutdown: the pods did not all stop in time");
+        }
+        if let Some(mut synced) = n.synced.clone() {
+            let wanted = self.status.generation();
+            let flushed =
+                tokio::time::timeout(STATUS_FLUSH_WAIT, synced.wait_for(|g| *g >= wanted));
+            if !matches!(flushed.await, Ok(Ok(_))) {
+                tracing::warn!(
+                    "node shutdown: not every pod's final status reached the API server"
+                );
+            }
+        }
+        for entry in self.status.list() {
+            let status = entry.pod.status.as_ref();
+            tracing::info!(
+                pod = %crate::types::full_name(&entry.pod),
+                phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Unknown"),
+                reason = status.and_then(|s| s.reason.as_deref()).unwrap_or(""),
+                "node shutdown: final pod status"
+            );
+        }
+        crate::shutdown::Record {
+            end_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                crate::types::now(),
+            )),
+            ..started
+        }
+        .store(&n.root_dir);
+        self.cancel.cancel();
     }
 }
 
@@ -59,10 +138,15 @@ pub(crate) async fn stop_tasks(tracker: &TaskTracker) {
     }
 }
 
-/// Runs the agent until `cancel` is triggered. Pods keep running after it returns, as upstream.
-pub async fn run(config: Config, cancel: CancellationToken) -> Result<()> {
+/// Runs the agent until `cancel` is triggered; pods keep running after it returns, as upstream.
+/// `node_shutdown` triggers a graceful node shutdown first (see [`Agent::shut_down_node`]).
+pub async fn run(
+    config: Config,
+    cancel: CancellationToken,
+    node_shutdown: CancellationToken,
+) -> Result<()> {
     if let Some(agent) = start(config, cancel).await? {
-        agent.wait().await;
+        agent.serve(node_shutdown).await;
     }
     Ok(())
 }
@@ -621,6 +705,11 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     #[cfg(target_env = "gnu")]
     core.tracker.spawn(return_freed_memory(cancel.clone()));
 
+    if let Some(record) = crate::shutdown::Record::load(&config.root_dir) {
+        record.show();
+    }
+    let (shutting_down, shutting_down_rx) = tokio::sync::watch::channel(false);
+    let mut synced = None;
     let (snapshots_tx, snapshots_rx) = mpsc::channel::<SourceSnapshot>(16);
     if let Some((cluster, clients)) = api {
         let handles = crate::cluster::Handles {
@@ -629,6 +718,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
                 pressure: pressure_rx
                     .unwrap_or_else(|| tokio::sync::watch::channel(Pressure::default()).1),
                 runtime: core.runtime_state.clone(),
+                shutting_down: shutting_down_rx,
             },
             statuses: core.status.clone(),
             desired: core.sync_loop.desired(),
@@ -636,7 +726,13 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             recorder: core.recorder.clone(),
             services: core.services.clone(),
         };
-        crate::cluster::start(cluster, clients, handles, &core.tracker, &cancel);
+        synced = Some(crate::cluster::start(
+            cluster,
+            clients,
+            handles,
+            &core.tracker,
+            &cancel,
+        ));
     }
     if let Some(path) = &config.static_pod_path {
         tracing::info!(path = %path.display(), "watching static pod manifests");
@@ -659,11 +755,19 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         ));
     }
     drop(snapshots_tx);
+    let node_shutdown = NodeShutdown {
+        stages: config.shutdown_stages(),
+        sync_loop: core.sync_loop.shutdown_handle(),
+        shutting_down,
+        synced,
+        root_dir: config.root_dir.clone(),
+    };
     let (status, tracker) = core.run(snapshots_rx, cancel.clone());
     Ok(Some(Agent {
         status,
         tracker,
         cancel,
+        node_shutdown,
     }))
 }
 

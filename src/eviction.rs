@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::pod::{is_critical, qos_class, requests};
+use crate::pod::{is_critical, priority, qos_class, requests};
 use crate::runtime::RuntimeClient;
 use crate::types::PodUid;
 use crate::{cgroups, status};
@@ -212,10 +212,6 @@ pub struct Candidate {
     pub pod: Arc<Pod>,
     pub usage: f64,
     pub request: f64,
-}
-
-fn priority(pod: &Pod) -> i32 {
-    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
 /// Upstream's ranking: pods using more than they requested first, then lower priority, then

@@ -10,7 +10,8 @@
 //! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
 //! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
-//! `log_rotation` and `eviction` use `runtime`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
+//! `log_rotation` and `eviction` use `runtime`; `shutdown` (graceful node shutdown's stages and
+//! record) uses `config` and `pod`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
 //! and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles
 //! only (the admin socket's `debug` hands its ephemeral containers to the sync loop); `agent` and `run_once` are the only places that wire everything together; `cli` is the
@@ -41,6 +42,7 @@ pub mod runtime;
 pub mod runtime_state;
 pub mod server;
 pub mod service_links;
+pub mod shutdown;
 pub mod sources;
 pub mod status;
 pub mod sync_loop;

@@ -26,7 +26,10 @@ fn init_tracing(verbosity: u8, run_once: bool) {
         .init();
 }
 
-async fn shutdown_signal(cancel: CancellationToken) {
+/// SIGINT stops the agent (pods keep running, as upstream). So does SIGTERM, unless graceful
+/// node shutdown is configured (`node_shutdown`): then SIGTERM means the node goes down, and
+/// nodelet stops every pod before it exits. A second signal exits at once.
+async fn shutdown_signal(cancel: CancellationToken, node_shutdown: Option<CancellationToken>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -35,12 +38,22 @@ async fn shutdown_signal(cancel: CancellationToken) {
         tracing::error!("cannot install signal handlers");
         return;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let terminated = tokio::select! {
+        _ = term.recv() => true,
+        _ = int.recv() => false,
+    };
+    match node_shutdown {
+        Some(node_shutdown) if terminated => {
+            tracing::info!(
+                "SIGTERM received with a shutdown grace period: stopping every pod, then exiting (a second signal exits at once)"
+            );
+            node_shutdown.cancel();
+        }
+        _ => {
+            tracing::info!("signal received; stopping (a second signal exits at once)");
+            cancel.cancel();
+        }
     }
-    tracing::info!("signal received; stopping (a second signal exits at once)");
-    cancel.cancel();
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
@@ -110,7 +123,12 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         let cancel = CancellationToken::new();
-        tokio::spawn(shutdown_signal(cancel.clone()));
+        let node_shutdown = CancellationToken::new();
+        let graceful = !loaded.config.run_once && !loaded.config.shutdown_stages().is_empty();
+        tokio::spawn(shutdown_signal(
+            cancel.clone(),
+            graceful.then(|| node_shutdown.clone()),
+        ));
         let _watch = match (
             &loaded.config.lock_file,
             loaded.config.exit_on_lock_contention,
@@ -121,7 +139,7 @@ fn main() -> ExitCode {
         if loaded.config.run_once {
             nodelet::run_once::run(loaded.config, cancel).await
         } else {
-            nodelet::agent::run(loaded.config, cancel)
+            nodelet::agent::run(loaded.config, cancel, node_shutdown)
                 .await
                 .map(|()| true)
         }

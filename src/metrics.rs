@@ -191,6 +191,8 @@ pub struct Metrics {
     evictions: Family,
     probes: Family,
     probe_duration: Histogram,
+    shutdown_start: Family,
+    shutdown_end: Family,
 }
 
 /// The process-wide registry.
@@ -295,6 +297,18 @@ pub fn get() -> &'static Metrics {
                 "pod_uid",
             ],
         ),
+        shutdown_start: Family::new(
+            "kubelet_graceful_shutdown_start_time_seconds",
+            "Last graceful shutdown start time since unix epoch in seconds",
+            "gauge",
+            &[],
+        ),
+        shutdown_end: Family::new(
+            "kubelet_graceful_shutdown_end_time_seconds",
+            "Last graceful shutdown end time since unix epoch in seconds",
+            "gauge",
+            &[],
+        ),
         probe_duration: Histogram::new(
             "prober_probe_duration_seconds",
             "Duration in seconds for a probe response",
@@ -365,6 +379,12 @@ impl Metrics {
         self.evictions.add(&[signal], 1.0);
     }
 
+    /// The last graceful node shutdown's start and end (unix seconds; 0: none).
+    pub fn graceful_shutdown(&self, start: f64, end: f64) {
+        self.shutdown_start.set(&[], start);
+        self.shutdown_end.set(&[], end);
+    }
+
     pub fn http_request(&self, method: &str, path: &str, server: &str) {
         self.http_requests.add(&[method, path, server], 1.0);
     }
@@ -419,6 +439,8 @@ impl Metrics {
             &self.evictions,
             &self.evented_pleg_connected,
             &self.evented_pleg_errors,
+            &self.shutdown_start,
+            &self.shutdown_end,
         ] {
             f.render(&mut out);
         }

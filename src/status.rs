@@ -168,6 +168,14 @@ impl Reader {
             .and_then(|(_, last)| last.clone())
     }
 
+    /// The store's generation: it grows with every change.
+    pub fn generation(&self) -> u64 {
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .generation
+    }
+
     /// Waits until anything in the store changes.
     pub async fn changed(&mut self) {
         let _ = self.changed.changed().await;

@@ -96,6 +96,9 @@ pub struct SyncLoop<S> {
     evicted: HashMap<PodUid, (Arc<Pod>, &'static str, String)>,
     evictions: (mpsc::Sender<Eviction>, mpsc::Receiver<Eviction>),
     debugs: (mpsc::Sender<Debug>, mpsc::Receiver<Debug>),
+    shutdowns: (mpsc::Sender<Shutdown>, mpsc::Receiver<Shutdown>),
+    /// The graceful node shutdown under way: new pods are refused.
+    shutdown: Option<Stopping>,
     /// Ephemeral containers added to static pods (`nodelet debug`), by pod; they go with the pod.
     ephemeral: HashMap<PodUid, Vec<EphemeralContainer>>,
     /// Becomes true once the sources' first pods are handled (the eviction manager waits).
@@ -126,6 +129,8 @@ impl<S: PodSyncer> SyncLoop<S> {
             evicted: HashMap::new(),
             evictions: mpsc::channel(4),
             debugs: mpsc::channel(4),
+            shutdowns: mpsc::channel(1),
+            shutdown: None,
             ephemeral: HashMap::new(),
             ready: watch::channel(false).0,
             desired: watch::channel(Desired::default()).0,
@@ -193,6 +198,83 @@ impl<S: PodSyncer> SyncLoop<S> {
         Arc::new(out)
     }
 
+    /// Where a graceful node shutdown is asked for.
+    pub fn shutdown_handle(&self) -> mpsc::Sender<Shutdown> {
+        self.shutdowns.0.clone()
+    }
+
+    /// Begins a graceful node shutdown: from now on no pod is admitted, and the running ones
+    /// stop stage by stage (lowest priority first).
+    fn begin_shutdown(&mut self, request: Shutdown) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        let running: Vec<Arc<Pod>> = self
+            .mux
+            .desired()
+            .filter(|p| {
+                let uid = PodUid::of(p);
+                self.admitted.contains_key(&uid) && !self.rejected.contains(&uid)
+            })
+            .cloned()
+            .collect();
+        let budget: i64 = request.stages.iter().map(|s| s.seconds.max(0)).sum();
+        let budget = Duration::from_secs(u64::try_from(budget).unwrap_or(0));
+        let stages = crate::shutdown::plan(&request.stages, running);
+        tracing::info!(
+            stages = stages.len(),
+            pods = stages.iter().map(|s| s.pods.len()).sum::<usize>(),
+            "node shutdown: stopping pods, lowest priority first"
+        );
+        self.shutdown = Some(Stopping {
+            progress: crate::shutdown::Progress::new(stages, budget, Instant::now().into()),
+            statuses: Vec::new(),
+            done: Some(request.done),
+        });
+        self.advance_shutdown();
+    }
+
+    /// Moves the node shutdown on (see [`crate::shutdown::Progress::advance`]): stops the next
+    /// stage's pods, records the final status of those still stopping when their stage's time
+    /// is up, and once the shutdown ends, answers when every final status is recorded.
+    fn advance_shutdown(&mut self) {
+        let Some(mut stopping) = self.shutdown.take() else {
+            return;
+        };
+        let step = stopping
+            .progress
+            .advance(Instant::now().into(), |pod, grace| {
+                let message = crate::shutdown::MESSAGE.to_string();
+                self.fail(
+                    PodUid::of(pod),
+                    crate::shutdown::REASON,
+                    message,
+                    Some(grace),
+                )
+            });
+        for pod in step.overdue {
+            let syncer = self.syncer.clone();
+            stopping.statuses.push(self.tracker.spawn(async move {
+                let (reason, message) = (crate::shutdown::REASON, crate::shutdown::MESSAGE);
+                syncer.reject_pod(pod, reason, message).await
+            }));
+        }
+        if step.finished
+            && let Some(done) = stopping.done.take()
+        {
+            let statuses = std::mem::take(&mut stopping.statuses);
+            let left = stopping.progress.still_stopping();
+            self.tracker.spawn(async move {
+                for status in statuses {
+                    let _ = status.await;
+                }
+                tracing::info!(still_stopping = left, "node shutdown: the pods are stopped");
+                let _ = done.send(());
+            });
+        }
+        self.shutdown = Some(stopping);
+    }
+
     /// What the eviction manager needs: where to send evictions, and when to start.
     pub fn eviction_handles(&self) -> (mpsc::Sender<Eviction>, watch::Receiver<bool>) {
         (self.evictions.0.clone(), self.ready.subscribe())
@@ -215,12 +297,24 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     /// Upstream's admission: a pod that does not fit what is left of allocatable (by requests)
-    /// or beyond --max-pods does not run. `Some((reason, message))` when refused.
+    /// or beyond --max-pods does not run, nor any new pod while the node shuts down.
+    /// `Some((reason, message))` when refused.
     fn admit(&mut self, pod: &Pod) -> Option<(&'static str, String)> {
         let uid = PodUid::of(pod);
         if self.admitted.contains_key(&uid) {
             return None;
         }
+        if self.shutdown.is_some() {
+            let message = crate::shutdown::REFUSED_MESSAGE.to_string();
+            return Some((crate::shutdown::REFUSED_REASON, message));
+        }
+        let refusal = self.admission_refusal(pod)?;
+        Some((refusal.0, format!("Pod was rejected: {}", refusal.1)))
+    }
+
+    /// Upstream's admit handlers' refusals (`None`: admitted, and the pod's share recorded).
+    fn admission_refusal(&mut self, pod: &Pod) -> Option<(&'static str, String)> {
+        let uid = PodUid::of(pod);
         if let Some(refusal) = os_refusal(pod) {
             return Some(refusal);
         }
@@ -382,7 +476,6 @@ impl<S: PodSyncer> SyncLoop<S> {
                 self.rejected.insert(uid);
                 let syncer = self.syncer.clone();
                 let pod = pod.clone();
-                let message = format!("Pod was rejected: {message}");
                 self.tracker
                     .spawn(async move { syncer.reject_pod(pod, reason, &message).await });
                 continue;
@@ -570,12 +663,19 @@ impl<S: PodSyncer> SyncLoop<S> {
 
     /// Stops a pod (with `grace` in place of its own grace period, if given) and keeps it from
     /// running again; once it is down its status becomes Failed with `reason` and `message`.
-    fn fail(&mut self, uid: PodUid, reason: &'static str, message: String, grace: Option<i64>) {
+    /// False when the pod is not running here (gone, or already refused or failed).
+    fn fail(
+        &mut self,
+        uid: PodUid,
+        reason: &'static str,
+        message: String,
+        grace: Option<i64>,
+    ) -> bool {
         let Some(pod) = self.mux.desired().find(|p| PodUid::of(p) == uid).cloned() else {
-            return;
+            return false;
         };
         if !self.rejected.insert(uid.clone()) {
-            return;
+            return false;
         }
         tracing::warn!(pod = %full_name(&pod), reason, "stopping pod: {message}");
         self.admitted.remove(&uid);
@@ -584,8 +684,14 @@ impl<S: PodSyncer> SyncLoop<S> {
         if let (Some(spec), Some(grace)) = (doomed.spec.as_mut(), grace) {
             spec.termination_grace_period_seconds = Some(grace);
         }
+        // The pod leaves the node for good, as a deleted one does: its termination records the
+        // final status of its stopped containers.
+        doomed.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::types::now()),
+        );
         self.evicted.insert(uid, (pod, reason, message));
         self.workers.update(Work::Terminate(Arc::new(doomed)));
+        true
     }
 
     /// A lifecycle event or a probe result wakes the pod's worker at once instead of at its
@@ -613,6 +719,11 @@ impl<S: PodSyncer> SyncLoop<S> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let shutdown_deadline = self
+                .shutdown
+                .as_ref()
+                .and_then(|s| s.progress.deadline())
+                .map(Instant::from_std);
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 // With no (more) sources the loop still reaps workers, resyncs and keeps house.
@@ -629,9 +740,15 @@ impl<S: PodSyncer> SyncLoop<S> {
                     }
                     if let Some((pod, reason, message)) = self.evicted.remove(&uid) {
                         let syncer = self.syncer.clone();
-                        self.tracker.spawn(async move {
+                        let recorded = self.tracker.spawn(async move {
                             syncer.reject_pod(pod, reason, &message).await
                         });
+                        if let Some(stopping) = self.shutdown.as_mut()
+                            && stopping.progress.down(&uid)
+                        {
+                            stopping.statuses.push(recorded);
+                            self.advance_shutdown();
+                        }
                     }
                     self.terminating_names.retain(|_, old| *old != uid);
                     // Pods that waited for this one (same UID re-added, or same name) start now.
@@ -647,6 +764,12 @@ impl<S: PodSyncer> SyncLoop<S> {
                 Some(event) = events.recv() => self.handle_event(&event.uid, event.kind),
                 Some(eviction) = self.evictions.1.recv() => self.evict(eviction),
                 Some(debug) = self.debugs.1.recv() => self.debug(debug),
+                Some(request) = self.shutdowns.1.recv() => self.begin_shutdown(request),
+                _ = tokio::time::sleep_until(shutdown_deadline.unwrap_or_else(Instant::now)),
+                    if shutdown_deadline.is_some() => {
+                    tracing::warn!("node shutdown: time is up with pods still stopping");
+                    self.advance_shutdown();
+                }
                 Some(update) = probes.recv() => {
                     tracing::debug!(?update, "probe result changed");
                     self.handle_event(&update.uid, EventKind::Changed);
@@ -657,6 +780,22 @@ impl<S: PodSyncer> SyncLoop<S> {
             self.heartbeat.send_replace(Instant::now());
         }
     }
+}
+
+/// A request for a graceful node shutdown.
+pub struct Shutdown {
+    /// The stages, as configured (see [`crate::config::Config::shutdown_stages`]).
+    pub stages: Vec<crate::config::ShutdownStage>,
+    /// Answered once every stage has ended and every stopped pod's final status is recorded.
+    pub done: tokio::sync::oneshot::Sender<()>,
+}
+
+/// A graceful node shutdown under way.
+struct Stopping {
+    progress: crate::shutdown::Progress,
+    /// The tasks recording the stopped pods' final statuses.
+    statuses: Vec<tokio::task::JoinHandle<()>>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A request to add an ephemeral container to a static pod (`nodelet debug`).

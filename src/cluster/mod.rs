@@ -102,14 +102,14 @@ pub async fn connect(config: &Config) -> Result<Clients, client::Error> {
 }
 
 /// Starts the cluster parts on `tracker`. An API server that does not answer is retried by
-/// each part.
+/// each part. Returns the status store generation last seen at the API server in full.
 pub fn start(
     config: Config,
     clients: Clients,
     handles: Handles,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
-) {
+) -> watch::Receiver<u64> {
     let client = clients.main;
     tracing::info!(kubeconfig = %config.kubeconfig.display(), node = %config.node.name, "joining the cluster");
     let (uid_tx, uid) = watch::channel(None);
@@ -147,10 +147,12 @@ pub fn start(
         handles.services,
         cancel.clone(),
     ));
+    let (synced_tx, synced) = watch::channel(0);
     tracker.spawn(status::run(
         client.clone(),
         handles.statuses,
         bound.clone(),
+        synced_tx,
         cancel.clone(),
     ));
     tracker.spawn(mirror::run(
@@ -162,4 +164,5 @@ pub fn start(
         bound,
         cancel.clone(),
     ));
+    synced
 }

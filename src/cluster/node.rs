@@ -67,6 +67,8 @@ pub struct Signals {
     pub pressure: watch::Receiver<Pressure>,
     /// The runtime's own RuntimeReady and NetworkReady conditions.
     pub runtime: crate::runtime_state::RuntimeState,
+    /// True once a graceful node shutdown began.
+    pub shutting_down: watch::Receiver<bool>,
 }
 
 impl Signals {
@@ -88,6 +90,9 @@ impl Signals {
             if !errors.contains(&e) {
                 errors.push(e);
             }
+        }
+        if *self.shutting_down.borrow() {
+            errors.push("node is shutting down".into());
         }
         match errors.as_slice() {
             [] => Ok(()),
@@ -384,6 +389,7 @@ pub async fn run(
     let mut registered = !config.register;
     let mut retry = REGISTER_FIRST;
     let mut sent: Option<(NodeStatus, Instant)> = None;
+    let mut shutting_down = signals.shutting_down.clone();
     loop {
         let wait = if !registered {
             match register(&nodes, &config, &signals).await {
@@ -455,6 +461,8 @@ pub async fn run(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+            // A node shutdown is told at once, as upstream.
+            Ok(()) = shutting_down.changed() => {}
         }
     }
 }
@@ -506,6 +514,7 @@ mod tests {
             pleg: crate::pleg::Health::healthy_for_tests(),
             pressure: watch::channel(pressure).1,
             runtime: crate::runtime_state::RuntimeState::fixed(Vec::new()),
+            shutting_down: watch::channel(false).1,
         }
     }
 
@@ -571,5 +580,11 @@ mod tests {
         let ready = cond(&flipped, "Ready");
         assert_eq!(ready.reason.as_deref(), Some("KubeletReady"));
         assert_eq!(ready.last_transition_time, Some(Time(t0)));
+        let mut stopping = signals(Pressure::default());
+        stopping.shutting_down = watch::channel(true).1;
+        let ready = cond(&status(&c, &stopping, Some(&flipped), t1), "Ready");
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("KubeletNotReady"));
+        assert_eq!(ready.message.as_deref(), Some("node is shutting down"));
     }
 }

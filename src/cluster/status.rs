@@ -55,18 +55,22 @@ fn target(pod: &Pod, bound: &Bound) -> Option<Target> {
     }
 }
 
-/// Runs until `cancel`.
+/// Runs until `cancel`. After each pass in which every status was either pushed or has no API
+/// object to go to, `synced` gets the store generation that pass read.
 pub async fn run(
     client: kube::Client,
     mut statuses: status::Reader,
     mut bound: Bound,
+    synced: tokio::sync::watch::Sender<u64>,
     cancel: CancellationToken,
 ) {
     // The status version last pushed to each target (by the target's UID).
     let mut pushed: HashMap<String, u64> = HashMap::new();
     loop {
+        let generation = statuses.generation();
         let entries = statuses.list();
         let mut live = std::collections::HashSet::new();
+        let mut failed = false;
         for entry in &entries {
             let Some(target) = target(&entry.pod, &bound) else {
                 continue;
@@ -75,11 +79,18 @@ pub async fn run(
             if pushed.get(&target.uid) == Some(&entry.version) {
                 continue;
             }
-            if push(&client, &target, &entry.pod).await {
-                pushed.insert(target.uid, entry.version);
+            match push(&client, &target, &entry.pod).await {
+                Pushed::Yes => {
+                    pushed.insert(target.uid, entry.version);
+                }
+                Pushed::Gone => {}
+                Pushed::Failed => failed = true,
             }
         }
         pushed.retain(|uid, _| live.contains(uid));
+        if !failed {
+            synced.send_replace(generation);
+        }
         delete_finished(&client, &statuses, &bound).await;
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -90,8 +101,17 @@ pub async fn run(
     }
 }
 
-/// Patches the target's status; true when the API server took it.
-async fn push(client: &kube::Client, target: &Target, pod: &Pod) -> bool {
+/// What became of a status push.
+#[derive(PartialEq)]
+enum Pushed {
+    Yes,
+    /// The target is gone or replaced: there is nothing to push to.
+    Gone,
+    Failed,
+}
+
+/// Patches the target's status.
+async fn push(client: &kube::Client, target: &Target, pod: &Pod) -> Pushed {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &target.namespace);
     // The UID makes the patch fail on a pod of the same name that is not the one meant.
     let patch = serde_json::json!({
@@ -108,15 +128,15 @@ async fn push(client: &kube::Client, target: &Target, pod: &Pod) -> bool {
     {
         Ok(_) => {
             tracing::debug!(pod = %full_name(pod), "pushed the pod status");
-            true
+            Pushed::Yes
         }
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
             tracing::debug!(pod = %full_name(pod), reason = %e.message, "the pod's API object is gone or replaced; its status is not pushed");
-            false
+            Pushed::Gone
         }
         Err(e) => {
             tracing::warn!(pod = %full_name(pod), error = %crate::types::error_chain(&e), "cannot push the pod status");
-            false
+            Pushed::Failed
         }
     }
 }
@@ -137,6 +157,16 @@ fn with_clears(pod: &Pod) -> serde_json::Value {
     };
     if let Some(object) = status.as_object_mut() {
         clear(object, &["reason", "message"]);
+        // The API merges these lists by IP: a pod that came back with another IP (a new
+        // sandbox) replaces them, or the old IP would stay beside the new one.
+        for ips in ["podIPs", "hostIPs"] {
+            if let Some(list) = object
+                .get_mut(ips)
+                .and_then(serde_json::Value::as_array_mut)
+            {
+                list.push(serde_json::json!({"$patch": "replace"}));
+            }
+        }
         if let Some(conditions) = object
             .get_mut("conditions")
             .and_then(serde_json::Value::as_array_mut)
@@ -177,7 +207,7 @@ async fn delete_finished(client: &kube::Client, statuses: &status::Reader, bound
                 name: name.clone(),
                 uid: uid.0.clone(),
             };
-            if !push(client, &target, &last.pod).await {
+            if push(client, &target, &last.pod).await != Pushed::Yes {
                 continue;
             }
         }
@@ -197,7 +227,7 @@ mod tests {
     #[test]
     fn fields_a_condition_lost_are_cleared_in_the_patch() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
-            "status": {"phase": "Running", "conditions": [
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.9"}], "conditions": [
                 {"type": "Ready", "status": "True"},
                 {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady", "message": "m"}
             ]}
@@ -214,6 +244,11 @@ mod tests {
         assert_eq!(patch["conditions"][1]["reason"], "ContainersNotReady");
         assert!(patch.as_object().unwrap().contains_key("message"));
         assert_eq!(patch["phase"], "Running");
+        assert_eq!(
+            patch["podIPs"],
+            serde_json::json!([{"ip": "10.0.0.9"}, {"$patch": "replace"}]),
+            "the pod's IPs replace the API's copy"
+        );
         assert_eq!(
             patch["conditions"][2],
             serde_json::json!({"type": "PodResizePending", "$patch": "delete"}),

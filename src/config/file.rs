@@ -179,12 +179,27 @@ fn string_list(v: &Value) -> Result<Vec<String>, String> {
     }
 }
 
-/// A list item: a value, or a taint object (`registerWithTaints`) as its flag text
-/// `key=value:Effect`.
+/// A list item: a value, or an object as text: a taint (`registerWithTaints`) as its flag text
+/// `key=value:Effect`, a shutdown stage (`shutdownGracePeriodByPodPriority`) as
+/// `priority=seconds`.
 fn list_item(v: &Value) -> Result<String, String> {
     let Value::Object(m) = v else {
         return scalar(v);
     };
+    if m.contains_key("priority") || m.contains_key("shutdownGracePeriodSeconds") {
+        let number = |k: &str| m.get(k).and_then(Value::as_i64).unwrap_or(0);
+        return match m
+            .keys()
+            .find(|k| *k != "priority" && *k != "shutdownGracePeriodSeconds")
+        {
+            Some(other) => Err(format!("unknown field {other:?} in {v}")),
+            None => Ok(format!(
+                "{}={}",
+                number("priority"),
+                number("shutdownGracePeriodSeconds")
+            )),
+        };
+    }
     let text = |k: &str| m.get(k).and_then(Value::as_str);
     match (text("key"), text("value"), text("effect")) {
         (Some(key), Some(value), Some(effect)) if !value.is_empty() => {
@@ -321,13 +336,32 @@ mod tests {
     #[test]
     fn upstream_fields_not_acted_on_are_accepted() {
         let out = knobs(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 30s\nclusterDNS: [10.96.0.10]\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstreamingConnectionIdleTimeout: 4h\nclusterDNS: [10.96.0.10]\n",
         );
         assert!(out.errors.is_empty());
-        assert_eq!(out.ignored, vec!["shutdownGracePeriod".to_string()]);
+        assert_eq!(
+            out.ignored,
+            vec!["streamingConnectionIdleTimeout".to_string()]
+        );
         assert_eq!(
             out.raw.get("clusterDNS"),
             Some(&RawValue::List(vec!["10.96.0.10".into()]))
         );
+    }
+
+    #[test]
+    fn shutdown_stages_read_as_priority_and_seconds() {
+        let out = knobs(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriodByPodPriority:\n- {priority: 0, shutdownGracePeriodSeconds: 20}\n- priority: 2000000000\n  shutdownGracePeriodSeconds: 5\n",
+        );
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(
+            out.raw.get("shutdownGracePeriodByPodPriority"),
+            Some(&RawValue::List(vec!["0=20".into(), "2000000000=5".into()]))
+        );
+        let out = knobs(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriodByPodPriority:\n- {priority: 1, seconds: 2}\n",
+        );
+        assert!(out.errors[0].contains("\"seconds\""), "{:?}", out.errors);
     }
 }

@@ -31,6 +31,26 @@ pub struct Testing {
     pub log_rotation_period: Option<Duration>,
 }
 
+/// A stage of graceful node shutdown: the pods from this priority up to the next stage's get
+/// `seconds` to stop (upstream's ShutdownGracePeriodByPodPriority).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShutdownStage {
+    pub priority: i32,
+    pub seconds: i64,
+}
+
+/// Parses a `shutdownGracePeriodByPodPriority` item as the file reader renders it:
+/// `priority=seconds`.
+fn shutdown_stage(s: &str) -> Result<ShutdownStage, String> {
+    let (priority, seconds) = s.split_once('=').unwrap_or((s, ""));
+    match (priority.parse::<i32>(), seconds.parse::<i64>()) {
+        (Ok(priority), Ok(seconds)) if seconds >= 0 => Ok(ShutdownStage { priority, seconds }),
+        _ => Err(format!(
+            "{s:?}: expected a priority (a 32-bit integer) and shutdownGracePeriodSeconds of 0 or more"
+        )),
+    }
+}
+
 /// A taint of `--register-with-taints`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Taint {
@@ -151,6 +171,11 @@ pub struct Config {
     /// nodelet speaks 1.34, whose default is false).
     pub fail_cgroup_v1: bool,
     pub cgroup_driver: CgroupDriver,
+    /// Graceful node shutdown's total time, and the part of it kept for critical pods.
+    pub shutdown_grace_period: Duration,
+    pub shutdown_grace_period_critical_pods: Duration,
+    /// Graceful node shutdown's stages as given by priority (instead of the two above).
+    pub shutdown_grace_period_by_pod_priority: Vec<ShutdownStage>,
     /// The hidden test-only periods.
     pub testing: Testing,
     pub max_pods: u32,
@@ -190,6 +215,33 @@ pub struct Config {
 }
 
 impl Config {
+    /// Graceful node shutdown's stages, lowest priority first; empty when it is off. The two
+    /// durations make two stages as upstream migrates them: every pod below critical gets the
+    /// total less the critical part, then critical pods get that part.
+    pub fn shutdown_stages(&self) -> Vec<ShutdownStage> {
+        let mut stages = if self.shutdown_grace_period_by_pod_priority.is_empty() {
+            let total = self.shutdown_grace_period.as_secs() as i64;
+            let critical = self.shutdown_grace_period_critical_pods.as_secs() as i64;
+            if total == 0 || critical > total {
+                return Vec::new();
+            }
+            vec![
+                ShutdownStage {
+                    priority: 0,
+                    seconds: total - critical,
+                },
+                ShutdownStage {
+                    priority: crate::pod::SYSTEM_CRITICAL_PRIORITY,
+                    seconds: critical,
+                },
+            ]
+        } else {
+            self.shutdown_grace_period_by_pod_priority.clone()
+        };
+        stages.sort_by_key(|s| s.priority);
+        stages
+    }
+
     /// The configuration in force as a KubeletConfiguration (what /configz shows), with
     /// upstream's field names and Go durations.
     pub fn kubelet_configuration(&self) -> serde_json::Value {
@@ -280,6 +332,11 @@ impl Config {
             "containerLogMaxSize": quantity(self.container_log_max_size.unwrap_or(0)),
             "containerLogMaxFiles": self.container_log_max_files,
             "containerLogMonitorInterval": d(self.container_log_monitor_interval),
+            "shutdownGracePeriod": d(self.shutdown_grace_period),
+            "shutdownGracePeriodCriticalPods": d(self.shutdown_grace_period_critical_pods),
+            "shutdownGracePeriodByPodPriority": self.shutdown_grace_period_by_pod_priority.iter().map(|s| serde_json::json!({
+                "priority": s.priority, "shutdownGracePeriodSeconds": s.seconds,
+            })).collect::<Vec<_>>(),
         });
         if let (Some(all), serde_json::Value::Object(more)) = (config.as_object_mut(), more) {
             all.extend(more);
@@ -478,6 +535,17 @@ impl Reader<'_> {
     fn positive_duration(&mut self, name: &str, default: Duration) -> Duration {
         self.parsed(name, default, |s| match duration::parse(s)? {
             d if d.is_zero() => Err("must be greater than zero".into()),
+            d if d > MAX_DURATION => Err("must be at most a year".into()),
+            d => Ok(d),
+        })
+    }
+
+    /// A graceful shutdown duration: zero (off), or at least a second, as upstream.
+    fn shutdown_period(&mut self, name: &str) -> Duration {
+        self.parsed(name, Duration::ZERO, |s| match duration::parse(s)? {
+            d if !d.is_zero() && d < Duration::from_secs(1) => {
+                Err("must be either zero or otherwise >= 1s".into())
+            }
             d if d > MAX_DURATION => Err("must be at most a year".into()),
             d => Ok(d),
         })
@@ -797,6 +865,21 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),
         fail_cgroup_v1: r.bool("failCgroupV1", false),
+        shutdown_grace_period: r.shutdown_period("shutdownGracePeriod"),
+        shutdown_grace_period_critical_pods: r.shutdown_period("shutdownGracePeriodCriticalPods"),
+        shutdown_grace_period_by_pod_priority: {
+            let mut stages = Vec::new();
+            for s in r.list("shutdownGracePeriodByPodPriority") {
+                match shutdown_stage(&s) {
+                    Ok(stage) => stages.push(stage),
+                    Err(msg) => r.problems.push(format!(
+                        "{}: {msg}",
+                        Reader::label("shutdownGracePeriodByPodPriority")
+                    )),
+                }
+            }
+            stages
+        },
         cgroup_driver,
         testing: Testing {
             backoff: r.optional_duration("testingBackoff"),
@@ -933,6 +1016,21 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             "imageGCLowThresholdPercent (--image-gc-low-threshold): {} must be below the high threshold {}",
             config.image_gc_low_threshold_percent, config.image_gc_high_threshold_percent
         ));
+    }
+    if config.shutdown_grace_period_critical_pods > config.shutdown_grace_period {
+        r.problems.push(format!(
+            "shutdownGracePeriodCriticalPods (--shutdown-grace-period-critical-pods): {} must be <= shutdownGracePeriod {}",
+            format_duration(config.shutdown_grace_period_critical_pods),
+            format_duration(config.shutdown_grace_period)
+        ));
+    }
+    let by_period =
+        config.shutdown_grace_period + config.shutdown_grace_period_critical_pods > Duration::ZERO;
+    if by_period && !config.shutdown_grace_period_by_pod_priority.is_empty() {
+        r.problems.push(
+            "shutdownGracePeriodByPodPriority: cannot be given with shutdownGracePeriod or shutdownGracePeriodCriticalPods; give one or the other"
+                .into(),
+        );
     }
     if config.tls_cert_file.is_some() != config.tls_private_key_file.is_some() {
         r.problems.push(
@@ -1170,6 +1268,39 @@ mod tests {
         assert_eq!(c.eviction_hard["memory.available"], "200Mi");
         assert_eq!(c.node_labels["c"], "d");
         assert_eq!(c.verbosity, 4);
+    }
+
+    #[test]
+    fn graceful_shutdown_makes_stages_by_priority() {
+        let c = |args: &[&str]| {
+            let mut all = vec!["--hostname-override=n1"];
+            all.extend(args);
+            run(&all)
+        };
+        let stage = |priority, seconds| ShutdownStage { priority, seconds };
+        let off = c(&[]).unwrap().config;
+        assert!(off.shutdown_stages().is_empty());
+        let two = c(&[
+            "--shutdown-grace-period=30s",
+            "--shutdown-grace-period-critical-pods=10s",
+        ])
+        .unwrap()
+        .config;
+        assert_eq!(
+            two.shutdown_stages(),
+            [stage(0, 20), stage(2_000_000_000, 10)]
+        );
+        let err = c(&[
+            "--shutdown-grace-period=5s",
+            "--shutdown-grace-period-critical-pods=10s",
+        ])
+        .unwrap_err();
+        assert!(
+            err.problems[0].contains("must be <= shutdownGracePeriod 5s"),
+            "{err}"
+        );
+        let err = c(&["--shutdown-grace-period=500ms"]).unwrap_err();
+        assert!(err.problems[0].contains(">= 1s"), "{err}");
     }
 
     #[test]

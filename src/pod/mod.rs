@@ -16,7 +16,10 @@ pub use decode::{Decoded, decode_manifest};
 pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::changed as container_changed;
 pub use hash::{container_digest, container_hash};
-pub use qos::{ephemeral_storage_request, is_critical, overhead, qos_class, requests};
+pub use qos::{
+    SYSTEM_CRITICAL_PRIORITY, ephemeral_storage_request, is_critical, overhead, priority,
+    qos_class, requests,
+};
 pub use quantity::{container_quantity, parse_quantity};
 pub use signal::{cri_signal, signal_number};
 pub use static_pod::{

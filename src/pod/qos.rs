@@ -69,7 +69,19 @@ pub fn ephemeral_storage_request(pod: &Pod) -> f64 {
 }
 
 /// Lowest priority that makes a pod critical (upstream's SystemCriticalPriority).
-const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// The pod's priority: its spec's, else the one its system priority class stands for (a static
+/// pod has no API server to resolve the class), else 0.
+pub fn priority(pod: &Pod) -> i32 {
+    let s = spec(pod);
+    s.priority
+        .unwrap_or(match s.priority_class_name.as_deref() {
+            Some("system-node-critical") => SYSTEM_CRITICAL_PRIORITY + 1000,
+            Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
+            _ => 0,
+        })
+}
 
 /// Whether the pod is critical: a priority at or above system-critical, or one of the two
 /// system priority classes. Critical pods are never evicted nor refused under pressure.

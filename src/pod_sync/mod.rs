@@ -1344,12 +1344,40 @@ fn all_started(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> bool {
 
 /// The status of a pod refused at admission, as upstream: Failed with the reason.
 fn rejection(reason: &str, message: &str) -> k8s_openapi::api::core::v1::PodStatus {
-    k8s_openapi::api::core::v1::PodStatus {
-        phase: Some("Failed".into()),
-        reason: Some(reason.into()),
-        message: Some(message.into()),
-        ..Default::default()
+    failure(None, reason, message)
+}
+
+/// The status of a pod the node refused or stopped for good, from its last one (what is known
+/// of its containers stays): Failed with `reason` and `message`, as upstream. A pod stopped by
+/// node shutdown that had succeeded stays Succeeded. Stops the node decided on by itself
+/// (eviction, node shutdown) carry upstream's DisruptionTarget condition.
+fn failure(
+    last: Option<k8s_openapi::api::core::v1::PodStatus>,
+    reason: &str,
+    message: &str,
+) -> k8s_openapi::api::core::v1::PodStatus {
+    let mut status = last.unwrap_or_default();
+    let succeeded = status.phase.as_deref() == Some("Succeeded");
+    if !(succeeded && reason == crate::shutdown::REASON) {
+        status.phase = Some("Failed".into());
     }
+    status.reason = Some(reason.into());
+    status.message = Some(message.into());
+    if matches!(reason, "Evicted" | crate::shutdown::REASON) {
+        let conditions = status.conditions.get_or_insert_default();
+        conditions.retain(|c| c.type_ != "DisruptionTarget");
+        conditions.push(k8s_openapi::api::core::v1::PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("TerminationByKubelet".into()),
+            message: Some(message.into()),
+            last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                crate::types::now(),
+            )),
+            ..Default::default()
+        });
+    }
+    status
 }
 
 /// With runAsNonRoot, refuses a container whose effective user is root or cannot be told.
@@ -1464,7 +1492,13 @@ impl PodSyncer for Syncer {
     async fn reject_pod(&self, pod: Arc<Pod>, reason: &str, message: &str) {
         self.events
             .warning(Target::pod(&pod), reason, message.to_string());
-        self.status.set(&pod, rejection(reason, message));
+        let uid = PodUid::of(&pod);
+        let last = self
+            .statuses
+            .get(&uid)
+            .or_else(|| self.statuses.final_entry(&uid))
+            .and_then(|e| e.pod.status.clone());
+        self.status.set(&pod, failure(last, reason, message));
     }
 
     async fn forget_pod(&self, pod: Arc<Pod>) {

@@ -187,6 +187,7 @@ pub struct Node {
     pub runtime: RuntimeClient,
     endpoint: PathBuf,
     cancel: CancellationToken,
+    node_shutdown: CancellationToken,
     agent: Option<JoinHandle<()>>,
     status: Option<nodelet::status::Reader>,
 }
@@ -211,6 +212,7 @@ impl Node {
             runtime,
             endpoint: endpoint.to_path_buf(),
             cancel: CancellationToken::new(),
+            node_shutdown: CancellationToken::new(),
             agent: None,
             status: None,
         };
@@ -267,12 +269,13 @@ impl Node {
             Invocation::Version(_) => panic!("test flags ask for the version"),
         };
         self.cancel = CancellationToken::new();
+        self.node_shutdown = CancellationToken::new();
         let agent = nodelet::agent::start(config, self.cancel.clone())
             .await
             .expect("the agent starts")
             .expect("not cancelled");
         self.status = Some(agent.status.clone());
-        self.agent = Some(tokio::spawn(agent.wait()));
+        self.agent = Some(tokio::spawn(agent.serve(self.node_shutdown.clone())));
     }
 
     /// The latest status of the static pod `name`.
@@ -485,6 +488,18 @@ impl Node {
             let result = tokio::time::timeout(Duration::from_secs(10), h).await;
             result
                 .expect("agent stops within 10 s")
+                .expect("agent task");
+        }
+    }
+
+    /// A graceful node shutdown (as SIGTERM with a shutdown grace period triggers it), and
+    /// waits for the agent to end it, at most `within`.
+    pub async fn shut_down_node(&mut self, within: Duration) {
+        self.node_shutdown.cancel();
+        if let Some(h) = self.agent.take() {
+            let result = tokio::time::timeout(within, h).await;
+            result
+                .expect("the node shutdown ends in time")
                 .expect("agent task");
         }
     }

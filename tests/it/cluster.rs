@@ -1445,6 +1445,75 @@ spec:
     node.finish().await;
 }
 
+/// Graceful node shutdown in a cluster: the Node turns NotReady ("node is shutting down"), an
+/// API pod and a static pod stop, and the API server has each one's final status (Failed,
+/// Terminated, DisruptionTarget) before the agent ends; back up, the static pod runs again and
+/// the API pod stays Failed.
+#[tokio::test]
+async fn a_node_shutdown_reports_not_ready_and_every_pods_final_status() {
+    let cp = ControlPlane::start("nodeshutdown", true).await;
+    let grace = ["--shutdown-grace-period=10s"];
+    let mut node = join(&cp, "nodeshutdown", &grace).await;
+    node.write_manifest("web.yaml", &pod_yaml("web", &[("c", FOREVER)], ""));
+    let api = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: api}}\nspec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 5\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, \"trap 'exit 143' TERM; {FOREVER}\"]\n"
+    );
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&api, &node.name))
+        .await
+        .expect("create the pod");
+    let web = node.pod_name("web");
+    for name in ["api", web.as_str()] {
+        cp.wait_pod("default", name, "Running", |p| phase(p) == "Running")
+            .await;
+    }
+    node.shut_down_node(Duration::from_secs(40)).await;
+    // Read at once: the agent has ended, so all of this reached the API server before.
+    let ready = cp
+        .nodes()
+        .get(&node.name)
+        .await
+        .expect("the node")
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("a Ready condition");
+    assert_eq!(ready.status, "False", "{ready:?}");
+    assert_eq!(ready.message.as_deref(), Some("node is shutting down"));
+    // The static pod's container exits 0 on SIGTERM: its pod ends Succeeded, as upstream keeps
+    // it; the API pod's exits 143 and it ends Failed.
+    for (name, ended) in [("api", "Failed"), (web.as_str(), "Succeeded")] {
+        let pod = cp.pods("default").get(name).await.expect("the pod");
+        let status = pod.status.clone().unwrap_or_default();
+        assert_eq!(phase(&pod), ended, "{name}: {status:?}");
+        assert_eq!(status.reason.as_deref(), Some("Terminated"), "{name}");
+        assert!(condition(&pod, "DisruptionTarget"), "{name}: {status:?}");
+        let c = &status.container_statuses.unwrap_or_default()[0];
+        assert!(
+            c.state.as_ref().is_some_and(|s| s.terminated.is_some()),
+            "{name}: {c:?}"
+        );
+    }
+    let extra = [
+        "--kubeconfig".to_string(),
+        cp.node_kubeconfig(&node.name).display().to_string(),
+        grace[0].to_string(),
+    ];
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    node.restart(&extra).await;
+    cp.wait_pod("default", &web, "Running again", |p| phase(p) == "Running")
+        .await;
+    let api = cp.pods("default").get("api").await.expect("the pod");
+    assert_eq!(
+        phase(&api),
+        "Failed",
+        "a finished API pod never starts again"
+    );
+    node.finish().await;
+}
+
 #[tokio::test]
 async fn a_readiness_gate_holds_ready_until_its_condition_is_true() {
     let cp = ControlPlane::start("gates", true).await;

@@ -38,12 +38,27 @@ impl Process {
     }
 
     fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// Starts nodelet with `extra` flags; its log goes to `nodelet.log` in the test dir.
+    fn start_with(&mut self, extra: &[&str]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nodelet.log"))
+            .expect("open the agent's log");
         let child = nodelet_command(self.dir.path(), &self.node)
+            .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start nodelet");
         self.child = Some(child);
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nodelet.log")).unwrap_or_default()
     }
 
     fn signal(&mut self, signal: i32) {
@@ -333,6 +348,103 @@ spec:
         !events.contains("Killing"),
         "nodelet replaced the container:\n{events}"
     );
+    p.finish().await;
+}
+
+/// Graceful node shutdown without logind: SIGTERM with a shutdown grace period stops every pod
+/// before nodelet exits, critical pods last and only once the others are down, each pod within
+/// its stage's time even when its preStop hook hangs; every pod's final status is Failed /
+/// Terminated; after a restart the static pods run again.
+#[tokio::test]
+async fn sigterm_with_a_shutdown_grace_period_stops_pods_by_priority_then_exits() {
+    let mut p = Process::new("shutdown");
+    clean_node(&p.node, p.dir.path()).await;
+    let m = p.dir.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let m = m.display();
+    let pod = |name: &str, extra: &str, script: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 60\n{extra}  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n{script}"
+        )
+    };
+    let traps = |name: &str| {
+        format!(
+            "    command: [sh, -c, \"trap 'sleep 1; echo {name} >> /m/order; exit 0' TERM; {FOREVER}\"]\n"
+        )
+    };
+    p.manifest("app.yaml", &pod("app", "", &traps("app")));
+    p.manifest(
+        "critical.yaml",
+        &pod(
+            "critical",
+            "  priorityClassName: system-node-critical\n",
+            &traps("critical"),
+        ),
+    );
+    // A preStop hook that never ends: the pod gets its stage's 8 s (not its own 60 s).
+    p.manifest(
+        "hangs.yaml",
+        &pod(
+            "hangs",
+            "",
+            &format!(
+                "    lifecycle: {{preStop: {{exec: {{command: [sleep, '600']}}}}}}\n    command: [sh, -c, \"trap '' TERM; {FOREVER}\"]\n"
+            ),
+        ),
+    );
+    p.start_with(&[
+        "--shutdown-grace-period=12s",
+        "--shutdown-grace-period-critical-pods=4s",
+    ]);
+    eventually("three running pods", Duration::from_secs(60), || async {
+        (p.running().await.len() == 3).then_some(())
+    })
+    .await;
+    p.signal(libc::SIGTERM);
+    // The 12 s budget, the 2 s a hung preStop's container gets after it, and exit.
+    let status = p.wait_exit(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status:?}\n{}", p.log());
+    let order = std::fs::read_to_string(p.dir.path().join("m/order")).unwrap_or_default();
+    assert_eq!(
+        order, "app\ncritical\n",
+        "critical pods stop last, once the others are down"
+    );
+    eventually(
+        "no container left running",
+        Duration::from_secs(10),
+        || async { p.running().await.is_empty().then_some(()) },
+    )
+    .await;
+    let log = p.log();
+    // Containers that exited 0 on SIGTERM leave their pod Succeeded, as upstream keeps it;
+    // the one killed at its deadline leaves it Failed.
+    for (name, phase) in [
+        ("app", "Succeeded"),
+        ("critical", "Succeeded"),
+        ("hangs", "Failed"),
+    ] {
+        let line = log
+            .lines()
+            .find(|l| l.contains("final pod status") && l.contains(&format!("{name}-{}", p.node)))
+            .unwrap_or_else(|| panic!("no final status for {name}:\n{log}"));
+        assert!(line.contains(&format!("phase=\"{phase}\"")), "{line}");
+        assert!(line.contains("reason=\"Terminated\""), "{line}");
+    }
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(p.dir.path().join("root/graceful_node_shutdown_state")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        record["startTime"].is_string() && record["endTime"].is_string(),
+        "{record}"
+    );
+    p.start_with(&["--shutdown-grace-period=12s"]);
+    eventually(
+        "the static pods to run again after the restart",
+        Duration::from_secs(60),
+        || async { (p.running().await.len() == 3).then_some(()) },
+    )
+    .await;
     p.finish().await;
 }
 
