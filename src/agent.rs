@@ -159,6 +159,8 @@ pub(crate) struct Core {
     pub syncer: Arc<Syncer>,
     pub status: status::Reader,
     pub recorder: crate::events::Recorder,
+    /// What each pod waits on, for `nodelet describe`.
+    diagnoses: crate::status::Diagnoses,
     pub tracker: TaskTracker,
     sync_loop: SyncLoop<Syncer>,
     pleg_health: pleg::Health,
@@ -312,7 +314,8 @@ impl Core {
         };
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();
-        let recorder = crate::events::Recorder::default();
+        let recorder = crate::events::Recorder::with_journal(&config.root_dir, &config.node_name);
+        let diagnoses = crate::status::Diagnoses::default();
         let running = match runtime.list_containers(None).await {
             Ok(containers) => containers
                 .into_iter()
@@ -328,7 +331,7 @@ impl Core {
             runtime.clone(),
             probe::Results::restore(&config.root_dir, &running),
             probe_tx,
-            recorder.clone(),
+            (recorder.clone(), diagnoses.clone()),
             tracker.clone(),
             cancel.clone(),
         ));
@@ -363,6 +366,7 @@ impl Core {
                 objects,
                 images: puller,
                 events: recorder.clone(),
+                diagnoses: diagnoses.clone(),
                 userns,
             },
         ));
@@ -407,6 +411,7 @@ impl Core {
             syncer,
             status,
             recorder,
+            diagnoses,
             tracker,
             sync_loop,
             pleg_health,
@@ -541,6 +546,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         node_name: config.node_name.clone(),
         statuses: core.status.clone(),
         events: core.recorder.clone(),
+        diagnoses: core.diagnoses.clone(),
         runtime: core.runtime.clone(),
         debugger: core.sync_loop.debugger(),
     };

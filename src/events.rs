@@ -1,10 +1,15 @@
 //! Kubernetes-style events about pods (Pulled, Created, Started, Killing, BackOff, Unhealthy,
 //! Failed, ...): each is logged with an `event=` field and kept in a bounded in-memory store,
 //! where a repeat of the same event bumps its count instead of taking a new slot, as upstream's
-//! event correlator does. The admin API and CLI read them; in cluster mode they also go to the
-//! API server.
+//! event correlator does. The agent's store is backed by a journal in the root dir, written
+//! before anything is sent, so a restarted agent still shows what happened. The admin API and
+//! CLI read them; in cluster mode they also go to the API server. Events lost on the way are
+//! counted by reason (`nodelet_events_dropped_total`).
 
 use std::collections::VecDeque;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Event as ApiEvent, EventSource, ObjectReference, Pod};
@@ -13,6 +18,12 @@ use k8s_openapi::jiff::Timestamp;
 
 /// How many events the store keeps; the oldest go first.
 pub const CAPACITY: usize = 1000;
+
+/// The journal's file name in the root dir: one core/v1 Event as JSON per line, each line the
+/// event as last recorded (a repeat appends it again with its new count).
+pub const JOURNAL_FILE: &str = "events.journal";
+/// Past this size the journal is rewritten from the store.
+const JOURNAL_MAX: u64 = 1 << 20;
 
 /// Normal or Warning, as upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,19 +114,69 @@ pub struct Event {
     pub count: u32,
     pub first: Timestamp,
     pub last: Timestamp,
+    /// The count the API server has (with a sink; see [`Recorder::sent`]). Events read back
+    /// from the journal count as sent: their agent had them sent, or lost them.
+    pub sent: u32,
 }
 
 impl Event {
+    /// The event's namespace and name as an API object (stable over its repeats).
+    pub fn key(&self) -> (String, String) {
+        (
+            self.target.namespace.clone(),
+            format!(
+                "{}.{:x}",
+                self.target.name,
+                self.first.as_nanosecond() as u64
+            ),
+        )
+    }
+
+    /// The event an API object (a journal line) describes; `None` for one nodelet would not
+    /// have written.
+    fn from_api(e: &ApiEvent) -> Option<Event> {
+        let o = &e.involved_object;
+        let kind = match o.kind.as_deref()? {
+            "Pod" => "Pod",
+            "Node" => "Node",
+            _ => return None,
+        };
+        Some(Event {
+            target: Target {
+                kind,
+                namespace: e.metadata.namespace.clone()?,
+                name: o.name.clone()?,
+                uid: o.uid.clone().unwrap_or_default(),
+                field_path: o.field_path.clone(),
+            },
+            kind: match e.type_.as_deref() {
+                Some("Warning") => Type::Warning,
+                _ => Type::Normal,
+            },
+            reason: e.reason.clone().unwrap_or_default(),
+            message: e.message.clone().unwrap_or_default(),
+            count: u32::try_from(e.count.unwrap_or(1)).unwrap_or(1).max(1),
+            // The name holds the first sighting to the nanosecond (the timestamps only to the
+            // second): it names the same API object as before.
+            first: e
+                .metadata
+                .name
+                .as_deref()
+                .and_then(|n| n.rsplit('.').next())
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+                .and_then(|nanos| Timestamp::from_nanosecond(i128::from(nanos)).ok())
+                .or(e.first_timestamp.as_ref().map(|t| t.0))?,
+            last: e.last_timestamp.as_ref()?.0,
+            sent: u32::try_from(e.count.unwrap_or(1)).unwrap_or(1).max(1),
+        })
+    }
+
     /// The event as a core/v1 Event from `node`'s kubelet, as `kubectl get events -o yaml` shows it.
     pub fn to_api(&self, node: &str) -> ApiEvent {
         let t = &self.target;
         ApiEvent {
             metadata: ObjectMeta {
-                name: Some(format!(
-                    "{}.{:x}",
-                    t.name,
-                    self.first.as_nanosecond() as u64
-                )),
+                name: Some(self.key().1),
                 namespace: Some(t.namespace.clone()),
                 ..Default::default()
             },
@@ -152,6 +213,58 @@ pub struct Recorder {
     capacity: usize,
     /// Bumped on every event recorded (the API sink waits on it).
     recorded: Arc<tokio::sync::watch::Sender<u64>>,
+    journal: Option<Arc<Mutex<Journal>>>,
+    /// Whether an API sink takes the events (then one pushed out of the store unsent is lost).
+    sink: Arc<AtomicBool>,
+}
+
+/// The store's file: appended to, and rewritten from the store when it grows too big.
+struct Journal {
+    path: PathBuf,
+    /// The node the events are from (their source host).
+    node: String,
+    file: Option<std::fs::File>,
+    size: u64,
+    /// Whether a failure to write was said (once; later ones are only counted).
+    failed: bool,
+}
+
+impl Journal {
+    fn line(&self, e: &Event) -> Vec<u8> {
+        let mut line = serde_json::to_vec(&e.to_api(&self.node)).unwrap_or_default();
+        line.push(b'\n');
+        line
+    }
+
+    /// Appends the event; past [`JOURNAL_MAX`], rewrites the journal from `store` instead.
+    fn write(&mut self, e: &Event, store: &VecDeque<Event>) {
+        let written = if self.size > JOURNAL_MAX || self.file.is_none() {
+            self.rewrite(store)
+        } else {
+            let line = self.line(e);
+            let appended = self.file.as_mut().map(|f| f.write_all(&line));
+            self.size += line.len() as u64;
+            appended.unwrap_or(Ok(()))
+        };
+        if let Err(error) = written {
+            self.file = None;
+            crate::metrics::get().event_dropped("journal");
+            if !std::mem::replace(&mut self.failed, true) {
+                tracing::warn!(file = %self.path.display(), %error, "cannot write the event journal; events stay in memory only");
+            }
+        }
+    }
+
+    /// Writes the whole store anew (through a temporary file) and appends from there.
+    fn rewrite(&mut self, store: &VecDeque<Event>) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("tmp");
+        let text: Vec<u8> = store.iter().flat_map(|e| self.line(e)).collect();
+        std::fs::write(&tmp, &text)?;
+        std::fs::rename(&tmp, &self.path)?;
+        self.file = Some(std::fs::OpenOptions::new().append(true).open(&self.path)?);
+        self.size = text.len() as u64;
+        Ok(())
+    }
 }
 
 impl Default for Recorder {
@@ -167,6 +280,59 @@ impl Recorder {
             store: Arc::new(Mutex::new(VecDeque::new())),
             capacity: capacity.max(1),
             recorded: Arc::new(tokio::sync::watch::channel(0).0),
+            journal: None,
+            sink: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A recorder backed by the journal in `root_dir`, starting with the events it holds (of
+    /// `node`; the newest [`CAPACITY`]). An unreadable line is skipped; a journal that cannot
+    /// be written leaves the events in memory, and each one not written is counted as dropped.
+    pub fn with_journal(root_dir: &Path, node: &str) -> Recorder {
+        let mut recorder = Recorder::default();
+        let path = root_dir.join(JOURNAL_FILE);
+        let mut store: VecDeque<Event> = VecDeque::new();
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for line in text.lines() {
+                let Some(e) = serde_json::from_str::<ApiEvent>(line)
+                    .ok()
+                    .and_then(|e| Event::from_api(&e))
+                else {
+                    continue;
+                };
+                store.retain(|old| old.key() != e.key());
+                store.push_back(e);
+            }
+        }
+        while store.len() > recorder.capacity {
+            store.pop_front();
+        }
+        let mut journal = Journal {
+            path,
+            node: node.to_string(),
+            file: None,
+            size: 0,
+            failed: false,
+        };
+        if let Err(error) = journal.rewrite(&store) {
+            journal.failed = true;
+            tracing::warn!(file = %journal.path.display(), %error, "cannot write the event journal; events stay in memory only");
+        }
+        recorder.store = Arc::new(Mutex::new(store));
+        recorder.journal = Some(Arc::new(Mutex::new(journal)));
+        recorder
+    }
+
+    /// An API sink takes the events from now on; it says what it sent with [`Recorder::sent`].
+    pub fn attach_sink(&self) {
+        self.sink.store(true, Ordering::Relaxed);
+    }
+
+    /// The API server has the event `key` up to `count` (or refused it for good).
+    pub fn sent(&self, key: &(String, String), count: u32) {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = store.iter_mut().find(|e| e.key() == *key) {
+            e.sent = e.sent.max(count);
         }
     }
 
@@ -218,11 +384,21 @@ impl Recorder {
                 count: 1,
                 first: now,
                 last: now,
+                sent: 0,
             },
         };
         store.push_back(event);
         while store.len() > self.capacity {
-            store.pop_front();
+            let Some(gone) = store.pop_front() else { break };
+            if gone.sent < gone.count && self.sink.load(Ordering::Relaxed) {
+                crate::metrics::get().event_dropped("store_full");
+            }
+        }
+        if let (Some(journal), Some(event)) = (&self.journal, store.back()) {
+            journal
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write(event, &store);
         }
         drop(store);
         self.recorded.send_modify(|n| *n = n.wrapping_add(1));
@@ -281,6 +457,53 @@ mod tests {
         }
         let messages: Vec<_> = r.list(None).into_iter().map(|e| e.message).collect();
         assert_eq!(messages, ["2", "3", "4"]);
+    }
+
+    #[test]
+    fn the_journal_brings_the_events_back_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Recorder::with_journal(dir.path(), "n1");
+        let p = pod("web");
+        r.warning(Target::container(&p, "app"), "BackOff", "Back-off".into());
+        r.warning(Target::container(&p, "app"), "BackOff", "Back-off".into());
+        r.normal(Target::node("n1"), "Starting", "Starting kubelet.".into());
+        let again = Recorder::with_journal(dir.path(), "n1");
+        let seen = |r: &Recorder| {
+            r.list(None)
+                .into_iter()
+                .map(|e| (e.key(), e.reason, e.count))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seen(&again), seen(&r));
+        assert_eq!(again.list(None)[0].count, 2);
+        std::fs::write(dir.path().join(JOURNAL_FILE), "not json\n{}\n").unwrap();
+        assert!(
+            Recorder::with_journal(dir.path(), "n1")
+                .list(None)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_event_pushed_out_before_the_sink_sent_it_is_counted_as_dropped() {
+        let dropped = || {
+            crate::metrics::get()
+                .render()
+                .lines()
+                .find(|l| l.starts_with("nodelet_events_dropped_total{reason=\"store_full\"}"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let r = Recorder::with_capacity(1);
+        r.attach_sink();
+        let p = pod("web");
+        r.normal(Target::pod(&p), "Created", "one".into());
+        let first = r.list(None)[0].key();
+        r.sent(&first, 1);
+        let before = dropped();
+        r.normal(Target::pod(&p), "Created", "two".into());
+        r.normal(Target::pod(&p), "Created", "three".into());
+        assert_eq!(dropped() - before, 1.0, "only the unsent event counts");
     }
 
     #[test]

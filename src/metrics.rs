@@ -193,6 +193,7 @@ pub struct Metrics {
     probe_duration: Histogram,
     shutdown_start: Family,
     shutdown_end: Family,
+    events_dropped: Family,
 }
 
 /// The process-wide registry.
@@ -297,6 +298,12 @@ pub fn get() -> &'static Metrics {
                 "pod_uid",
             ],
         ),
+        events_dropped: Family::new(
+            "nodelet_events_dropped_total",
+            "Events lost on the way by reason: store_full (pushed out of the store before the API server had them), refused (by the API server), journal (not written to the event journal)",
+            "counter",
+            &["reason"],
+        ),
         shutdown_start: Family::new(
             "kubelet_graceful_shutdown_start_time_seconds",
             "Last graceful shutdown start time since unix epoch in seconds",
@@ -379,6 +386,11 @@ impl Metrics {
         self.evictions.add(&[signal], 1.0);
     }
 
+    /// An event was lost for `reason`.
+    pub fn event_dropped(&self, reason: &str) {
+        self.events_dropped.add(&[reason], 1.0);
+    }
+
     /// The last graceful node shutdown's start and end (unix seconds; 0: none).
     pub fn graceful_shutdown(&self, start: f64, end: f64) {
         self.shutdown_start.set(&[], start);
@@ -441,6 +453,7 @@ impl Metrics {
             &self.evented_pleg_errors,
             &self.shutdown_start,
             &self.shutdown_end,
+            &self.events_dropped,
         ] {
             f.render(&mut out);
         }

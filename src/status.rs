@@ -1,10 +1,12 @@
 //! The versioned pod status store: one [`Writer`] (the pod sync), cheap cloneable [`Reader`]s
 //! (servers, run-once, the cluster status push). Each pod is kept with its latest status.
+//! Beside it, [`Diagnoses`]: what the node is doing about each pod, for `nodelet describe`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
 
 use crate::types::PodUid;
@@ -182,9 +184,184 @@ impl Reader {
     }
 }
 
+/// What the node is doing about each pod, for `nodelet describe` ("why is it not running"):
+/// the steps its sync waits on now, the last sync error, and its probes' latest results.
+/// Written by the pod sync and the probes, read by the admin API; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Diagnoses {
+    pods: Arc<std::sync::Mutex<HashMap<PodUid, Kept>>>,
+}
+
+#[derive(Default)]
+struct Kept {
+    steps: Vec<(u64, Step)>,
+    next: u64,
+    last_error: Option<Step>,
+    probes: std::collections::BTreeMap<(String, String), Probe>,
+}
+
+/// One pod's diagnosis.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Diagnosis {
+    /// What the pod's sync waits on now (several at once: its images are pulled together).
+    pub waiting_on: Vec<Step>,
+    /// The last sync's error; a sync that succeeds clears it.
+    pub last_error: Option<Step>,
+    /// Each probe's latest result, by container.
+    pub probes: Vec<Probe>,
+}
+
+/// A step, or an error, and since when.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Step {
+    pub what: String,
+    pub since: Time,
+}
+
+/// A probe's latest attempt.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Probe {
+    pub container: String,
+    /// Liveness, Readiness or Startup.
+    pub probe: String,
+    pub success: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// How many attempts in a row had this outcome.
+    pub times: u32,
+    pub at: Time,
+}
+
+/// A step under way; it ends when dropped.
+pub struct StepGuard {
+    pods: Arc<std::sync::Mutex<HashMap<PodUid, Kept>>>,
+    uid: PodUid,
+    id: u64,
+}
+
+impl Drop for StepGuard {
+    fn drop(&mut self) {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = pods.get_mut(&self.uid) {
+            kept.steps.retain(|(id, _)| *id != self.id);
+        }
+    }
+}
+
+impl Diagnoses {
+    fn with<T>(&self, uid: &PodUid, f: impl FnOnce(&mut Kept) -> T) -> T {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        f(pods.entry(uid.clone()).or_default())
+    }
+
+    /// The pod's sync waits on `what` until the guard is dropped.
+    pub fn begin(&self, uid: &PodUid, what: String) -> StepGuard {
+        let id = self.with(uid, |kept| {
+            kept.next += 1;
+            let since = Time(crate::types::now());
+            kept.steps.push((kept.next, Step { what, since }));
+            kept.next
+        });
+        StepGuard {
+            pods: self.pods.clone(),
+            uid: uid.clone(),
+            id,
+        }
+    }
+
+    /// A sync of the pod ended: with its error, or well (which clears the last error).
+    pub fn synced(&self, uid: &PodUid, error: Option<&str>) {
+        self.with(uid, |kept| {
+            kept.last_error = error.map(|what| Step {
+                what: what.to_string(),
+                since: Time(crate::types::now()),
+            });
+        });
+    }
+
+    /// A probe's attempt: its outcome, and why it failed.
+    pub fn probed(&self, uid: &PodUid, container: &str, probe: &str, failure: Option<&str>) {
+        self.with(uid, |kept| {
+            let key = (container.to_string(), probe.to_string());
+            let success = failure.is_none();
+            let times = match kept.probes.get(&key) {
+                Some(last) if last.success == success => last.times.saturating_add(1),
+                _ => 1,
+            };
+            kept.probes.insert(
+                key,
+                Probe {
+                    container: container.to_string(),
+                    probe: probe.to_string(),
+                    success,
+                    message: failure.map(str::to_string),
+                    times,
+                    at: Time(crate::types::now()),
+                },
+            );
+        });
+    }
+
+    /// Forgets a pod that is gone.
+    pub fn forget(&self, uid: &PodUid) {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        if pods.get(uid).is_some_and(|kept| kept.steps.is_empty()) {
+            pods.remove(uid);
+        }
+    }
+
+    /// The pod's diagnosis.
+    pub fn get(&self, uid: &PodUid) -> Diagnosis {
+        let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(kept) = pods.get(uid) else {
+            return Diagnosis::default();
+        };
+        Diagnosis {
+            waiting_on: kept.steps.iter().map(|(_, s)| s.clone()).collect(),
+            last_error: kept.last_error.clone(),
+            probes: kept.probes.values().cloned().collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_diagnosis_shows_the_steps_under_way_the_last_error_and_the_probes() {
+        let d = Diagnoses::default();
+        let uid = PodUid("u".into());
+        let pull = d.begin(&uid, "pulling image a".into());
+        let start = d.begin(&uid, "starting container c".into());
+        d.synced(&uid, Some("container \"c\": CreateContainerConfigError"));
+        d.probed(&uid, "c", "Readiness", Some("HTTP 500"));
+        d.probed(&uid, "c", "Readiness", Some("HTTP 503"));
+        drop(pull);
+        let now = d.get(&uid);
+        let steps: Vec<&str> = now.waiting_on.iter().map(|s| s.what.as_str()).collect();
+        assert_eq!(steps, ["starting container c"]);
+        assert!(
+            now.last_error
+                .unwrap()
+                .what
+                .contains("CreateContainerConfigError")
+        );
+        assert_eq!(now.probes.len(), 1);
+        assert_eq!(now.probes[0].times, 2);
+        assert_eq!(now.probes[0].message.as_deref(), Some("HTTP 503"));
+        drop(start);
+        d.synced(&uid, None);
+        d.probed(&uid, "c", "Readiness", None);
+        let now = d.get(&uid);
+        assert!(now.waiting_on.is_empty() && now.last_error.is_none());
+        assert!(now.probes[0].success && now.probes[0].times == 1);
+        d.forget(&uid);
+        assert_eq!(d.get(&uid), Diagnosis::default());
+    }
 
     fn pod(uid: &str) -> Pod {
         let mut p = Pod::default();

@@ -380,7 +380,9 @@ async fn run(cli: Cli) -> Result<u8, Error> {
                 .into_inner();
             let pod: Pod = parse(&got.pod)?;
             let events: Vec<Event> = parse_all(&got.events)?;
-            let _ = out.write_all(print::describe(&pod, &events).as_bytes());
+            // An older agent sends no diagnosis: the pod is described without one.
+            let diagnosis = serde_json::from_str(&got.diagnosis).unwrap_or_default();
+            let _ = out.write_all(print::describe(&pod, &events, &diagnosis).as_bytes());
         }
         Command::Events { scope } => {
             let namespace = if scope.all_namespaces {

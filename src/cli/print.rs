@@ -341,7 +341,11 @@ fn map_lines(
 }
 
 /// `describe pod`: metadata, status, each container's state, conditions and recent events.
-pub fn describe(pod: &Pod, events_of_pod: &[Event]) -> String {
+pub fn describe(
+    pod: &Pod,
+    events_of_pod: &[Event],
+    diagnosis: &crate::status::Diagnosis,
+) -> String {
     let mut out = String::new();
     let m = &pod.metadata;
     let spec = pod.spec.clone().unwrap_or_default();
@@ -452,6 +456,7 @@ pub fn describe(pod: &Pod, events_of_pod: &[Event]) -> String {
         }
         out.push_str(&table(&rows));
     }
+    diagnosis_lines(&mut out, diagnosis);
     if events_of_pod.is_empty() {
         let _ = writeln!(out, "Events:       <none>");
         return out;
@@ -476,6 +481,44 @@ pub fn describe(pod: &Pod, events_of_pod: &[Event]) -> String {
     }
     out.push_str(&table(&rows));
     out
+}
+
+/// What the node is doing about the pod (nodelet's own, beyond kubectl's): what its sync
+/// waits on and for how long, its last sync error, and its probes' latest results.
+fn diagnosis_lines(out: &mut String, d: &crate::status::Diagnosis) {
+    if !d.waiting_on.is_empty() {
+        let _ = writeln!(out, "Waiting On:");
+        for step in &d.waiting_on {
+            let _ = writeln!(out, "  {} (for {})", step.what, age(Some(step.since.0)));
+        }
+    }
+    if let Some(e) = &d.last_error {
+        let _ = writeln!(
+            out,
+            "Last Sync Error: {} ({} ago)",
+            e.what,
+            age(Some(e.since.0))
+        );
+    }
+    if !d.probes.is_empty() {
+        let _ = writeln!(out, "Probes:");
+        let mut rows = vec![
+            ["  Container", "Probe", "Result", "Last", "Message"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for p in &d.probes {
+            let result = if p.success { "success" } else { "failure" };
+            rows.push(vec![
+                format!("  {}", p.container),
+                p.probe.clone(),
+                format!("{result} x{}", p.times),
+                format!("{} ago", age(Some(p.at.0))),
+                p.message.clone().unwrap_or_default(),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! patched with its new count and last time when it repeats (upstream's correlation), paced by
 //! a client of its own (`--event-qps`, `--event-burst`).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Event as ApiEvent;
@@ -23,26 +22,24 @@ pub async fn run(
     node: String,
     cancel: CancellationToken,
 ) {
+    recorder.attach_sink();
     let mut recorded = recorder.subscribe();
-    // The count the API server has of each event, by namespace and name.
-    let mut sent: HashMap<(String, String), i32> = HashMap::new();
     loop {
         let mut failed = false;
-        let events: Vec<ApiEvent> = recorder
+        // Each event the API server does not have at its latest count.
+        let events: Vec<(bool, ApiEvent)> = recorder
             .list(None)
             .iter()
-            .map(|e| e.to_api(&node))
+            .filter(|e| e.sent < e.count)
+            .map(|e| (e.sent > 0, e.to_api(&node)))
             .collect();
-        for event in &events {
+        for (known, event) in &events {
             let namespace = event.metadata.namespace.clone().unwrap_or_default();
             let name = event.metadata.name.clone().unwrap_or_default();
             let key = (namespace.clone(), name.clone());
             let count = event.count.unwrap_or(1);
-            if sent.get(&key) == Some(&count) {
-                continue;
-            }
             let api: Api<ApiEvent> = Api::namespaced(client.clone(), &namespace);
-            let result = if sent.contains_key(&key) {
+            let result = if *known {
                 let patch = serde_json::json!({
                     "count": count,
                     "lastTimestamp": event.last_timestamp,
@@ -70,14 +67,14 @@ pub async fn run(
                     other => other.map(|_| ()),
                 }
             };
+            let count = u32::try_from(count).unwrap_or(0);
             match result {
-                Ok(()) => {
-                    sent.insert(key, count);
-                }
+                Ok(()) => recorder.sent(&key, count),
                 // The namespace is gone, or the event is refused: it is not tried again.
                 Err(kube::Error::Api(e)) if matches!(e.code, 403 | 404 | 422) => {
                     tracing::debug!(event = %name, reason = %e.message, "the API server refused an event");
-                    sent.insert(key, count);
+                    crate::metrics::get().event_dropped("refused");
+                    recorder.sent(&key, count);
                 }
                 Err(e) => {
                     failed = true;
@@ -85,16 +82,6 @@ pub async fn run(
                 }
             }
         }
-        let kept: std::collections::HashSet<(String, String)> = events
-            .iter()
-            .map(|e| {
-                (
-                    e.metadata.namespace.clone().unwrap_or_default(),
-                    e.metadata.name.clone().unwrap_or_default(),
-                )
-            })
-            .collect();
-        sent.retain(|k, _| kept.contains(k));
         let retry = if failed { RETRY } else { IDLE };
         tokio::select! {
             _ = cancel.cancelled() => return,

@@ -115,6 +115,7 @@ pub struct Config {
 /// so a registry that stalls leaves the others room. Waiters are served in order.
 struct Slots {
     total: tokio::sync::Semaphore,
+    size: usize,
     per_registry: usize,
     registries: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
@@ -130,6 +131,7 @@ impl Slots {
         let total = total.max(1);
         Slots {
             total: tokio::sync::Semaphore::new(total),
+            size: total,
             per_registry: (total / 2).max(1),
             registries: Mutex::new(HashMap::new()),
         }
@@ -178,6 +180,8 @@ pub struct Request<'a> {
     pub sandbox: &'a cri::PodSandboxConfig,
     /// The credentials of the pod's imagePullSecrets, tried before the node's.
     pub secrets: &'a [Keyring],
+    /// Where the pod's wait on the pull shows (`nodelet describe`).
+    pub diagnoses: &'a crate::status::Diagnoses,
 }
 
 /// The docker configs of the pod's imagePullSecrets (`kubernetes.io/dockerconfigjson` or the
@@ -281,7 +285,10 @@ impl Puller {
             .entry(wanted.clone())
             .or_default()
             .clone();
+        let waiting = format!("another pod's pull of image {image:?}");
+        let step = req.diagnoses.begin(req.pod, waiting);
         let _one_pull_per_image = lock.lock().await;
+        drop(step);
         // Another pod may have pulled it while this one waited.
         if req.policy != "Always"
             && let Some(found) = self.present(&wanted).await?
@@ -336,7 +343,15 @@ impl Puller {
     /// Pulls with each matching credential in turn (or none when none match) until one works.
     async fn pull(&self, req: &Request<'_>, wanted: &str, r: &Reference) -> Result<Image, Error> {
         let image = req.image;
+        let waiting = format!(
+            "a pull slot for image {image:?} (at most {} pulls at once, {} from registry {})",
+            self.slots.size, self.slots.per_registry, r.domain
+        );
+        let step = req.diagnoses.begin(req.pod, waiting);
         let _slot = self.paced(&r.domain).await;
+        drop(step);
+        let pulling = format!("registry {} to serve image {image:?}", r.domain);
+        let _step = req.diagnoses.begin(req.pod, pulling);
         let keyring = Keyring::load(&self.config.root_dir);
         let mut credentials: Vec<Credential> = req
             .secrets

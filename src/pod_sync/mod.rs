@@ -104,9 +104,10 @@ const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// Awaits `call`, a runtime call about `target` described as `what`. One still unanswered
 /// [`STALE_AFTER`] past its `expected` time gets a RuntimeStalled warning (the pod's status is
-/// stale until it answers), and its answer a RuntimeAnswered event.
+/// stale until it answers) and is what the pod waits on in its diagnosis, and its answer a
+/// RuntimeAnswered event.
 async fn watched<T>(
-    events: &crate::events::Recorder,
+    (events, diagnoses): (&crate::events::Recorder, &crate::status::Diagnoses),
     target: &Target,
     what: &str,
     expected: Duration,
@@ -119,6 +120,10 @@ async fn watched<T>(
         done = &mut call => return done,
         _ = tokio::time::sleep(patience) => {}
     }
+    let _step = diagnoses.begin(
+        &PodUid(target.uid.clone()),
+        format!("the container runtime to answer {what}"),
+    );
     tracing::warn!(pod = %target.name, namespace = %target.namespace, call = what, "the container runtime does not answer; only this pod waits");
     events.warning(
         target.clone(),
@@ -177,6 +182,8 @@ pub struct Syncer {
     objects: crate::objects::Reader,
     images: images::Puller,
     events: crate::events::Recorder,
+    /// What each pod's sync waits on, and its last error (`nodelet describe`).
+    diagnoses: crate::status::Diagnoses,
     /// Pods whose containers have all run once (the pod-start metric counts each once).
     started: std::sync::Mutex<std::collections::HashSet<PodUid>>,
     /// Slots for sandbox starts, and for container starts, running in the runtime at once.
@@ -217,6 +224,7 @@ pub struct Parts {
     pub objects: crate::objects::Reader,
     pub images: images::Puller,
     pub events: crate::events::Recorder,
+    pub diagnoses: crate::status::Diagnoses,
     pub userns: userns::Manager,
 }
 
@@ -234,6 +242,7 @@ impl Syncer {
             cgroups: parts.cgroups,
             probes: parts.probes,
             events: parts.events,
+            diagnoses: parts.diagnoses,
             runtime,
             ctx,
             statuses: parts.status.reader(),
@@ -287,6 +296,11 @@ impl Syncer {
             .find(|w| w.name == name)
             .cloned();
         let (events, expected) = (self.events.clone(), grace.period);
+        let diagnoses = self.diagnoses.clone();
+        let step = format!(
+            "the stop of container {name} (grace {}s)",
+            grace.period.as_secs()
+        );
         let what = format!("the stop of container {name} ({id})");
         let stop = hooks::stop_container(
             self.runtime.clone(),
@@ -296,7 +310,10 @@ impl Syncer {
             grace,
             (self.events.clone(), target.clone()),
         );
-        async move { watched(&events, &target, &what, expected, stop).await }
+        async move {
+            let _step = diagnoses.begin(&PodUid(target.uid.clone()), step);
+            watched((&events, &diagnoses), &target, &what, expected, stop).await
+        }
     }
 
     /// The pod's own user namespace when it asks for one (`hostUsers: false`): its runtime
@@ -425,7 +442,8 @@ impl Syncer {
             Some(sb) if sb.state == runtime::SandboxState::Ready => {
                 let ips = self.runtime.sandbox_ips(&sb.id);
                 let what = "the status of its sandbox";
-                match watched(&self.events, &Target::pod(pod), what, Duration::ZERO, ips).await {
+                let reporting = (&self.events, &self.diagnoses);
+                match watched(reporting, &Target::pod(pod), what, Duration::ZERO, ips).await {
                     Ok(ips) => ips,
                     Err(e) if e.is_not_found() => Vec::new(),
                     Err(e) => return Err(e.into()),
@@ -570,7 +588,8 @@ impl Syncer {
             }
         };
         let what = "the reading of its containers";
-        watched(&self.events, &Target::pod(pod), what, Duration::ZERO, read).await
+        let reporting = (&self.events, &self.diagnoses);
+        watched(reporting, &Target::pod(pod), what, Duration::ZERO, read).await
     }
 
     async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
@@ -693,7 +712,14 @@ impl Syncer {
                         )
                     });
                 let handler = handler.map_err(Error::Sandbox)?;
+                let uid = PodUid::of(pod);
+                let step = self.diagnoses.begin(&uid, "a sandbox start slot".into());
                 let slot = self.sandbox_starts.acquire().await;
+                drop(step);
+                let _step = self.diagnoses.begin(
+                    &uid,
+                    "the runtime to create the pod sandbox (its network included)".into(),
+                );
                 let id = self
                     .runtime
                     .run_pod_sandbox(sandbox_config.clone(), handler)
@@ -885,6 +911,7 @@ impl Syncer {
             policy,
             sandbox: prepared.sandbox_config,
             secrets: &secrets,
+            diagnoses: &self.diagnoses,
         };
         let pull = async |request: &images::Request<'_>| {
             self.images
@@ -1001,7 +1028,12 @@ impl Syncer {
             .as_ref()
             .and_then(|l| l.stop_signal.as_deref())
             .and_then(crate::pod::cri_signal);
+        let uid = PodUid::of(pod);
+        let step = self.diagnoses.begin(&uid, "a container start slot".into());
         let slot = self.container_starts.acquire().await;
+        drop(step);
+        let step = format!("the runtime to create and start container {}", start.name);
+        let step = self.diagnoses.begin(&uid, step);
         let id = self
             .runtime
             .create_container(sandbox_id, config, sandbox_config.clone(), stop_signal)
@@ -1014,7 +1046,7 @@ impl Syncer {
         );
         self.link_log(pod, &start.name, &id, &log_file);
         self.runtime.start_container(&id).await?;
-        drop(slot);
+        drop((slot, step));
         tracing::debug!(pod = %full_name(pod), container = %start.name, id = %id, restart_count = start.restart_count, "started container");
         self.events.normal(
             target,
@@ -1040,7 +1072,11 @@ impl Syncer {
                 host,
                 POST_START_TIMEOUT,
             );
-            if let Err(why) = hook.await {
+            let step = format!("the postStart hook of container {}", start.name);
+            let step = self.diagnoses.begin(&uid, step);
+            let ran = hook.await;
+            drop(step);
+            if let Err(why) = ran {
                 self.events.warning(
                     Target::container(pod, &start.name),
                     "FailedPostStartHook",
@@ -1246,7 +1282,8 @@ impl Syncer {
             let stop = self.runtime.stop_pod_sandbox(&sb.id);
             let what = format!("the stop of its sandbox {}", sb.id);
             let target = Target::pod(pod);
-            let stopped = watched(&self.events, &target, &what, Duration::ZERO, stop).await;
+            let reporting = (&self.events, &self.diagnoses);
+            let stopped = watched(reporting, &target, &what, Duration::ZERO, stop).await;
             ignore_not_found(stopped)?;
         }
         // A pod being replaced keeps its dead containers (their last state and logs) for the
@@ -1292,6 +1329,7 @@ impl Syncer {
             _ => {}
         }
         self.status.terminated(&uid);
+        self.diagnoses.forget(&uid);
         self.probes.remove_pod(&uid);
         self.started
             .lock()
@@ -1462,7 +1500,10 @@ fn ignore_not_found(r: runtime::Result<()>) -> runtime::Result<()> {
 
 impl PodSyncer for Syncer {
     async fn sync_pod(&self, pod: Arc<Pod>) -> Result<Option<Duration>, String> {
-        match self.sync(&pod).await {
+        let synced = self.sync(&pod).await;
+        let error = synced.as_ref().err().map(|e| crate::types::error_chain(e));
+        self.diagnoses.synced(&PodUid::of(&pod), error.as_deref());
+        match synced {
             Ok(again) => Ok(again),
             Err(e) => {
                 // The pod still gets a status (Pending, ContainerCreating) when it can be read.
@@ -1564,7 +1605,9 @@ mod tests {
             ..Default::default()
         };
         let target = Target::pod(&pod);
-        let quick = watched(&events, &target, "a quick call", Duration::ZERO, async {
+        let diagnoses = crate::status::Diagnoses::default();
+        let reporting = (&events, &diagnoses);
+        let quick = watched(reporting, &target, "a quick call", Duration::ZERO, async {
             1
         });
         assert_eq!(quick.await, 1);
@@ -1572,7 +1615,7 @@ mod tests {
 
         let expected = Duration::from_secs(5);
         let slow = tokio::time::sleep(expected + STALE_AFTER - Duration::from_millis(1));
-        watched(&events, &target, "a slow call", expected, slow).await;
+        watched(reporting, &target, "a slow call", expected, slow).await;
         assert!(
             reasons(&events).is_empty(),
             "a call within its time is not stale"
@@ -1580,7 +1623,19 @@ mod tests {
 
         let hung = tokio::time::sleep(Duration::from_secs(60));
         let began = tokio::time::Instant::now();
-        watched(&events, &target, "a hung call", Duration::ZERO, hung).await;
+        let look = async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            diagnoses.get(&PodUid(String::new()))
+        };
+        let ((), seen) = tokio::join!(
+            watched(reporting, &target, "a hung call", Duration::ZERO, hung),
+            look
+        );
+        assert_eq!(
+            seen.waiting_on[0].what,
+            "the container runtime to answer a hung call"
+        );
+        assert!(diagnoses.get(&PodUid(String::new())).waiting_on.is_empty());
         assert_eq!(
             began.elapsed(),
             Duration::from_secs(60),

@@ -198,6 +198,8 @@ pub struct Manager {
     workers: Mutex<HashMap<(String, Kind), (PodUid, CancellationToken)>>,
     updates: mpsc::UnboundedSender<Update>,
     events: Recorder,
+    /// Each probe's latest attempt shows in its pod's diagnosis (`nodelet describe`).
+    diagnoses: crate::status::Diagnoses,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -207,13 +209,14 @@ impl Manager {
         runtime: RuntimeClient,
         results: Results,
         updates: mpsc::UnboundedSender<Update>,
-        events: Recorder,
+        (events, diagnoses): (Recorder, crate::status::Diagnoses),
         tracker: TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
         Manager {
             runtime,
             events,
+            diagnoses,
             results,
             workers: Mutex::new(HashMap::new()),
             updates,
@@ -288,6 +291,7 @@ impl Manager {
                     uid: uid.clone(),
                     target: events::Target::container(pod, &want.name),
                     events: self.events.clone(),
+                    diagnoses: self.diagnoses.clone(),
                     container: want.clone(),
                     container_id: c.id.clone(),
                     started_at: UNIX_EPOCH + Duration::from_nanos(c.started_at.max(0) as u64),
@@ -321,6 +325,7 @@ struct Worker {
     uid: PodUid,
     target: events::Target,
     events: Recorder,
+    diagnoses: crate::status::Diagnoses,
     container: SpecContainer,
     container_id: String,
     started_at: SystemTime,
@@ -394,6 +399,12 @@ impl Worker {
                 pod_uid: &self.uid.0,
                 took: began.elapsed(),
             });
+            self.diagnoses.probed(
+                &self.uid,
+                &self.container.name,
+                self.kind.metric_name(),
+                outcome.as_ref().err().map(String::as_str),
+            );
             match &outcome {
                 Ok(warning) => {
                     successes += 1;

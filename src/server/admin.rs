@@ -38,6 +38,7 @@ pub struct Handles {
     pub node_name: String,
     pub statuses: status::Reader,
     pub events: events::Recorder,
+    pub diagnoses: status::Diagnoses,
     pub runtime: RuntimeClient,
     pub debugger: mpsc::Sender<crate::sync_loop::Debug>,
 }
@@ -90,9 +91,11 @@ impl Admin for Handles {
             .iter()
             .map(|e| to_json(&e.to_api(&self.node_name)))
             .collect();
+        let diagnosis = self.diagnoses.get(&crate::types::PodUid::of(&entry.pod));
         Ok(Response::new(proto::GetPodResponse {
             pod: to_json(&*entry.pod),
             events,
+            diagnosis: to_json(&diagnosis),
         }))
     }
 

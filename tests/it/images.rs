@@ -8,7 +8,8 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::PodStatus;
 
 use crate::bed::{
-    BUSYBOX, Node, copy_image, eventually, logs, pulls, registry, registry_login, unique_repo,
+    BUSYBOX, FOREVER, Node, copy_image, eventually, logs, pulls, registry, registry_login,
+    unique_repo,
 };
 
 /// Removes the names (tags and digests) of the repository a test pulled from, so the runtime
@@ -345,6 +346,95 @@ async fn deleting_a_pod_cancels_its_stalled_pull() {
         (stalled.in_flight() == 0).then_some(())
     })
     .await;
+    node.finish().await;
+    forget_images(&image);
+}
+
+/// `nodelet describe` says why a pod is not running, from the agent's own state: what its sync
+/// waits on (a pull from a registry that stalls), its last sync error (a ConfigMap that is
+/// not there), its probes' latest results; and the events outlive a restart of the agent.
+#[tokio::test]
+async fn describe_says_why_a_pod_is_not_running_and_events_outlive_a_restart() {
+    let reg = registry(false);
+    let stalled = SlowProxy::stalled(reg.clone()).await;
+    let image = absent_image(&reg, &stalled.addr, "t-whynot");
+    let mut node = Node::start("whynot", &[]).await;
+    node.write_manifest("stuck.yaml", &pod("stuck", &image, "IfNotPresent"));
+    node.write_manifest(
+        "broken.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: broken}}\nspec:\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, '{FOREVER}']\n    env: [{{name: X, valueFrom: {{configMapKeyRef: {{name: missing, key: k}}}}}}]\n"
+        ),
+    );
+    node.write_manifest(
+        "probed.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: probed}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]\n    readinessProbe: {{exec: {{command: [sh, -c, 'echo not yet; exit 1']}}, periodSeconds: 1}}\n"
+        ),
+    );
+    let describe = |name: &str| {
+        let pod = node.pod_name(name);
+        let node = &node;
+        async move {
+            let out = node
+                .cli(&["describe", "pod", &pod])
+                .output()
+                .await
+                .expect("the CLI runs");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let waiting = format!("registry {} to serve image", stalled.addr);
+    eventually(
+        "the stalled pull in describe",
+        Duration::from_secs(60),
+        || async {
+            let text = describe("stuck").await;
+            (text.contains("Waiting On:") && text.contains(&waiting)).then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the sync error in describe",
+        Duration::from_secs(60),
+        || async {
+            let text = describe("broken").await;
+            (text.contains("Last Sync Error:") && text.contains("CreateContainerConfigError"))
+                .then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the failing probe in describe",
+        Duration::from_secs(60),
+        || async {
+            let text = describe("probed").await;
+            text.lines()
+                .any(|l| {
+                    l.contains("Readiness") && l.contains("failure x") && l.contains("not yet")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    // Gone before the restart, the broken pod's events can come back only from the journal.
+    node.remove_manifest("broken.yaml");
+    eventually("the broken pod gone", Duration::from_secs(60), || async {
+        node.sandboxes("broken").await.is_empty().then_some(())
+    })
+    .await;
+    node.stop_agent().await;
+    node.restart(&[]).await;
+    let broken = node.pod_name("broken");
+    let out = node.cli(&["events"]).output().await.expect("the CLI runs");
+    let events = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains(&broken) && l.contains("CreateContainerConfigError")),
+        "{events}"
+    );
+    stalled.release();
     node.finish().await;
     forget_images(&image);
 }
