@@ -1,8 +1,12 @@
-//! Container log rotation, as upstream's ContainerLogManager: every monitor interval, the log of
-//! each running container of this node that has reached the maximum size is renamed to
-//! `<log>.<UTC time as 20060102-150405>`, the runtime is asked to reopen it (so the container
-//! writes to a fresh file), and the oldest rotated files are removed so that at most
-//! `max_files` files exist per log, the current one included.
+//! Container log rotation, as upstream's ContainerLogManager: the log of each running container
+//! of this node that has reached the maximum size is renamed to
+//! `<log>.<UTC time as 20060102-150405>` (with `.001`, `.002`... for more rotations within that
+//! second), the runtime is asked to reopen it (so the container writes to a fresh file), and the
+//! oldest rotated files are removed so that at most `max_files` files exist per log, the
+//! current one included. Nothing written is lost: the runtime writes to the renamed file until
+//! it reopens the log. The containers are listed every monitor interval, but their logs' sizes
+//! are looked at every second (a stat each, no runtime call), so no file outgrows the maximum
+//! by more than a second of writes.
 //!
 //! Unlike upstream, rotated files are not gzip-compressed: that would need a compression crate
 //! for little gain at the default sizes. Rotated `.gz` files an upstream kubelet left are still
@@ -66,8 +70,20 @@ const TMP_SUFFIX: &str = ".tmp";
 /// Suffix of a compressed rotated log (upstream's).
 const GZ_SUFFIX: &str = ".gz";
 
-/// Rotates the logs of this node's running containers every interval until `cancel`. Failures
-/// are logged with the container and the file, and tried again the next interval.
+/// How often the listed logs' sizes are looked at (or every interval, when that is shorter).
+const SIZE_CHECK: Duration = Duration::from_secs(1);
+
+/// A running container's log, as listed.
+struct Log {
+    pod: String,
+    container: String,
+    id: String,
+    path: PathBuf,
+}
+
+/// Rotates the logs of this node's running containers until `cancel`: lists them every
+/// interval, and rotates those that reached the maximum size every [`SIZE_CHECK`]. Failures are
+/// logged with the container and the file, and tried again.
 pub async fn run(runtime: RuntimeClient, config: Config, cancel: CancellationToken) {
     tracing::info!(
         max_size = config.policy.max_size,
@@ -75,23 +91,58 @@ pub async fn run(runtime: RuntimeClient, config: Config, cancel: CancellationTok
         interval = ?config.interval,
         "container log rotation on"
     );
-    let mut ticker = tokio::time::interval(config.interval);
+    let mut ticker = tokio::time::interval(config.interval.min(SIZE_CHECK));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut logs: Vec<Log> = Vec::new();
+    let mut listed: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        if let Err(e) = rotate_all(&runtime, &config).await {
-            tracing::warn!(error = %e, "cannot list the containers whose logs to rotate; trying again next interval");
+        if listed.is_none_or(|at| at.elapsed() >= config.interval) {
+            listed = Some(tokio::time::Instant::now());
+            match list(&runtime, &config).await {
+                Ok(now) => logs = now,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the containers whose logs to rotate; trying again next interval")
+                }
+            }
+        }
+        for log in &logs {
+            rotate_one(&runtime, log, config.policy).await;
         }
     }
 }
 
-/// One pass over the running containers of this node. A running container's log path is the
-/// runtime client's remembered answer, not asked at every pass (with 110 pods that was 11
+/// Rotates one listed log if it is full; a failure is logged.
+async fn rotate_one(runtime: &RuntimeClient, log: &Log, policy: Policy) {
+    let Log {
+        pod,
+        container,
+        id,
+        path,
+    } = log;
+    match rotate(runtime, id, path, policy).await {
+        Ok(Some(rotated)) => {
+            tracing::debug!(%pod, %container, rotated = %rotated.display(), "container log rotated")
+        }
+        Ok(None) => {}
+        // The container is gone since it was listed.
+        Err(Error::Reopen(e)) if e.is_not_found() => {}
+        Err(e) => {
+            let cause = std::error::Error::source(&e)
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            tracing::warn!(%pod, %container, %id, path = %path.display(), error = %e, %cause, "cannot rotate the container's log; trying again");
+        }
+    }
+}
+
+/// The logs of this node's running containers. A running container's log path is the runtime
+/// client's remembered answer, not asked at every listing (with 110 pods that was 11
 /// ContainerStatus calls a second at idle).
-async fn rotate_all(runtime: &RuntimeClient, config: &Config) -> runtime::Result<()> {
+async fn list(runtime: &RuntimeClient, config: &Config) -> runtime::Result<Vec<Log>> {
     let pods: HashMap<String, String> = runtime
         .list_sandboxes(None)
         .await?
@@ -100,6 +151,7 @@ async fn rotate_all(runtime: &RuntimeClient, config: &Config) -> runtime::Result
         .map(|sb| (sb.id, format!("{}/{}", sb.namespace, sb.name)))
         .collect();
     let containers = runtime.list_containers(None).await?;
+    let mut logs = Vec::new();
     // Only running containers: the others write nothing more, so a fresh empty log would be
     // pointless (upstream's rule).
     for c in containers
@@ -119,20 +171,14 @@ async fn rotate_all(runtime: &RuntimeClient, config: &Config) -> runtime::Result
                 continue;
             }
         };
-        match rotate(runtime, &c.id, &path, config.policy).await {
-            Ok(Some(rotated)) => {
-                tracing::debug!(%pod, container = %c.name, rotated = %rotated.display(), "container log rotated")
-            }
-            Ok(None) => {}
-            Err(e) => {
-                let cause = std::error::Error::source(&e)
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
-                tracing::warn!(%pod, container = %c.name, id = %c.id, path = %path.display(), error = %e, %cause, "cannot rotate the container's log; trying again next interval");
-            }
-        }
+        logs.push(Log {
+            pod: pod.clone(),
+            container: c.name.clone(),
+            id: c.id.clone(),
+            path,
+        });
     }
-    Ok(())
+    Ok(logs)
 }
 
 /// Rotates the log at `path` of container `id` when it has reached the maximum size; returns
@@ -185,16 +231,16 @@ fn rename_if_full(
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
         return Ok(None);
     };
-    let rotated = dir.join(rotated_name(name, now));
-    // A second rotation within the same second would overwrite the first one's file: wait for
-    // the next interval instead (upstream loses that file).
-    if rotated.exists() {
-        return Ok(None);
-    }
     let siblings: Vec<String> = std::fs::read_dir(dir)
         .map_err(io("cannot list", dir))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
+    // More rotations within one second get numbered names (upstream's second overwrites the
+    // first one's file).
+    let Some(rotated) = rotated_name(name, now, |n| siblings.iter().any(|s| s == n)) else {
+        return Ok(None);
+    };
+    let rotated = dir.join(rotated);
     for stale in stale_files(name, &siblings, policy.max_files) {
         let stale = dir.join(stale);
         match std::fs::remove_file(&stale) {
@@ -208,9 +254,18 @@ fn rename_if_full(
     Ok(Some(rotated))
 }
 
-/// `<name>.<UTC time as YYYYMMDD-hhmmss>`: fixed width, so names sort by age.
-fn rotated_name(name: &str, now: k8s_openapi::jiff::Timestamp) -> String {
-    format!("{name}.{}", now.strftime("%Y%m%d-%H%M%S"))
+/// `<name>.<UTC time as YYYYMMDD-hhmmss>`, or the first of `.001` to `.999` after it that is not
+/// `taken` (more rotations within that second): fixed widths, so names sort by age. `None`
+/// when every one is taken.
+fn rotated_name(
+    name: &str,
+    now: k8s_openapi::jiff::Timestamp,
+    taken: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let plain = format!("{name}.{}", now.strftime("%Y%m%d-%H%M%S"));
+    std::iter::once(plain.clone())
+        .chain((1..1000).map(|n| format!("{plain}.{n:03}")))
+        .find(|candidate| !taken(candidate))
 }
 
 /// The files beside the log `name` (in `siblings`) to remove before it is rotated: what an
@@ -270,12 +325,19 @@ mod tests {
     #[test]
     fn rotated_names_carry_the_utc_time_and_sort_by_age() {
         let at = |secs: i64| k8s_openapi::jiff::Timestamp::from_second(secs).unwrap();
-        assert_eq!(rotated_name("0.log", at(0)), "0.log.19700101-000000");
+        let free = |_: &str| false;
+        let name = |secs| rotated_name("0.log", at(secs), free).unwrap();
+        assert_eq!(name(0), "0.log.19700101-000000");
         assert_eq!(
-            rotated_name("3.log", at(1_700_000_000)),
-            "3.log.20231114-221320"
+            rotated_name("3.log", at(1_700_000_000), free).as_deref(),
+            Some("3.log.20231114-221320")
         );
-        assert!(rotated_name("0.log", at(59)) < rotated_name("0.log", at(60)));
+        assert!(name(59) < name(60));
+        // More rotations within a second are numbered, and still sort by age.
+        let taken = ["0.log.19700101-000059", "0.log.19700101-000059.001"];
+        let third = rotated_name("0.log", at(59), |n| taken.contains(&n)).unwrap();
+        assert_eq!(third, "0.log.19700101-000059.002");
+        assert!(taken[1] < third.as_str() && third < name(60));
     }
 
     #[test]
@@ -358,12 +420,22 @@ mod tests {
             names(&["0.log.20231114-221320", "0.log.20240101-000002", "1.log"])
         );
 
-        // A log below the size, or one rotated already within this second, is left alone.
+        // A log below the size is left alone; a second rotation within the second is numbered.
         std::fs::write(&log, "x".repeat(99)).unwrap();
         assert_eq!(rename_if_full(&log, policy, now).unwrap(), None);
         std::fs::write(&log, "x".repeat(200)).unwrap();
-        assert_eq!(rename_if_full(&log, policy, now).unwrap(), None);
-        assert!(log.exists());
+        assert_eq!(
+            rename_if_full(&log, policy, now).unwrap(),
+            Some(dir.path().join("0.log.20231114-221320.001"))
+        );
+        assert_eq!(
+            files_in(dir.path()),
+            names(&[
+                "0.log.20231114-221320.001",
+                "0.log.20240101-000002",
+                "1.log"
+            ])
+        );
     }
 
     #[test]

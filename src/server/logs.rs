@@ -5,7 +5,7 @@
 
 use std::io::SeekFrom;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -290,8 +290,10 @@ struct Reader {
 
 /// Where the last `tail` logical lines of the log begin: past the end of the full line before
 /// them (a run of partial lines belongs to the full line after it; lines of another shape count
-/// for nothing). Streams through the file, keeping only the ends of the last `tail + 1`.
-async fn tail_start(file: &mut tokio::fs::File, tail: u64) -> std::io::Result<u64> {
+/// for nothing), and how many of them there are (fewer than `tail` when the file holds fewer;
+/// then it is read from its start). Streams through the file, keeping only the ends of the last
+/// `tail + 1`.
+async fn tail_start(file: &mut tokio::fs::File, tail: u64) -> std::io::Result<(u64, u64)> {
     let keep = usize::try_from(tail)
         .unwrap_or(usize::MAX)
         .saturating_add(1);
@@ -327,10 +329,29 @@ async fn tail_start(file: &mut tokio::fs::File, tail: u64) -> std::io::Result<u6
     }
     Ok(match tail {
         // Nothing of what is there now.
-        0 => last_newline,
-        _ if ends.len() == keep => ends.front().copied().unwrap_or(0),
-        _ => 0,
+        0 => (last_newline, 0),
+        _ if ends.len() == keep => (ends.front().copied().unwrap_or(0), tail),
+        _ => (0, ends.len() as u64),
     })
+}
+
+/// The rotated files of the log at `path` (`<name>.<time>`, the compressed ones of an upstream
+/// kubelet left out), oldest first.
+fn rotated_files(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    let prefix = format!("{name}.");
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|f| f.starts_with(&prefix) && !f.ends_with(".gz") && !f.ends_with(".tmp"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names.into_iter().map(|n| dir.join(n)).collect()
 }
 
 impl Reader {
@@ -408,19 +429,77 @@ impl Reader {
         Some(got_any)
     }
 
+    /// Where reading begins: the rotated files to read first, each from an offset, and the
+    /// offset in the current file. Only tailLines and since look back past the current file
+    /// (the rotated files they reach); otherwise it alone is read, as upstream reads it.
+    async fn plan(&mut self) -> std::io::Result<(Vec<(PathBuf, u64)>, u64)> {
+        if let Some(tail) = self.options.tail_lines {
+            let (start, found) = tail_start(&mut self.file, tail).await?;
+            let mut wanted = tail - found;
+            let mut earlier = Vec::new();
+            for path in rotated_files(&self.path).into_iter().rev() {
+                if wanted == 0 {
+                    break;
+                }
+                // Removed since it was listed: the lines go on from the next one.
+                let Ok(mut file) = tokio::fs::File::open(&path).await else {
+                    continue;
+                };
+                let (at, found) = tail_start(&mut file, wanted).await?;
+                earlier.push((path, at));
+                wanted -= found;
+            }
+            earlier.reverse();
+            return Ok((earlier, start));
+        }
+        let Some(since) = self.options.since else {
+            return Ok((Vec::new(), 0));
+        };
+        // A file last written before `since` has no line to show.
+        let after = |m: std::fs::Metadata| {
+            m.modified()
+                .ok()
+                .and_then(|t| Timestamp::try_from(t).ok())
+                .is_some_and(|t| t >= since)
+        };
+        let earlier = rotated_files(&self.path)
+            .into_iter()
+            .filter(|p| std::fs::metadata(p).is_ok_and(after))
+            .map(|p| (p, 0))
+            .collect();
+        Ok((earlier, 0))
+    }
+
     /// Streams the log; with `follow` (the runtime and the container), goes on with what is
     /// appended until the container stops or the receiver is dropped.
     async fn run(mut self, follow: Option<(RuntimeClient, String)>) {
-        if let Some(tail) = self.options.tail_lines {
-            let start = tail_start(&mut self.file, tail).await;
-            let sought = match start {
-                Ok(at) => self.file.seek(SeekFrom::Start(at)).await.map(drop),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = sought {
+        let planned = match self.plan().await {
+            Ok(planned) => planned,
+            Err(e) => {
                 tracing::warn!(path = %self.path.display(), error = %e, "cannot read container log");
                 return;
             }
+        };
+        let (earlier, start) = planned;
+        for (path, at) in earlier {
+            let Ok(mut file) = tokio::fs::File::open(&path).await else {
+                continue;
+            };
+            if file.seek(SeekFrom::Start(at)).await.is_err() {
+                continue;
+            }
+            let current = std::mem::replace(&mut self.file, file);
+            let read = self.drain().await;
+            self.file = current;
+            // A rotated file ends with a whole line; anything after it is not carried over.
+            self.pending.clear();
+            if read.is_none() {
+                return;
+            }
+        }
+        if let Err(e) = self.file.seek(SeekFrom::Start(start)).await {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot read container log");
+            return;
         }
         if self.drain().await.is_none() {
             return;
@@ -436,13 +515,20 @@ impl Reader {
                 return;
             };
             if self.rotated().await {
-                match tokio::fs::File::open(&self.path).await {
+                // The runtime wrote to the old file until it opened the new one: what it wrote
+                // there after the last read is read before the next file.
+                if self.drain().await.is_none() {
+                    return;
+                }
+                self.pending.clear();
+                let next = self.next_file().await;
+                match tokio::fs::File::open(&next).await {
                     Ok(file) => {
                         self.file = file;
                         continue;
                     }
                     Err(e) => {
-                        tracing::debug!(path = %self.path.display(), error = %e, "log file gone while following");
+                        tracing::debug!(path = %next.display(), error = %e, "log file gone while following");
                     }
                 }
             }
@@ -459,6 +545,21 @@ impl Reader {
                 }
             }
         }
+    }
+
+    /// The file written after the one open: the rotated file after it (when the log was
+    /// rotated more than once since it was last read), else the current log.
+    async fn next_file(&self) -> PathBuf {
+        let Ok(open) = self.file.metadata().await else {
+            return self.path.clone();
+        };
+        let rotated = rotated_files(&self.path);
+        let after = rotated.iter().position(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.ino() == open.ino() && m.dev() == open.dev())
+        });
+        after
+            .and_then(|i| rotated.get(i + 1).cloned())
+            .unwrap_or_else(|| self.path.clone())
     }
 
     /// Whether the path now names another file than the one open (the log was rotated).
@@ -566,9 +667,18 @@ not a cri line\n\
 
     /// What a reader with `options` sends for `log`, without following.
     fn read(log: &[u8], options: Options) -> String {
+        read_rotated(&[], log, options)
+    }
+
+    /// Reads the log `current` whose rotated files (oldest first) hold `rotated`.
+    fn read_rotated(rotated: &[&[u8]], current: &[u8], options: Options) -> String {
         let dir = tempfile::tempdir().unwrap();
+        for (i, text) in rotated.iter().enumerate() {
+            let name = format!("0.log.20260101-00000{i}");
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
         let path = dir.path().join("0.log");
-        std::fs::write(&path, log).unwrap();
+        std::fs::write(&path, current).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -594,6 +704,32 @@ not a cri line\n\
 
     fn show(options: Options) -> String {
         read(LOG, options)
+    }
+
+    #[test]
+    fn tail_and_since_reach_into_the_rotated_files_and_nothing_else_does() {
+        let line = |i: usize| format!("2026-01-01T00:00:0{i}Z stdout F line {i}\n");
+        let (a, b, c) = (line(1) + &line(2), line(3) + &line(4), line(5));
+        let rotated: [&[u8]; 2] = [a.as_bytes(), b.as_bytes()];
+        let tail = |n| Options {
+            tail_lines: Some(n),
+            ..Default::default()
+        };
+        let read = |options| read_rotated(&rotated, c.as_bytes(), options);
+        assert_eq!(
+            read(Options::default()),
+            "line 5\n",
+            "as upstream: the current file"
+        );
+        assert_eq!(read(tail(2)), "line 4\nline 5\n");
+        assert_eq!(read(tail(4)), "line 2\nline 3\nline 4\nline 5\n");
+        assert_eq!(read(tail(9)).lines().count(), 5);
+        assert_eq!(read(tail(0)), "");
+        let since = Options {
+            since: Some("2026-01-01T00:00:02Z".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(read(since), "line 2\nline 3\nline 4\nline 5\n");
     }
 
     #[test]
