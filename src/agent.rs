@@ -161,6 +161,8 @@ pub(crate) struct Core {
     pub recorder: crate::events::Recorder,
     /// What each pod waits on, for `nodelet describe`.
     diagnoses: crate::status::Diagnoses,
+    /// What ended pods left, for `nodelet get cleanups`.
+    cleanups: crate::status::Cleanups,
     pub tracker: TaskTracker,
     sync_loop: SyncLoop<Syncer>,
     pleg_health: pleg::Health,
@@ -316,6 +318,7 @@ impl Core {
         let (probe_tx, probes) = mpsc::unbounded_channel();
         let recorder = crate::events::Recorder::with_journal(&config.root_dir, &config.node_name);
         let diagnoses = crate::status::Diagnoses::default();
+        let cleanups = crate::status::Cleanups::default();
         let running = match runtime.list_containers(None).await {
             Ok(containers) => containers
                 .into_iter()
@@ -367,6 +370,7 @@ impl Core {
                 images: puller,
                 events: recorder.clone(),
                 diagnoses: diagnoses.clone(),
+                cleanups: cleanups.clone(),
                 userns,
             },
         ));
@@ -412,6 +416,7 @@ impl Core {
             status,
             recorder,
             diagnoses,
+            cleanups,
             tracker,
             sync_loop,
             pleg_health,
@@ -547,6 +552,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         statuses: core.status.clone(),
         events: core.recorder.clone(),
         diagnoses: core.diagnoses.clone(),
+        cleanups: core.cleanups.clone(),
         runtime: core.runtime.clone(),
         debugger: core.sync_loop.debugger(),
     };

@@ -327,6 +327,67 @@ impl Diagnoses {
     }
 }
 
+/// Pods whose termination finished but left something on the node that could not be removed
+/// (a mount, a directory, a cgroup), with why; retried in the background, never holding up the
+/// pod's status. Written by the pod sync, read by the admin API (`nodelet get cleanups`).
+#[derive(Clone, Default)]
+pub struct Cleanups {
+    pods: Arc<std::sync::Mutex<std::collections::BTreeMap<PodUid, Cleanup>>>,
+}
+
+/// What one pod left.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cleanup {
+    /// `namespace/name`.
+    pub pod: String,
+    pub uid: String,
+    /// Each thing left, with why it could not be removed.
+    pub left: Vec<String>,
+    /// When it was first left.
+    pub since: Time,
+    pub attempts: u32,
+}
+
+impl Cleanups {
+    /// The pod left `left` after another attempt; true on its first.
+    pub fn left(&self, uid: &PodUid, pod: String, left: Vec<String>) -> bool {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        match pods.get_mut(uid) {
+            Some(c) => {
+                c.left = left;
+                c.attempts = c.attempts.saturating_add(1);
+                false
+            }
+            None => {
+                pods.insert(
+                    uid.clone(),
+                    Cleanup {
+                        pod,
+                        uid: uid.0.clone(),
+                        left,
+                        since: Time(crate::types::now()),
+                        attempts: 1,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Nothing of the pod is left (or it is no longer this node's to clean).
+    pub fn done(&self, uid: &PodUid) -> bool {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        pods.remove(uid).is_some()
+    }
+
+    /// Every pod with something left, by UID.
+    pub fn list(&self) -> Vec<Cleanup> {
+        let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        pods.values().cloned().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,9 +47,10 @@ struct Scope {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// List pods (`get pods`) or show one (`get pod NAME`).
+    /// List pods (`get pods`) or show one (`get pod NAME`); or what ended pods left on the node
+    /// that could not be removed yet (`get cleanups`).
     Get {
-        /// pods (pod, po)
+        /// pods (pod, po), or cleanups
         resource: String,
         name: Option<String>,
         #[command(flatten)]
@@ -326,7 +327,7 @@ fn is_pods(resource: &str) -> Result<(), Error> {
     match resource {
         "pods" | "pod" | "po" => Ok(()),
         other => Err(Error::Usage(format!(
-            "the server doesn't have a resource type {other:?}; nodelet knows pods (and `nodelet events`)"
+            "the server doesn't have a resource type {other:?}; nodelet knows pods and cleanups (and `nodelet events`)"
         ))),
     }
 }
@@ -335,6 +336,15 @@ async fn run(cli: Cli) -> Result<u8, Error> {
     let mut client = connect(&root_dir(cli.root_dir)?).await?;
     let mut out = std::io::stdout().lock();
     match cli.command {
+        Command::Get { resource, .. } if resource == "cleanups" => {
+            let cleanups = client
+                .list_cleanups(proto::ListCleanupsRequest {})
+                .await?
+                .into_inner()
+                .cleanups;
+            let cleanups: Vec<crate::status::Cleanup> = parse_all(&cleanups)?;
+            let _ = out.write_all(print::cleanups(&cleanups).as_bytes());
+        }
         Command::Get {
             resource,
             name,

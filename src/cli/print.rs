@@ -483,6 +483,30 @@ pub fn describe(
     out
 }
 
+/// What ended pods left on the node, one row per thing left.
+pub fn cleanups(cleanups: &[crate::status::Cleanup]) -> String {
+    if cleanups.is_empty() {
+        return "No leftovers: every ended pod is cleaned up.\n".into();
+    }
+    let mut rows = vec![
+        ["POD", "UID", "SINCE", "ATTEMPTS", "LEFT"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for c in cleanups {
+        for left in &c.left {
+            rows.push(vec![
+                c.pod.clone(),
+                c.uid.clone(),
+                age(Some(c.since.0)),
+                c.attempts.to_string(),
+                left.clone(),
+            ]);
+        }
+    }
+    table(&rows)
+}
+
 /// What the node is doing about the pod (nodelet's own, beyond kubectl's): what its sync
 /// waits on and for how long, its last sync error, and its probes' latest results.
 fn diagnosis_lines(out: &mut String, d: &crate::status::Diagnosis) {

@@ -184,6 +184,12 @@ pub struct Syncer {
     events: crate::events::Recorder,
     /// What each pod's sync waits on, and its last error (`nodelet describe`).
     diagnoses: crate::status::Diagnoses,
+    /// Pods whose termination left something on the node (`nodelet get cleanups`).
+    cleanups: crate::status::Cleanups,
+    /// When each termination under way began (its first attempt).
+    terminations: std::sync::Mutex<HashMap<PodUid, tokio::time::Instant>>,
+    /// What ended pods left, to be removed again.
+    leftovers: std::sync::Mutex<HashMap<PodUid, Leftover>>,
     /// Pods whose containers have all run once (the pod-start metric counts each once).
     started: std::sync::Mutex<std::collections::HashSet<PodUid>>,
     /// Slots for sandbox starts, and for container starts, running in the runtime at once.
@@ -225,6 +231,7 @@ pub struct Parts {
     pub images: images::Puller,
     pub events: crate::events::Recorder,
     pub diagnoses: crate::status::Diagnoses,
+    pub cleanups: crate::status::Cleanups,
     pub userns: userns::Manager,
 }
 
@@ -243,6 +250,9 @@ impl Syncer {
             probes: parts.probes,
             events: parts.events,
             diagnoses: parts.diagnoses,
+            cleanups: parts.cleanups,
+            terminations: Default::default(),
+            leftovers: Default::default(),
             runtime,
             ctx,
             statuses: parts.status.reader(),
@@ -1303,51 +1313,171 @@ impl Syncer {
     async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let _removing = self.cache.removing(&uid);
-        let mut rt = self.read(pod).await?;
+        let began = *self
+            .terminations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(uid.clone())
+            .or_insert_with(tokio::time::Instant::now);
+        let grace = Duration::from_secs(grace_period_seconds(pod).max(0) as u64);
+        let stop = async {
+            let rt = self.read(pod).await?;
+            if !rt.containers.is_empty() {
+                self.kill_all(pod, &rt, false).await?;
+            }
+            Ok::<(), Error>(())
+        };
+        tokio::pin!(stop);
+        // Past its grace period and the slack, the pod is reported as ended although the
+        // runtime has not confirmed its stop (a hung call, a stop that keeps failing); the stop
+        // goes on, and only then is the pod gone from the node's view.
+        tokio::select! {
+            biased;
+            _ = tokio::time::sleep_until(began + grace + TERMINATION_SLACK) => {
+                self.report_unconfirmed_stop(pod, began.elapsed());
+                stop.await?;
+            }
+            stopped = &mut stop => stopped?,
+        }
         // A pod deleted through the API ends with a final status from its stopped containers
         // (Succeeded when every one exited 0, else Failed), as upstream's, which the API
         // server gets before the pod's deletion completes.
-        if pod.metadata.deletion_timestamp.is_some() {
-            if !rt.containers.is_empty() {
-                self.kill_all(pod, &rt, false).await?;
-                rt = self.runtime.pod_runtime(&uid).await?;
+        if !self.statuses.was_terminated(&uid) {
+            if pod.metadata.deletion_timestamp.is_some() {
+                let rt = self.runtime.pod_runtime(&uid).await?;
+                self.record_final_status(pod, &rt).await?;
             }
-            self.record_final_status(pod, &rt).await?;
+            self.status.terminated(&uid);
+            self.forget(&uid);
         }
-        self.kill_all(pod, &rt, true).await?;
-        volumes::teardown(&self.ctx.root_dir, &uid.0)?;
-        self.userns.release(&uid);
-        self.cgroups.remove_pod(&uid.0)?;
-        let log_dir = convert::pod_log_dir(&self.ctx, pod);
-        match std::fs::remove_dir_all(&log_dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::Io {
-                    path: log_dir,
-                    source: e,
-                });
-            }
-            _ => {}
-        }
-        self.status.terminated(&uid);
-        self.diagnoses.forget(&uid);
-        self.probes.remove_pod(&uid);
-        self.started
+        self.terminations
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
+        let rt = self.runtime.pod_runtime(&uid).await?;
+        self.kill_all(pod, &rt, true).await?;
+        self.userns.release(&uid);
+        let leftover = Leftover {
+            pod: full_name(pod),
+            log_dir: convert::pod_log_dir(&self.ctx, pod),
+            wait: LEFTOVER_RETRY_FIRST,
+            next: tokio::time::Instant::now() + LEFTOVER_RETRY_FIRST,
+        };
+        self.clean_up(&uid, leftover);
+        Ok(())
+    }
+
+    /// Reports a pod whose stop the runtime has not confirmed past its grace period and the
+    /// slack: its status ends (Failed, from what is known of its containers) and a warning
+    /// says why. Said once per termination.
+    fn report_unconfirmed_stop(&self, pod: &Pod, waited: Duration) {
+        let uid = PodUid::of(pod);
+        if self
+            .statuses
+            .get(&uid)
+            .and_then(|e| e.pod.status.clone())
+            .is_some_and(|s| s.reason.as_deref() == Some(UNCONFIRMED_STOP))
+        {
+            return;
+        }
+        let message = format!(
+            "The container runtime has not confirmed the stop of the pod's containers {}s after its termination began; the pod is reported ended and its stop goes on",
+            waited.as_secs()
+        );
+        self.events
+            .warning(Target::pod(pod), UNCONFIRMED_STOP, message.clone());
+        let last = self.statuses.get(&uid).and_then(|e| e.pod.status.clone());
+        let mut status = failure(last, UNCONFIRMED_STOP, &message);
+        for c in status.container_statuses.iter_mut().flatten() {
+            c.ready = false;
+        }
+        self.status.set(pod, status);
+    }
+
+    /// Forgets what the syncer keeps of a pod that ended.
+    fn forget(&self, uid: &PodUid) {
+        self.diagnoses.forget(uid);
+        self.probes.remove_pod(uid);
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
         self.backoff
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .forget_pod(&uid.0);
-        self.images.forget_pod(&uid);
+        self.images.forget_pod(uid);
         self.waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
-        tracing::info!(pod = %full_name(pod), %uid, "pod terminated and cleaned up");
-        Ok(())
+            .remove(uid);
+    }
+
+    /// Removes what an ended pod left on the node (its volumes and directory, cgroup and log
+    /// directory). What cannot be removed goes on the cleanup list with why (a CleanupPending
+    /// warning the first time) and is tried again by housekeeping; it holds nothing up.
+    fn clean_up(&self, uid: &PodUid, leftover: Leftover) {
+        let mut left = Vec::new();
+        if let Err(e) = volumes::teardown(&self.ctx.root_dir, &uid.0) {
+            left.push(format!("volumes: {}", crate::types::error_chain(&e)));
+        }
+        if let Err(e) = self.cgroups.remove_pod(&uid.0) {
+            left.push(format!("cgroup: {}", crate::types::error_chain(&e)));
+        }
+        match std::fs::remove_dir_all(&leftover.log_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => left.push(format!(
+                "logs: cannot remove {}: {e}",
+                leftover.log_dir.display()
+            )),
+            _ => {}
+        }
+        let mut leftovers = self.leftovers.lock().unwrap_or_else(|e| e.into_inner());
+        if left.is_empty() {
+            leftovers.remove(uid);
+            if self.cleanups.done(uid) {
+                tracing::info!(pod = %leftover.pod, %uid, "what the pod left is cleaned up");
+            } else {
+                tracing::info!(pod = %leftover.pod, %uid, "pod terminated and cleaned up");
+            }
+            return;
+        }
+        let why = left.join("; ");
+        if self.cleanups.left(uid, leftover.pod.clone(), left) {
+            tracing::warn!(pod = %leftover.pod, %uid, left = %why, "pod terminated; what it left is cleaned up in the background");
+            let (namespace, name) = leftover.pod.split_once('/').unwrap_or(("", ""));
+            self.events.warning(
+                crate::events::Target {
+                    kind: "Pod",
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    uid: uid.0.clone(),
+                    field_path: None,
+                },
+                "CleanupPending",
+                format!("The pod ended; what it left is removed in the background: {why}"),
+            );
+        }
+        leftovers.insert(uid.clone(), leftover);
     }
 }
+
+/// What an ended pod left, tried again with a doubling wait.
+struct Leftover {
+    /// `namespace/name`.
+    pod: String,
+    log_dir: PathBuf,
+    wait: Duration,
+    next: tokio::time::Instant,
+}
+
+/// How long past its grace period a termination may take before the pod is reported ended
+/// even though the runtime has not confirmed its stop.
+const TERMINATION_SLACK: Duration = Duration::from_secs(10);
+/// The status reason of such a pod.
+const UNCONFIRMED_STOP: &str = "StopUnconfirmed";
+/// The waits between attempts to remove what an ended pod left.
+const LEFTOVER_RETRY_FIRST: Duration = Duration::from_secs(2);
+const LEFTOVER_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Are all of the pod's app containers running (the pod has started)?
 /// Whether the sandbox's pod UID, name and namespace can name the pod's directories; a
@@ -1552,6 +1682,34 @@ impl PodSyncer for Syncer {
             tracing::warn!(error = %e, "cannot update the QoS cgroups");
         }
         self.userns.release_orphans();
+        // What ended pods left is removed again when its time has come; a pod that runs
+        // again (the same UID) has its directories back in use and is nothing to clean.
+        let now = tokio::time::Instant::now();
+        let due: Vec<(PodUid, Leftover)> = {
+            let mut leftovers = self.leftovers.lock().unwrap_or_else(|e| e.into_inner());
+            let running: std::collections::HashSet<PodUid> =
+                desired.iter().map(|p| PodUid::of(p)).collect();
+            leftovers.retain(|uid, _| {
+                let again = running.contains(uid);
+                if again {
+                    self.cleanups.done(uid);
+                }
+                !again
+            });
+            let due: Vec<PodUid> = leftovers
+                .iter()
+                .filter(|(_, l)| l.next <= now)
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            due.into_iter()
+                .filter_map(|uid| leftovers.remove(&uid).map(|l| (uid, l)))
+                .collect()
+        };
+        for (uid, mut leftover) in due {
+            leftover.wait = (leftover.wait * 2).min(LEFTOVER_RETRY_MAX);
+            leftover.next = now + leftover.wait;
+            self.clean_up(&uid, leftover);
+        }
     }
 
     async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {

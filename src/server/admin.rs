@@ -39,6 +39,7 @@ pub struct Handles {
     pub statuses: status::Reader,
     pub events: events::Recorder,
     pub diagnoses: status::Diagnoses,
+    pub cleanups: status::Cleanups,
     pub runtime: RuntimeClient,
     pub debugger: mpsc::Sender<crate::sync_loop::Debug>,
 }
@@ -112,6 +113,14 @@ impl Admin for Handles {
             .map(|e| to_json(&e.to_api(&self.node_name)))
             .collect();
         Ok(Response::new(proto::ListEventsResponse { events }))
+    }
+
+    async fn list_cleanups(
+        &self,
+        _: Request<proto::ListCleanupsRequest>,
+    ) -> Result<Response<proto::ListCleanupsResponse>, Status> {
+        let cleanups = self.cleanups.list().iter().map(to_json).collect();
+        Ok(Response::new(proto::ListCleanupsResponse { cleanups }))
     }
 
     type LogsStream = BoxStream<proto::LogsChunk>;

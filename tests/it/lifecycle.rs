@@ -483,3 +483,77 @@ async fn the_restart_backoff_goes_on_after_nodelet_restarts() {
     );
     node.finish().await;
 }
+
+/// A termination is a deadline: a pod whose preStop hook hangs and whose volume cannot be
+/// removed (a file in it made immutable) is gone from the node's pods within its grace period
+/// and 10 s; what it left is on the cleanup list with why, a new pod of its name starts at
+/// once, and the leftover goes as soon as it can.
+#[tokio::test]
+async fn a_termination_ends_on_time_and_its_leftovers_are_cleaned_in_the_background() {
+    let node = Node::start("leftover", &[]).await;
+    let pod = |marker: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: kept}}\nspec:\n  terminationGracePeriodSeconds: 3\n  volumes: [{{name: scratch, emptyDir: {{}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    env: [{{name: MARK, value: {marker}}}]\n    volumeMounts: [{{name: scratch, mountPath: /scratch}}]\n    lifecycle: {{preStop: {{exec: {{command: [sleep, '600']}}}}}}\n    command: [sh, -c, \"touch /scratch/pin; trap '' TERM; {FOREVER}\"]\n"
+        )
+    };
+    node.write_manifest("kept.yaml", &pod("one"));
+    let (sandbox, _) = node.wait_running("kept", 1).await;
+    let pin = node
+        .path("root/pods")
+        .join(&sandbox.uid.0)
+        .join("volumes/kubernetes.io~empty-dir/scratch/pin");
+    eventually("the pinned file", Duration::from_secs(30), || {
+        std::future::ready(pin.exists().then_some(()))
+    })
+    .await;
+    let chattr = |flag: &str| {
+        let done = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(&pin)
+            .status()
+            .expect("chattr runs");
+        assert!(done.success(), "chattr {flag}");
+    };
+    chattr("+i");
+    node.remove_manifest("kept.yaml");
+    let ended = eventually(
+        "the pod gone from the node's pods",
+        Duration::from_secs(60),
+        || std::future::ready(node.status("kept").is_none().then_some(())),
+    );
+    tokio::time::timeout(Duration::from_secs(3 + 10), ended)
+        .await
+        .expect("the pod ended within its grace period and 10 s");
+    node.wait_gone(&sandbox.uid, Duration::from_secs(30)).await;
+    let listed = eventually(
+        "the leftover on the cleanup list",
+        Duration::from_secs(30),
+        || async {
+            let out = node.cli(&["get", "cleanups"]).output().await.ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .any(|l| {
+                    l.contains(&sandbox.uid.0)
+                        && l.contains("volumes")
+                        && l.contains("not permitted")
+                })
+                .then_some(text)
+        },
+    )
+    .await;
+    assert!(listed.contains(&node.pod_name("kept")), "{listed}");
+    // Its leftover holds nothing up: the pod of the same name runs again at once.
+    node.write_manifest("kept.yaml", &pod("two"));
+    node.wait_running("kept", 1).await;
+    chattr("-i");
+    eventually("the leftover removed", Duration::from_secs(90), || async {
+        let out = node.cli(&["get", "cleanups"]).output().await.ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (!text.contains(&sandbox.uid.0) && !pin.exists()).then_some(())
+    })
+    .await;
+    let out = node.cli(&["events"]).output().await.expect("the CLI runs");
+    let events = String::from_utf8_lossy(&out.stdout);
+    assert!(events.contains("CleanupPending"), "{events}");
+    node.finish().await;
+}

@@ -238,7 +238,12 @@ spec:
             name: "c".into(),
             attempt: 0,
         }),
-        image: status.image.clone(),
+        // By the pod's own reference: the one the runtime reports may name another test's copy
+        // of the same image, which that test removes.
+        image: Some(cri::ImageSpec {
+            image: BUSYBOX.into(),
+            ..Default::default()
+        }),
         command: vec!["sh".into(), "-c".into(), FOREVER.into()],
         labels,
         annotations,
@@ -949,6 +954,7 @@ async fn a_frozen_pod_holds_back_no_other_pod() {
         "calls about the frozen pod hang or fail"
     );
     node.remove_manifest("stuck.yaml");
+    let removed = tokio::time::Instant::now();
 
     // Other pods go on: a container's exit shows, a new pod starts, healthz says ok.
     node.touch(&steady_containers[0].id, "/tmp/exit").await;
@@ -987,6 +993,16 @@ async fn a_frozen_pod_holds_back_no_other_pod() {
         },
     )
     .await;
+    // Its termination is a deadline: within its grace period and 10 s it has ended (Failed)
+    // although the runtime never confirmed its stop.
+    let ended = node.wait_status("stuck", "ended, its stop unconfirmed", |st| {
+        st.phase.as_deref() == Some("Failed") && st.reason.as_deref() == Some("StopUnconfirmed")
+    });
+    let left = (removed + Duration::from_secs(5 + 10 + 2))
+        .saturating_duration_since(tokio::time::Instant::now());
+    tokio::time::timeout(left, ended)
+        .await
+        .expect("the frozen pod ended within its grace period and 10 s");
     drop(frozen);
     node.wait_gone(&stuck.uid, Duration::from_secs(60)).await;
     let out = node.cli(&["events"]).output().await.expect("the CLI runs");
