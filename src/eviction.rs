@@ -410,21 +410,29 @@ impl Manager {
                     Signal::PidAvailable => pressure.pid = true,
                     _ => pressure.disk = true,
                 }
-                breached.push((t.signal, min, o.available));
+                breached.push((t.signal, min, *o));
             }
         }
-        for (signal, min, available) in breached {
+        for (signal, min, observed) in breached {
             let ranked = rank(signal, self.candidates(signal).await);
             let Some(victim) = ranked.into_iter().next() else {
                 continue;
             };
             let message = format!(
-                "The node was low on resource: {}. Threshold quantity: {}, available: {}. The pod was using {}, request is {}.",
+                "The node was low on resource: {}. Threshold quantity: {}, available: {}. The pod was using {}, request is {}. ({} is the capacity {} less the {} in use{})",
                 signal.resource(),
                 quantity(min),
-                quantity(available),
+                quantity(observed.available),
                 quantity(victim.usage),
                 quantity(victim.request),
+                signal.name(),
+                quantity(observed.capacity),
+                quantity(observed.capacity - observed.available),
+                if signal == Signal::MemoryAvailable {
+                    ": the working set, without the page cache the kernel can reclaim"
+                } else {
+                    ""
+                },
             );
             crate::metrics::get().eviction(signal.name());
             return (

@@ -61,6 +61,15 @@ async fn shutdown_signal(cancel: CancellationToken, node_shutdown: Option<Cancel
     std::process::exit(130);
 }
 
+/// Sets the agent's own oom_score_adj (oomScoreAdj, --oom-score-adj), so that under memory
+/// pressure the kernel's OOM killer takes pods before the agent that would evict them, as the
+/// kubelet does for itself.
+fn protect_from_oom(adj: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", adj.to_string()) {
+        tracing::warn!(oom_score_adj = adj, error = %e, "cannot set the agent's oom_score_adj (--oom-score-adj); the OOM killer may take it before pods");
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if nodelet::cli::is_invocation(&args) {
@@ -98,6 +107,7 @@ fn main() -> ExitCode {
             tracing::warn!(gate = %gate, "feature gate is not one nodelet acts on; ignored");
         }
     }
+    protect_from_oom(loaded.config.oom_score_adj);
     for field in &loaded.ignored_fields {
         tracing::warn!(field = %field, "config file field is accepted but not acted on yet");
     }

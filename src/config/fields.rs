@@ -465,6 +465,13 @@ pub const FIELDS: &[Field] = &[
         "Node shutdown stages by pod priority: {priority, shutdownGracePeriodSeconds} each (config file only)",
     ),
     field(
+        "oomScoreAdj",
+        "oom-score-adj",
+        true,
+        Scalar,
+        "The oom_score_adj of the nodelet process, from -1000 to 1000 [default -999]",
+    ),
+    field(
         "failCgroupV1",
         "fail-cgroupv1",
         true,
@@ -698,7 +705,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "memoryThrottlingFactor",
     "mergeDefaultEvictionSettings",
     "nodeStatusMaxImages",
-    "oomScoreAdj",
     "podCIDR",
     "podsPerCore",
     "preloadedImagesVerificationAllowlist",

@@ -170,6 +170,8 @@ pub struct Config {
     /// Refuse a host without the unified cgroup hierarchy (upstream's default from 1.35 is true;
     /// nodelet speaks 1.34, whose default is false).
     pub fail_cgroup_v1: bool,
+    /// The agent's own oom_score_adj: the kernel's OOM killer takes it last (upstream's -999).
+    pub oom_score_adj: i32,
     pub cgroup_driver: CgroupDriver,
     /// Graceful node shutdown's total time, and the part of it kept for critical pods.
     pub shutdown_grace_period: Duration,
@@ -310,6 +312,7 @@ impl Config {
             "cgroupDriver": self.cgroup_driver.as_str(),
             "failSwapOn": self.fail_swap_on,
             "failCgroupV1": self.fail_cgroup_v1,
+            "oomScoreAdj": self.oom_score_adj,
             "maxPods": self.max_pods,
             "userNamespaces": {"idsPerPod": self.user_namespace_ids_per_pod},
             "featureGates": self.feature_gates,
@@ -865,6 +868,10 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),
         fail_cgroup_v1: r.bool("failCgroupV1", false),
+        oom_score_adj: r.parsed("oomScoreAdj", -999, |s| match s.trim().parse::<i32>() {
+            Ok(n) if (-1000..=1000).contains(&n) => Ok(n),
+            _ => Err(format!("{s:?} is not a number from -1000 to 1000")),
+        }),
         shutdown_grace_period: r.shutdown_period("shutdownGracePeriod"),
         shutdown_grace_period_critical_pods: r.shutdown_period("shutdownGracePeriodCriticalPods"),
         shutdown_grace_period_by_pod_priority: {
@@ -1129,6 +1136,7 @@ mod tests {
         assert_eq!(c.container_log_max_size, Some(10 * 1024 * 1024));
         assert_eq!(c.container_log_max_files, 5);
         assert_eq!(c.container_log_monitor_interval, Duration::from_secs(10));
+        assert_eq!(c.oom_score_adj, -999);
     }
 
     #[test]

@@ -1358,7 +1358,7 @@ impl Syncer {
         self.kill_all(pod, &rt, true).await?;
         self.userns.release(&uid);
         let leftover = Leftover {
-            pod: full_name(pod),
+            pod: Target::pod(pod),
             log_dir: convert::pod_log_dir(&self.ctx, pod),
             wait: LEFTOVER_RETRY_FIRST,
             next: tokio::time::Instant::now() + LEFTOVER_RETRY_FIRST,
@@ -1432,27 +1432,21 @@ impl Syncer {
             _ => {}
         }
         let mut leftovers = self.leftovers.lock().unwrap_or_else(|e| e.into_inner());
+        let pod = format!("{}/{}", leftover.pod.namespace, leftover.pod.name);
         if left.is_empty() {
             leftovers.remove(uid);
             if self.cleanups.done(uid) {
-                tracing::info!(pod = %leftover.pod, %uid, "what the pod left is cleaned up");
+                tracing::info!(%pod, %uid, "what the pod left is cleaned up");
             } else {
-                tracing::info!(pod = %leftover.pod, %uid, "pod terminated and cleaned up");
+                tracing::info!(%pod, %uid, "pod terminated and cleaned up");
             }
             return;
         }
         let why = left.join("; ");
-        if self.cleanups.left(uid, leftover.pod.clone(), left) {
-            tracing::warn!(pod = %leftover.pod, %uid, left = %why, "pod terminated; what it left is cleaned up in the background");
-            let (namespace, name) = leftover.pod.split_once('/').unwrap_or(("", ""));
+        if self.cleanups.left(uid, pod.clone(), left) {
+            tracing::warn!(%pod, %uid, left = %why, "pod terminated; what it left is cleaned up in the background");
             self.events.warning(
-                crate::events::Target {
-                    kind: "Pod",
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                    uid: uid.0.clone(),
-                    field_path: None,
-                },
+                leftover.pod.clone(),
                 "CleanupPending",
                 format!("The pod ended; what it left is removed in the background: {why}"),
             );
@@ -1463,8 +1457,7 @@ impl Syncer {
 
 /// What an ended pod left, tried again with a doubling wait.
 struct Leftover {
-    /// `namespace/name`.
-    pod: String,
+    pod: Target,
     log_dir: PathBuf,
     wait: Duration,
     next: tokio::time::Instant,

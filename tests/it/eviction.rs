@@ -39,6 +39,10 @@ async fn memory_pressure_evicts_best_effort_then_burstable_and_never_a_critical_
         message.starts_with("The node was low on resource: memory."),
         "{message}"
     );
+    assert!(
+        message.contains("(memory.available is the capacity ") && message.contains("working set"),
+        "the event names the signal's inputs: {message}"
+    );
     node.wait_status("bu", "the Burstable pod to be evicted", evicted)
         .await;
     let (sandbox, _) = node.wait_running("cp", 1).await;

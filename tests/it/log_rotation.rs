@@ -126,6 +126,17 @@ fn texts(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that `who` got exactly the `expected` lines, naming the first one that differs.
+fn same_lines(who: &str, got: &[String], expected: &[String]) {
+    assert!(
+        got == expected,
+        "{who}: {} lines for {}, the first wrong one at {:?}",
+        got.len(),
+        expected.len(),
+        got.iter().zip(expected).position(|(a, b)| a != b)
+    );
+}
+
 /// Rotation loses nothing: a container writes 400 000 numbered lines in bursts while its log is
 /// rotated over a hundred times. The rotated files and the live one, in order, hold every line
 /// exactly once; no file outgrows the maximum by more than a few checks' worth of writes; a
@@ -185,12 +196,7 @@ async fn rotation_loses_no_line_and_a_follower_sees_them_all() {
         .expect("the follower task");
     let _ = follower.kill().await;
     let expected: Vec<String> = (1..=LINES).map(|n| n.to_string()).collect();
-    assert!(
-        seen == expected,
-        "the follower saw {} lines, the first wrong one at {:?}",
-        seen.len(),
-        seen.iter().zip(&expected).position(|(a, b)| a != b)
-    );
+    same_lines("the follower", &seen, &expected);
 
     let dir = node
         .pod_logs()
@@ -213,12 +219,7 @@ async fn rotation_loses_no_line_and_a_follower_sees_them_all() {
         );
         all.extend(texts(&path));
     }
-    assert!(
-        all == expected,
-        "the files hold {} lines, the first wrong one at {:?}",
-        all.len(),
-        all.iter().zip(&expected).position(|(a, b)| a != b)
-    );
+    same_lines("the files", &all, &expected);
 
     let out = node
         .cli(&["logs", &pod, "--tail", "100000"])
@@ -229,10 +230,10 @@ async fn rotation_loses_no_line_and_a_follower_sees_them_all() {
         .lines()
         .map(str::to_string)
         .collect();
-    assert!(
-        tail == expected[(LINES as usize - 100_000)..],
-        "--tail 100000 gave {} lines",
-        tail.len()
+    same_lines(
+        "--tail 100000",
+        &tail,
+        &expected[(LINES as usize - 100_000)..],
     );
     node.finish().await;
 }

@@ -579,11 +579,21 @@ spec:
 #[tokio::test]
 async fn sigterm_stops_nodelet_quickly_and_leaves_pods_running() {
     let mut p = Process::new("sigterm");
+    clean_node(&p.node, p.dir.path()).await;
     p.manifest("a.yaml", &pod_yaml("a", &[("c", FOREVER)], ""));
-    p.start();
+    p.start_with(&["--oom-score-adj=500"]);
     let before = eventually("the pod to run", Duration::from_secs(60), || async {
         let r = p.running().await;
         (r.len() == 1).then_some(r)
+    })
+    .await;
+    // The agent sets its own oom_score_adj (--oom-score-adj; -999 by default, which needs
+    // CAP_SYS_RESOURCE, which these test machines do not grant: the test raises it instead).
+    let pid = p.child.as_ref().expect("running").id();
+    let adj = format!("/proc/{pid}/oom_score_adj");
+    eventually("the agent's oom_score_adj", Duration::from_secs(10), || {
+        let now = std::fs::read_to_string(&adj).unwrap_or_default();
+        std::future::ready((now.trim() == "500").then_some(()))
     })
     .await;
     p.signal(libc::SIGTERM);
