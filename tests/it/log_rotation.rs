@@ -117,13 +117,22 @@ async fn a_chatty_containers_log_is_rotated_and_capped() {
     node.finish().await;
 }
 
-/// The CRI log lines of a file, decoded: each line's text.
-fn texts(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| Some(l.splitn(4, ' ').nth(3)?.to_string()))
-        .collect()
+/// CRI log lines decoded into the lines the container wrote: a line the runtime wrote in parts
+/// (tag `P`, up to the `F` that ends it) is joined, across files too.
+fn texts(log: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut partial = String::new();
+    for line in log.lines() {
+        let mut fields = line.splitn(4, ' ');
+        let (Some(tag), Some(text)) = (fields.nth(2), fields.next()) else {
+            continue;
+        };
+        partial.push_str(text);
+        if tag == "F" {
+            out.push(std::mem::take(&mut partial));
+        }
+    }
+    out
 }
 
 /// Asserts that `who` got exactly the `expected` lines, naming the first one that differs.
@@ -205,7 +214,7 @@ async fn rotation_loses_no_line_and_a_follower_sees_them_all() {
     let names = files(&dir);
     let rotated: Vec<&String> = names.iter().filter(|f| *f != "0.log").collect();
     assert!(rotated.len() >= 100, "only {} rotations", rotated.len());
-    let mut all = Vec::new();
+    let mut raw = String::new();
     for name in rotated
         .iter()
         .copied()
@@ -217,8 +226,9 @@ async fn rotation_loses_no_line_and_a_follower_sees_them_all() {
             size <= max_size + (1 << 20),
             "{name} grew to {size} bytes, far past the {max_size} maximum"
         );
-        all.extend(texts(&path));
+        raw.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
     }
+    let all = texts(&raw);
     same_lines("the files", &all, &expected);
 
     let out = node

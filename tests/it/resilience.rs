@@ -1008,7 +1008,7 @@ async fn a_frozen_pod_holds_back_no_other_pod() {
     let ended = node.wait_status("stuck", "ended, its stop unconfirmed", |st| {
         st.phase.as_deref() == Some("Failed") && st.reason.as_deref() == Some("StopUnconfirmed")
     });
-    let left = (removed + Duration::from_secs(5 + 10 + 2))
+    let left = (removed + Duration::from_secs(5 + 10 + 5))
         .saturating_duration_since(tokio::time::Instant::now());
     tokio::time::timeout(left, ended)
         .await
