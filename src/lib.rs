@@ -10,7 +10,8 @@
 //! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
 //! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
-//! `log_rotation` and `eviction` use `runtime`; `shutdown` (graceful node shutdown's stages and
+//! `log_rotation` and `eviction` use `runtime`; `admission` (the admit handlers' stateless checks)
+//! uses `pod`; `shutdown` (graceful node shutdown's stages and
 //! record) uses `config` and `pod`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
 //! and implements `PodSyncer`; `sync_loop` drives `pod_workers`; `server` holds read handles
@@ -18,6 +19,7 @@
 //! client of the agent's admin socket; `cluster` (cluster mode: node registration, lease, the
 //! API pod source, status and mirror pods) holds read handles and feeds the mux like a source.
 
+pub mod admission;
 pub mod agent;
 pub mod backoff;
 pub mod cgroups;

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::{exceeds, host_has_apparmor, needs_apparmor, os_refusal};
 use crate::eviction::{Eviction, Pressure};
 use crate::objects;
 use crate::pleg::{Event, EventKind};
@@ -860,105 +861,12 @@ fn debug_refusal(
     None
 }
 
-/// The annotation prefix of a container's AppArmor profile (before the field existed).
-const APPARMOR_ANNOTATION: &str = "container.apparmor.security.beta.kubernetes.io/";
-
-/// Does the pod ask for an AppArmor profile other than unconfined (by field or annotation)?
-fn needs_apparmor(pod: &Pod) -> bool {
-    let s = crate::pod::spec(pod);
-    let confined = |p: Option<&k8s_openapi::api::core::v1::AppArmorProfile>| {
-        p.is_some_and(|p| p.type_ != "Unconfined")
-    };
-    let by_field = confined(
-        s.security_context
-            .as_ref()
-            .and_then(|c| c.app_armor_profile.as_ref()),
-    ) || crate::pod::all_containers(s).any(|c| {
-        confined(
-            c.security_context
-                .as_ref()
-                .and_then(|c| c.app_armor_profile.as_ref()),
-        )
-    });
-    let by_annotation = pod
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .any(|(k, v)| k.starts_with(APPARMOR_ANNOTATION) && v != "unconfined");
-    by_field || by_annotation
-}
-
-/// Is AppArmor enabled in this kernel (read once)?
-fn host_has_apparmor() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| {
-        std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
-            .is_ok_and(|v| v.starts_with('Y'))
-    })
-}
-
-/// Upstream's OS checks: a pod for another OS, by its `kubernetes.io/os` node selector or its
-/// `spec.os.name`, is refused on this Linux node.
-fn os_refusal(pod: &Pod) -> Option<(&'static str, String)> {
-    let spec = crate::pod::spec(pod);
-    let selected = spec
-        .node_selector
-        .as_ref()
-        .and_then(|s| s.get("kubernetes.io/os"));
-    if selected.is_some_and(|os| os != "linux") {
-        return Some((
-            "PodOSSelectorNodeLabelDoesNotMatch",
-            "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label".into(),
-        ));
-    }
-    if spec.os.as_ref().is_some_and(|os| os.name != "linux") {
-        return Some((
-            "PodOSNotSupported",
-            "Failed to admit pod as the OS field doesn't match node OS".into(),
-        ));
-    }
-    None
-}
-
 /// Is the pod's phase (as its source gives it) Succeeded or Failed?
 fn is_finished(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
-}
-
-/// Upstream's refusal when `requested` on top of `used` exceeds `capacity` (cpu is shown in
-/// millicores).
-fn exceeds(
-    reason: &'static str,
-    resource: &str,
-    requested: f64,
-    used: f64,
-    capacity: f64,
-    millicores: bool,
-) -> Option<(&'static str, String)> {
-    if used + requested <= capacity + 1e-9 {
-        return None;
-    }
-    // Whole millicores for cpu, bytes for memory, as upstream prints them.
-    let show = |v: f64| {
-        if millicores {
-            ((v * 1000.0).round() as i64).to_string()
-        } else {
-            (v as i64).to_string()
-        }
-    };
-    Some((
-        reason,
-        format!(
-            "Node didn't have enough resource: {resource}, requested: {}, used: {}, capacity: {}",
-            show(requested),
-            show(used),
-            show(capacity)
-        ),
-    ))
 }
 
 /// A number in [0, 1) for resync jitter; quality does not matter, only spread.
