@@ -70,9 +70,9 @@ impl Agent {
     /// the agent stops.
     async fn shut_down_node(&self) {
         let n = &self.node_shutdown;
-        let budget: i64 = n.stages.iter().map(|s| s.seconds).sum();
+        let budget = crate::shutdown::budget(&n.stages);
         tracing::info!(
-            budget_seconds = budget,
+            budget_seconds = budget.as_secs(),
             "node shutdown: the node is shutting down"
         );
         let started = crate::shutdown::Record {
@@ -88,7 +88,7 @@ impl Agent {
             stages: n.stages.clone(),
             done,
         };
-        let wait = Duration::from_secs(u64::try_from(budget).unwrap_or(0)) + NODE_SHUTDOWN_MARGIN;
+        let wait = budget + NODE_SHUTDOWN_MARGIN;
         if n.sync_loop.send(request).await.is_err()
             || !matches!(tokio::time::timeout(wait, stopped).await, Ok(Ok(())))
         {

@@ -120,6 +120,14 @@ pub struct Event {
 }
 
 impl Event {
+    /// Whether `other` is this event (the same API object), as [`Event::key`] tells, without
+    /// spelling the key out.
+    fn same(&self, other: &Event) -> bool {
+        self.first == other.first
+            && self.target.name == other.target.name
+            && self.target.namespace == other.target.namespace
+    }
+
     /// The event's namespace and name as an API object (stable over its repeats).
     pub fn key(&self) -> (String, String) {
         (
@@ -300,7 +308,7 @@ impl Recorder {
                 else {
                     continue;
                 };
-                store.retain(|old| old.key() != e.key());
+                store.retain(|old| !old.same(&e));
                 store.push_back(e);
             }
         }
@@ -328,10 +336,10 @@ impl Recorder {
         self.sink.store(true, Ordering::Relaxed);
     }
 
-    /// The API server has the event `key` up to `count` (or refused it for good).
-    pub fn sent(&self, key: &(String, String), count: u32) {
+    /// The API server has `event` up to `count` (or refused it for good).
+    pub fn sent(&self, event: &Event, count: u32) {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = store.iter_mut().find(|e| e.key() == *key) {
+        if let Some(e) = store.iter_mut().find(|e| e.same(event)) {
             e.sent = e.sent.max(count);
         }
     }
@@ -498,7 +506,7 @@ mod tests {
         r.attach_sink();
         let p = pod("web");
         r.normal(Target::pod(&p), "Created", "one".into());
-        let first = r.list(None)[0].key();
+        let first = r.list(None)[0].clone();
         r.sent(&first, 1);
         let before = dropped();
         r.normal(Target::pod(&p), "Created", "two".into());

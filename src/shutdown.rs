@@ -28,6 +28,12 @@ pub struct Stage {
     pub pods: Vec<(Arc<Pod>, i64)>,
 }
 
+/// The whole time a shutdown of `stages` may take: the sum of their times.
+pub fn budget(stages: &[ShutdownStage]) -> Duration {
+    let seconds: i64 = stages.iter().map(|s| s.seconds.max(0)).sum();
+    Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
 /// Puts each pod in the stage of its priority: the last stage whose priority is at or below
 /// the pod's (the first stage for pods below every stage). A pod's grace is the stage's time,
 /// or its own grace period where that is shorter. Stages come lowest priority first; the empty

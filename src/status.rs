@@ -307,10 +307,10 @@ impl Diagnoses {
 
     /// Forgets a pod that is gone.
     pub fn forget(&self, uid: &PodUid) {
-        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        if pods.get(uid).is_some_and(|kept| kept.steps.is_empty()) {
-            pods.remove(uid);
-        }
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
     }
 
     /// The pod's diagnosis.

@@ -219,8 +219,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             })
             .cloned()
             .collect();
-        let budget: i64 = request.stages.iter().map(|s| s.seconds.max(0)).sum();
-        let budget = Duration::from_secs(u64::try_from(budget).unwrap_or(0));
+        let budget = crate::shutdown::budget(&request.stages);
         let stages = crate::shutdown::plan(&request.stages, running);
         tracing::info!(
             stages = stages.len(),

@@ -27,19 +27,17 @@ pub async fn run(
     loop {
         let mut failed = false;
         // Each event the API server does not have at its latest count.
-        let events: Vec<(bool, ApiEvent)> = recorder
+        let unsent: Vec<_> = recorder
             .list(None)
-            .iter()
+            .into_iter()
             .filter(|e| e.sent < e.count)
-            .map(|e| (e.sent > 0, e.to_api(&node)))
             .collect();
-        for (known, event) in &events {
-            let namespace = event.metadata.namespace.clone().unwrap_or_default();
-            let name = event.metadata.name.clone().unwrap_or_default();
-            let key = (namespace.clone(), name.clone());
+        for recorded in &unsent {
+            let event = &recorded.to_api(&node);
+            let (namespace, name) = recorded.key();
             let count = event.count.unwrap_or(1);
             let api: Api<ApiEvent> = Api::namespaced(client.clone(), &namespace);
-            let result = if *known {
+            let result = if recorded.sent > 0 {
                 let patch = serde_json::json!({
                     "count": count,
                     "lastTimestamp": event.last_timestamp,
@@ -69,12 +67,12 @@ pub async fn run(
             };
             let count = u32::try_from(count).unwrap_or(0);
             match result {
-                Ok(()) => recorder.sent(&key, count),
+                Ok(()) => recorder.sent(recorded, count),
                 // The namespace is gone, or the event is refused: it is not tried again.
                 Err(kube::Error::Api(e)) if matches!(e.code, 403 | 404 | 422) => {
                     tracing::debug!(event = %name, reason = %e.message, "the API server refused an event");
                     crate::metrics::get().event_dropped("refused");
-                    recorder.sent(&key, count);
+                    recorder.sent(recorded, count);
                 }
                 Err(e) => {
                     failed = true;

@@ -1371,11 +1371,12 @@ impl Syncer {
     /// slack: its status ends (Failed, from what is known of its containers) and a warning
     /// says why. Said once per termination.
     fn report_unconfirmed_stop(&self, pod: &Pod, waited: Duration) {
-        let uid = PodUid::of(pod);
-        if self
+        let last = self
             .statuses
-            .get(&uid)
-            .and_then(|e| e.pod.status.clone())
+            .get(&PodUid::of(pod))
+            .and_then(|e| e.pod.status.clone());
+        if last
+            .as_ref()
             .is_some_and(|s| s.reason.as_deref() == Some(UNCONFIRMED_STOP))
         {
             return;
@@ -1386,7 +1387,6 @@ impl Syncer {
         );
         self.events
             .warning(Target::pod(pod), UNCONFIRMED_STOP, message.clone());
-        let last = self.statuses.get(&uid).and_then(|e| e.pod.status.clone());
         let mut status = failure(last, UNCONFIRMED_STOP, &message);
         for c in status.container_statuses.iter_mut().flatten() {
             c.ready = false;
