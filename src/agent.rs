@@ -405,6 +405,7 @@ impl Core {
                     EVICTION_INTERVAL,
                 ),
                 transition: config.eviction_pressure_transition_period,
+                notifications: config.kernel_memcg_notification,
             },
             runtime: runtime.clone(),
             cgroups: cgroups.clone(),

@@ -419,6 +419,17 @@ impl Manager {
 
     /// The node's memory working set: the root memory cgroup's (v1), or what /proc/meminfo
     /// says is not available (a v2 root cgroup has no usage file).
+    /// A kernel notification, as an eventfd, of the node's memory working set crossing
+    /// `working_set` bytes; `None` where the kernel has none (the memory controller on the
+    /// unified hierarchy, which only notifies about limits).
+    pub fn node_memory_threshold(
+        &self,
+        working_set: u64,
+    ) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        let mount = self.memory.as_ref().filter(|m| !m.v2)?;
+        Some(usage::arm_threshold(&mount.point, working_set))
+    }
+
     pub fn node_memory_working_set(&self) -> Option<u64> {
         if let Some(mount) = self.memory.as_ref().filter(|m| !m.v2)
             && let Some(ws) = usage::working_set(&mount.point, false)

@@ -93,6 +93,32 @@ pub(super) fn working_set(dir: &Path, v2: bool) -> Option<u64> {
     Some(usage.saturating_sub(inactive))
 }
 
+/// Arms cgroup v1's memory threshold notification on the cgroup at `dir`: the returned eventfd
+/// becomes readable when the cgroup's working set crosses `working_set` bytes, either way. The
+/// kernel compares memory.usage_in_bytes, so the inactive file pages of now are added (upstream's
+/// memcg notifier does the same and re-arms after each observation). Closing the eventfd
+/// removes the notification.
+pub(super) fn arm_threshold(dir: &Path, working_set: u64) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let inactive = stat_field(dir, "total_inactive_file").unwrap_or(0);
+    let usage = std::fs::File::open(dir.join("memory.usage_in_bytes"))?;
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just returned by eventfd and nothing else owns it.
+    let event = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    let line = format!(
+        "{} {} {}",
+        event.as_raw_fd(),
+        usage.as_raw_fd(),
+        working_set.saturating_add(inactive)
+    );
+    std::fs::write(dir.join("cgroup.event_control"), line)?;
+    Ok(event)
+}
+
 /// The number of processes in the cgroup at `dir` (same file in v1 and v2).
 pub(super) fn pids(dir: &Path) -> Option<u64> {
     read_u64(&dir.join("pids.current"))

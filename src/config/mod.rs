@@ -201,6 +201,8 @@ pub struct Config {
     pub eviction_hard: BTreeMap<String, String>,
     /// How long a pressure condition outlives its last breach.
     pub eviction_pressure_transition_period: Duration,
+    /// Whether the kernel's notifications wake the eviction manager between its polls.
+    pub kernel_memcg_notification: bool,
     /// Bytes at which a container log is rotated; `None`: rotation is off (a negative size).
     pub container_log_max_size: Option<u64>,
     /// Most files per container log, the current one included (at least 2).
@@ -328,6 +330,7 @@ impl Config {
             "systemReserved": self.system_reserved,
             "evictionHard": self.eviction_hard,
             "evictionPressureTransitionPeriod": d(self.eviction_pressure_transition_period),
+            "kernelMemcgNotification": self.kernel_memcg_notification,
             "clusterDNS": self.cluster_dns.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
             "clusterDomain": self.cluster_domain,
             "allowedUnsafeSysctls": self.allowed_unsafe_sysctls,
@@ -954,6 +957,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
             Duration::from_secs(300),
             duration::parse,
         ),
+        kernel_memcg_notification: r.bool("kernelMemcgNotification", true),
         container_log_max_size: r.parsed("containerLogMaxSize", Some(10 << 20), log_max_size),
         container_log_max_files: r.parsed("containerLogMaxFiles", 5, |s| {
             match s.trim().parse::<u32>() {

@@ -90,3 +90,71 @@ async fn memory_pressure_evicts_best_effort_then_burstable_and_never_a_critical_
     );
     node.finish().await;
 }
+
+/// The node's memory.available as nodelet computes it on this (cgroup v1) machine: MemTotal less
+/// the root memory cgroup's working set.
+fn node_memory_available() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let total: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemTotal");
+    let root = std::path::Path::new("/sys/fs/cgroup/memory");
+    let usage: u64 = std::fs::read_to_string(root.join("memory.usage_in_bytes"))
+        .expect("the memory controller's v1 root")
+        .trim()
+        .parse()
+        .expect("a byte count");
+    let stat = std::fs::read_to_string(root.join("memory.stat")).expect("memory.stat");
+    let inactive: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("total_inactive_file "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_inactive_file");
+    (total * 1024).saturating_sub(usage.saturating_sub(inactive))
+}
+
+#[tokio::test]
+async fn memory_pressure_is_seen_when_it_comes_not_at_the_next_poll() {
+    // The poll is made rare (10 min): only the kernel's notifications can show the pressure in
+    // time. The threshold lies 2 GiB below what is free now; the pod then fills 4 GiB of memory.
+    const MIB: u64 = 1 << 20;
+    let threshold = (node_memory_available() - 2048 * MIB) / MIB;
+    let hard = format!("memory.available<{threshold}Mi");
+    let node = Node::start(
+        "evictnow",
+        &["--testing-eviction-period=10m", "--eviction-hard", &hard],
+    )
+    .await;
+    let fill = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: fill
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - name: mem
+    emptyDir:
+      medium: Memory
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: [sh, -c, "dd if=/dev/zero of=/mem/fill bs=1M count=4096; {FOREVER}"]
+    volumeMounts:
+    - name: mem
+      mountPath: /mem
+"#
+    );
+    node.write_manifest("fill.yaml", &fill);
+    let status = node
+        .wait_status("fill", "evicted well before the next poll", evicted)
+        .await;
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.starts_with("The node was low on resource: memory."),
+        "{message}"
+    );
+    node.finish().await;
+}

@@ -1,4 +1,5 @@
-//! The eviction manager: every monitoring interval (10 s) it observes the node's signals
+//! The eviction manager: every monitoring interval (10 s), and at once when the kernel reports
+//! memory pressure (see `alarm`), it observes the node's signals
 //! (memory.available, nodefs.available, nodefs.inodesFree, imagefs.available, pid.available),
 //! compares them with the hard thresholds (--eviction-hard), keeps the pressure conditions
 //! (MemoryPressure, DiskPressure, PIDPressure) and, on a breach, asks the sync loop to evict one
@@ -23,6 +24,8 @@ use crate::pod::{is_critical, priority, qos_class, requests};
 use crate::runtime::RuntimeClient;
 use crate::types::PodUid;
 use crate::{cgroups, status};
+
+mod alarm;
 
 /// What the eviction manager watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -247,6 +250,8 @@ pub struct Config {
     /// How long a condition stays after the last breach (evictionPressureTransitionPeriod),
     /// so it does not flap.
     pub transition: Duration,
+    /// Whether the kernel's memory notifications wake the manager (kernelMemcgNotification).
+    pub notifications: bool,
 }
 
 /// The eviction manager's task.
@@ -394,6 +399,18 @@ impl Manager {
         out
     }
 
+    /// The node's working set at which memory.available meets its highest threshold.
+    fn memory_alarm(&self) -> Option<u64> {
+        let min = self
+            .config
+            .thresholds
+            .iter()
+            .filter(|t| t.signal == Signal::MemoryAvailable)
+            .map(|t| t.min.of(self.config.memory))
+            .reduce(f64::max)?;
+        Some((self.config.memory - min).max(0.0) as u64)
+    }
+
     /// One pass: the thresholds breached now, and at most one pod to evict.
     async fn synchronize(&self) -> (Pressure, Option<Eviction>) {
         let observed = self.observe().await;
@@ -461,13 +478,16 @@ impl Manager {
         }
         let mut tick = tokio::time::interval(self.config.interval);
         let mut last_breach = Breaches::default();
+        let mut alarms = alarm::Alarms::new(self.config.notifications);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tick.tick() => {}
+                why = alarms.fired() => tracing::debug!(why, "memory alarm"),
             }
             let (breached, eviction) = self.synchronize().await;
+            alarms.arm(&self.cgroups, self.memory_alarm());
             let now = last_breach.observe(breached, Instant::now(), self.config.transition);
             let before = *pressure.borrow();
             if now != before {
