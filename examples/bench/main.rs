@@ -9,7 +9,7 @@
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
 //!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
-//!              [--only footprint|pleg|bootstrap]
+//!              [--only footprint|pleg|bootstrap|status]
 
 mod bootstrap;
 mod cluster;
@@ -62,6 +62,8 @@ struct Args {
     pleg_only: bool,
     /// Only kubeadm init under nodelet and under the kubelet (`--only bootstrap`).
     bootstrap_only: bool,
+    /// Only the status latency in cluster mode (`--only status`).
+    status_only: bool,
 }
 
 fn args() -> Result<Args> {
@@ -77,6 +79,7 @@ fn args() -> Result<Args> {
         footprint_only: false,
         pleg_only: false,
         bootstrap_only: false,
+        status_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,6 +99,7 @@ fn args() -> Result<Args> {
             "--only" if value == "footprint" => a.footprint_only = true,
             "--only" if value == "pleg" => a.pleg_only = true,
             "--only" if value == "bootstrap" => a.bootstrap_only = true,
+            "--only" if value == "status" => a.status_only = true,
             other => bail!("unknown flag {other} {value}"),
         }
     }
@@ -111,12 +115,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn p90(mut v: Vec<f64>) -> f64 {
+fn p90(v: Vec<f64>) -> f64 {
+    percentile(v, 0.9)
+}
+
+/// The nearest-rank percentile `q` (0 to 1) of `v`.
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         0.0
     } else {
-        v[((v.len() as f64 * 0.9).ceil() as usize).clamp(1, v.len()) - 1]
+        v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
     }
 }
 
@@ -640,6 +649,19 @@ async fn main() -> Result<()> {
         let b = bootstrap::run(&a.nodelet, a.pairs, a.footprint).await?;
         return write_report(&a, BTreeMap::from([("bootstrap", b)]));
     }
+    if a.status_only {
+        let c = cluster::run(
+            &a.nodelet,
+            &a.endpoint,
+            work.path(),
+            a.sizes,
+            (a.pairs, a.footprint),
+            cluster::Part::Status,
+        )
+        .await?;
+        print_status_latency(&c);
+        return write_report(&a, BTreeMap::from([("cluster", c)]));
+    }
     let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"), &[])?;
     until(&rt, "nodelet to start", START_POLL, |_, _| true).await?;
     let mut report = BTreeMap::new();
@@ -715,7 +737,12 @@ async fn main() -> Result<()> {
         &a.endpoint,
         work.path(),
         a.sizes,
-        (if a.footprint_only { 0 } else { a.pairs }, a.footprint),
+        (a.pairs, a.footprint),
+        if a.footprint_only {
+            cluster::Part::Footprint
+        } else {
+            cluster::Part::All
+        },
     )
     .await?;
     report.insert("cluster", in_cluster.clone());
@@ -779,6 +806,7 @@ async fn main() -> Result<()> {
             r["api_requests_per_pod"].as_f64().unwrap_or(0.0),
         );
     }
+    print_status_latency(&in_cluster);
     let standalone = |pods: u64, key: &str| {
         prints
             .iter()
@@ -810,6 +838,21 @@ async fn main() -> Result<()> {
         bootstrap::run(&a.nodelet, a.pairs, a.footprint).await?,
     );
     write_report(&a, report)
+}
+
+fn print_status_latency(cluster: &serde_json::Value) {
+    let s = &cluster["status_latency"];
+    if s.is_null() {
+        return;
+    }
+    println!(
+        "cluster mode, status latency (container started to Running at the API), bursts of {} pods x{}: p50 {:.3} s, p99 {:.3} s, max {:.3} s",
+        s["pods"],
+        s["runs"],
+        s["p50_s"].as_f64().unwrap_or(0.0),
+        s["p99_s"].as_f64().unwrap_or(0.0),
+        s["max_s"].as_f64().unwrap_or(0.0),
+    );
 }
 
 fn write_report(a: &Args, report: BTreeMap<&str, serde_json::Value>) -> Result<()> {
