@@ -354,6 +354,7 @@ impl Core {
                 burst: config.registry_burst,
                 backoff_initial: test_backoff.unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
                 credential_providers,
+                progress_deadline: config.image_pull_progress_deadline,
             },
             recorder.clone(),
         );

@@ -217,6 +217,9 @@ pub struct Diagnosis {
 pub struct Step {
     pub what: String,
     pub since: Time,
+    /// How far it got (an image pull's bytes), where that is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
 }
 
 /// A probe's latest attempt.
@@ -242,6 +245,19 @@ pub struct StepGuard {
     id: u64,
 }
 
+impl StepGuard {
+    /// Says how far the step got.
+    pub fn progress(&self, progress: String) {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        let step = pods
+            .get_mut(&self.uid)
+            .and_then(|kept| kept.steps.iter_mut().find(|(id, _)| *id == self.id));
+        if let Some((_, step)) = step {
+            step.progress = Some(progress);
+        }
+    }
+}
+
 impl Drop for StepGuard {
     fn drop(&mut self) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
@@ -262,7 +278,14 @@ impl Diagnoses {
         let id = self.with(uid, |kept| {
             kept.next += 1;
             let since = Time(crate::types::now());
-            kept.steps.push((kept.next, Step { what, since }));
+            kept.steps.push((
+                kept.next,
+                Step {
+                    what,
+                    since,
+                    progress: None,
+                },
+            ));
             kept.next
         });
         StepGuard {
@@ -278,6 +301,7 @@ impl Diagnoses {
             kept.last_error = error.map(|what| Step {
                 what: what.to_string(),
                 since: Time(crate::types::now()),
+                progress: None,
             });
         });
     }

@@ -192,6 +192,13 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// Nanoseconds since the Unix epoch (the clock the runtime stamps its times with).
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
 /// The current time as a Kubernetes timestamp (RFC 3339 when displayed).
 pub fn now() -> k8s_openapi::jiff::Timestamp {
     let nanos = std::time::SystemTime::now()

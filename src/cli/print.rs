@@ -514,6 +514,9 @@ fn diagnosis_lines(out: &mut String, d: &crate::status::Diagnosis) {
         let _ = writeln!(out, "Waiting On:");
         for step in &d.waiting_on {
             let _ = writeln!(out, "  {} (for {})", step.what, age(Some(step.since.0)));
+            if let Some(progress) = &step.progress {
+                let _ = writeln!(out, "    {progress}");
+            }
         }
     }
     if let Some(e) = &d.last_error {

@@ -570,6 +570,13 @@ pub const FIELDS: &[Field] = &[
         "Credential provider plugin config (a JSON/YAML file, or a directory of them merged in name order)",
     ),
     field(
+        "imagePullProgressDeadline",
+        "image-pull-progress-deadline",
+        false,
+        Scalar,
+        "Cancel a pull whose downloads have not moved for this long, where the runtime lists them (containerd); 0 for never [default 1m]",
+    ),
+    field(
         "imageCredentialProviderBinDir",
         "image-credential-provider-bin-dir",
         false,

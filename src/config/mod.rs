@@ -196,6 +196,8 @@ pub struct Config {
     /// Credential provider plugins: their config and the directory of their executables.
     pub image_credential_provider_config: Option<PathBuf>,
     pub image_credential_provider_bin_dir: Option<PathBuf>,
+    /// How long a pull's downloads may stand still before it is cancelled; `None`: forever.
+    pub image_pull_progress_deadline: Option<Duration>,
     pub kube_reserved: BTreeMap<String, String>,
     pub system_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
@@ -949,6 +951,12 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         }),
         image_credential_provider_config: r.path("imageCredentialProviderConfig"),
         image_credential_provider_bin_dir: r.path("imageCredentialProviderBinDir"),
+        image_pull_progress_deadline: Some(r.parsed(
+            "imagePullProgressDeadline",
+            Duration::from_secs(60),
+            duration::parse,
+        ))
+        .filter(|d| !d.is_zero()),
         kube_reserved: r.map("kubeReserved"),
         system_reserved: r.map("systemReserved"),
         eviction_hard: r.map("evictionHard"),

@@ -8,6 +8,7 @@
 mod credential_provider;
 pub mod gc;
 mod keyring;
+mod progress;
 mod reference;
 
 use std::collections::HashMap;
@@ -46,6 +47,9 @@ pub enum Error {
         #[source]
         source: runtime::Error,
     },
+    /// No progress for the deadline: `why` names the registry, the window and the bytes.
+    #[error("Failed to pull image {image:?}: {why}; the pull was cancelled")]
+    Stalled { image: String, why: String },
     #[error("Back-off pulling image {image:?}")]
     BackOff { image: String, remaining: Duration },
     #[error("cannot inspect image {image:?}")]
@@ -63,7 +67,7 @@ impl Error {
             Error::InvalidName { .. } => "InvalidImageName",
             Error::NeverPull { .. } => "ErrImageNeverPull",
             Error::BackOff { .. } => "ImagePullBackOff",
-            Error::Pull { .. } | Error::Inspect { .. } => "ErrImagePull",
+            Error::Pull { .. } | Error::Stalled { .. } | Error::Inspect { .. } => "ErrImagePull",
         }
     }
 }
@@ -109,7 +113,16 @@ pub struct Config {
     /// Credential provider plugins (--image-credential-provider-config), asked after the
     /// pod's pull secrets and the docker config file.
     pub credential_providers: Option<Arc<Providers>>,
+    /// A pull whose downloads do not move for this long is cancelled
+    /// (--image-pull-progress-deadline); `None`: never.
+    pub progress_deadline: Option<Duration>,
 }
+
+/// How often a pull's progress is looked at.
+const PROGRESS_SAMPLE: Duration = Duration::from_secs(1);
+
+/// How often a pull's progress is told in the pod's events.
+const PROGRESS_EVENTS: Duration = Duration::from_secs(10);
 
 /// The pull pool: at most `total` pulls at once, and no registry holds more than half of them,
 /// so a registry that stalls leaves the others room. Waiters are served in order.
@@ -155,6 +168,13 @@ impl Slots {
             _total: total,
         })
     }
+}
+
+/// How a watched pull failed.
+enum Watched {
+    Failed(runtime::Error),
+    /// Its downloads did not move for the deadline.
+    Stalled(Duration),
 }
 
 /// Pulls images for pods.
@@ -351,7 +371,7 @@ impl Puller {
         let _slot = self.paced(&r.domain).await;
         drop(step);
         let pulling = format!("registry {} to serve image {image:?}", r.domain);
-        let _step = req.diagnoses.begin(req.pod, pulling);
+        let step = req.diagnoses.begin(req.pod, pulling);
         let keyring = Keyring::load(&self.config.root_dir);
         let mut credentials: Vec<Credential> = req
             .secrets
@@ -374,18 +394,28 @@ impl Puller {
             format!("Pulling image {image:?}"),
         );
         let started = Instant::now();
+        let mut progress = progress::Progress::new(crate::types::now_ns());
         let mut attempts = attempts.into_iter();
+        let pull = |auth| {
+            self.runtime
+                .pull_image(wanted, auth, Some(req.sandbox.clone()))
+        };
         let mut outcome = self
-            .runtime
-            .pull_image(wanted, attempts.next().flatten(), Some(req.sandbox.clone()))
+            .watched(
+                req,
+                &r.domain,
+                &step,
+                &mut progress,
+                pull(attempts.next().flatten()),
+            )
             .await;
         for auth in attempts {
-            if outcome.is_ok() {
+            // Another credential may be let in; a registry that stalls stalls for all.
+            if !matches!(outcome, Err(Watched::Failed(_))) {
                 break;
             }
             outcome = self
-                .runtime
-                .pull_image(wanted, auth, Some(req.sandbox.clone()))
+                .watched(req, &r.domain, &step, &mut progress, pull(auth))
                 .await;
         }
         match outcome {
@@ -407,7 +437,7 @@ impl Puller {
                 );
                 Ok(found)
             }
-            Err(source) => {
+            Err(Watched::Failed(source)) => {
                 self.events.warning(
                     req.target.clone(),
                     "Failed",
@@ -417,6 +447,73 @@ impl Puller {
                     image: image.into(),
                     source,
                 })
+            }
+            Err(Watched::Stalled(window)) => {
+                let e = Error::Stalled {
+                    image: image.into(),
+                    why: format!(
+                        "no progress from registry {} for {}s ({})",
+                        r.domain,
+                        window.as_secs(),
+                        progress.describe(crate::types::now_ns())
+                    ),
+                };
+                self.events
+                    .warning(req.target.clone(), "Failed", e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `pull` while watching the runtime's downloads: their progress goes to the pod's
+    /// diagnosis at each look and to its events every [`PROGRESS_EVENTS`]; a pull whose
+    /// downloads have not moved for the progress deadline is dropped, which cancels it.
+    async fn watched(
+        &self,
+        req: &Request<'_>,
+        registry: &str,
+        step: &crate::status::StepGuard,
+        progress: &mut progress::Progress,
+        pull: impl std::future::Future<Output = runtime::Result<String>>,
+    ) -> Result<String, Watched> {
+        let mut pull = std::pin::pin!(pull);
+        let mut look = tokio::time::interval(PROGRESS_SAMPLE);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut told = Instant::now();
+        loop {
+            tokio::select! {
+                outcome = &mut pull => return outcome.map_err(Watched::Failed),
+                _ = look.tick() => {}
+            }
+            let downloads = match self.runtime.downloads().await {
+                Ok(Some(d)) => d,
+                // A runtime that lists no downloads: nothing to judge the pull by.
+                Ok(None) => return pull.await.map_err(Watched::Failed),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot list the runtime's downloads");
+                    continue;
+                }
+            };
+            let now = crate::types::now_ns();
+            progress.observe(&downloads, now);
+            let said = progress.describe(now);
+            step.progress(said.clone());
+            if told.elapsed() >= PROGRESS_EVENTS {
+                told = Instant::now();
+                self.events.normal(
+                    req.target.clone(),
+                    "Pulling",
+                    format!(
+                        "Pulling image {:?} from registry {registry}: {said}",
+                        req.image
+                    ),
+                );
+            }
+            if let Some(deadline) = self.config.progress_deadline
+                && progress.idle(now) >= deadline
+            {
+                tracing::warn!(image = %req.image, %registry, "no pull progress for {}s; cancelling the pull", deadline.as_secs());
+                return Err(Watched::Stalled(deadline));
             }
         }
     }

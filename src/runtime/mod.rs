@@ -2,12 +2,14 @@
 //! vocabulary (sandboxes and containers of a pod, keyed by the kubelet's CRI labels).
 
 mod cache;
+mod content;
 mod newer_fields;
 mod remote;
 
 use std::collections::HashMap;
 
 pub use cache::{Changing, PodCache};
+pub use content::Download;
 pub use k8s_cri::v1 as cri;
 pub use remote::{Error, Result, RuntimeClient, wait_for_runtime};
 

@@ -75,6 +75,8 @@ pub struct RuntimeClient {
     settled: Arc<Mutex<Settled>>,
     /// The runtime's channel, for calls the bindings cannot make (see `newer_fields`).
     channel: Channel,
+    /// The image service's channel, for containerd's content service beside it.
+    image_channel: Channel,
     /// Whether the runtime applies a container's own stop signal (asked once).
     stop_signals: Arc<tokio::sync::OnceCell<bool>>,
 }
@@ -180,9 +182,11 @@ impl RuntimeClient {
     /// Connections are made lazily and re-made after the runtime restarts.
     pub fn new(runtime: &Path, images: &Path, timeout: Duration) -> Self {
         let runtime = channel(runtime);
+        let images = channel(images);
         RuntimeClient {
             runtime: RuntimeServiceClient::new(runtime.clone()),
-            images: ImageServiceClient::new(channel(images)),
+            images: ImageServiceClient::new(images.clone()),
+            image_channel: images,
             timeout,
             settled: Default::default(),
             channel: runtime,
@@ -813,6 +817,22 @@ impl RuntimeClient {
             )
             .await?
             .image_ref)
+    }
+
+    /// The image downloads in progress, where the image service is containerd (its content
+    /// service lists them); `None` where the runtime has no such service.
+    pub async fn downloads(&self) -> Result<Option<Vec<super::Download>>> {
+        let asked = super::content::downloads(self.image_channel.clone());
+        match self
+            .call("ListStatuses", self.timeout, async {
+                asked.await.map(tonic::Response::new)
+            })
+            .await
+        {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

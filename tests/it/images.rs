@@ -195,25 +195,65 @@ struct SlowProxy {
     stop: tokio_util::sync::CancellationToken,
 }
 
+/// How a [`SlowProxy`] holds requests back.
+#[derive(Clone, Copy)]
+enum Hold {
+    /// Each request to a repository waits a second.
+    Second,
+    /// Each request to a repository hangs until released.
+    Stalled,
+    /// Blobs come at 200 KiB/s; after this many bytes of one, the rest waits until released
+    /// (and then comes at once).
+    Trickle { stall_after: usize },
+}
+
+/// A blob's bytes as a [`Hold::Trickle`] proxy sends them.
+fn trickled(
+    bytes: axum::body::Bytes,
+    stall_after: usize,
+    release: tokio_util::sync::CancellationToken,
+) -> axum::body::Body {
+    const CHUNK: usize = 50 << 10;
+    let stream = futures_util::stream::unfold(0usize, move |sent| {
+        let (bytes, release) = (bytes.clone(), release.clone());
+        async move {
+            if sent >= bytes.len() {
+                return None;
+            }
+            let end = if release.is_cancelled() {
+                bytes.len()
+            } else if sent >= stall_after {
+                release.cancelled().await;
+                bytes.len()
+            } else {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                (sent + CHUNK).min(stall_after).min(bytes.len())
+            };
+            Some((Ok::<_, std::io::Error>(bytes.slice(sent..end)), end))
+        }
+    });
+    axum::body::Body::from_stream(stream)
+}
+
 impl SlowProxy {
     async fn start(upstream: String) -> SlowProxy {
-        SlowProxy::with_hold(upstream, false).await
+        SlowProxy::with_hold(upstream, Hold::Second).await
     }
 
     /// A proxy whose requests hang until [`SlowProxy::release`].
     async fn stalled(upstream: String) -> SlowProxy {
-        SlowProxy::with_hold(upstream, true).await
+        SlowProxy::with_hold(upstream, Hold::Stalled).await
     }
 
-    async fn with_hold(upstream: String, stalled: bool) -> SlowProxy {
+    async fn with_hold(upstream: String, hold: Hold) -> SlowProxy {
         use axum::body::Body;
         use axum::extract::{Request, State};
         use http_body_util::BodyExt;
         type Counts =
             std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>>;
-        type Shared = (String, Counts, Option<tokio_util::sync::CancellationToken>);
+        type Shared = (String, Counts, Hold, tokio_util::sync::CancellationToken);
         async fn forward(
-            State((upstream, state, hold)): State<Shared>,
+            State((upstream, state, hold, release)): State<Shared>,
             req: Request,
         ) -> axum::response::Response {
             let path = req
@@ -244,9 +284,9 @@ impl SlowProxy {
                 Flight(state.clone(), r.clone())
             });
             match (&repo, hold) {
-                (None, _) => {}
-                (Some(_), Some(hold)) => hold.cancelled().await,
-                (Some(_), None) => tokio::time::sleep(Duration::from_secs(1)).await,
+                (None, _) | (_, Hold::Trickle { .. }) => {}
+                (Some(_), Hold::Stalled) => release.cancelled().await,
+                (Some(_), Hold::Second) => tokio::time::sleep(Duration::from_secs(1)).await,
             }
             let client =
                 hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -264,7 +304,13 @@ impl SlowProxy {
                         .await
                         .map(|b| b.to_bytes())
                         .unwrap_or_default();
-                    axum::response::Response::from_parts(parts, Body::from(bytes))
+                    let body = match hold {
+                        Hold::Trickle { stall_after } if path.contains("/blobs/") => {
+                            trickled(bytes, stall_after, release)
+                        }
+                        _ => Body::from(bytes),
+                    };
+                    axum::response::Response::from_parts(parts, body)
                 }
                 Err(_) => axum::response::Response::builder()
                     .status(502)
@@ -277,7 +323,8 @@ impl SlowProxy {
         let app = axum::Router::new().fallback(forward).with_state((
             upstream,
             state.clone(),
-            stalled.then(|| release.clone()),
+            hold,
+            release.clone(),
         ));
         let (addr, stop) = crate::bed::serve(app).await;
         let addr = addr.to_string();
@@ -753,4 +800,109 @@ async fn an_image_volume_mounts_the_images_contents_read_only() {
         .await;
     }
     node.finish().await;
+}
+
+/// An image in the open registry whose layer no other image has (busybox with a stamp of its
+/// own and `noise` random bytes, so the runtime must download all of it), named through
+/// `through`.
+fn unique_image(reg: &str, through: &str, name: &str, noise: usize) -> String {
+    use std::io::Read as _;
+    let repo = unique_repo(name);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let archive = dir.path().join("image.tar");
+    let mut bytes = vec![0; noise];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("random bytes");
+    let noise_file = dir.path().join("noise");
+    std::fs::write(&noise_file, bytes).expect("the noise file");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/mkimage.py");
+    let busybox = std::env::var("NODELET_BUSYBOX").unwrap_or_else(|_| "/bin/busybox".into());
+    let built = std::process::Command::new("python3")
+        .arg(script)
+        .args(["busybox", "--busybox", &busybox, "--stamp", &repo])
+        .arg("--add")
+        .arg(format!("{}:/noise", noise_file.display()))
+        .arg("--ref")
+        .arg(format!("{reg}/{repo}:1"))
+        .arg("--out")
+        .arg(&archive)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("python3 runs");
+    assert!(built.success(), "mkimage.py failed");
+    let pushed = std::process::Command::new("skopeo")
+        .args(["--insecure-policy", "copy", "-q", "--dest-tls-verify=false"])
+        .arg(format!("oci-archive:{}", archive.display()))
+        .arg(format!("docker://{reg}/{repo}:1"))
+        .status()
+        .expect("skopeo runs");
+    assert!(pushed.success(), "skopeo could not push {repo}");
+    format!("{through}/{repo}:1")
+}
+
+/// A pull shows its progress in bytes, in `nodelet describe` and in the pod's events, and a
+/// pull whose download stands still for the progress deadline is cancelled with a reason that
+/// names the registry, then retried after its backoff.
+#[tokio::test]
+async fn a_pulls_progress_shows_and_a_stalled_download_is_cancelled_naming_the_registry() {
+    let reg = registry(false);
+    // The runtime writes a download in steps of 1 MiB (containerd fills a buffer of that size
+    // first), so the layer is over 4 MiB: it comes at 200 KiB/s, then nothing after 2.5 MiB
+    // until released.
+    let proxy = SlowProxy::with_hold(
+        reg.clone(),
+        Hold::Trickle {
+            stall_after: 5 << 19,
+        },
+    )
+    .await;
+    let image = unique_image(&reg, &proxy.addr, "t-imgprogress", 4 << 20);
+    let node = Node::start(
+        "imgprogress",
+        &["--image-pull-progress-deadline=5s", "--testing-backoff=1s"],
+    )
+    .await;
+    node.write_manifest("slow.yaml", &pod("slow", &image, "IfNotPresent"));
+    let pod_name = node.pod_name("slow");
+    let cli = |args: &[&str]| {
+        let mut cmd = node.cli(args);
+        async move {
+            let out = cmd.output().await.expect("the CLI runs");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    eventually(
+        "the pull's bytes in describe",
+        Duration::from_secs(60),
+        || async {
+            let text = cli(&["describe", "pod", &pod_name]).await;
+            text.lines()
+                .any(|l| {
+                    l.contains(" MiB received, the last") && !l.trim_start().starts_with("0.0 MiB")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let progress_event = format!("from registry {}: ", proxy.addr);
+    let cancelled = format!("no progress from registry {} for 5s", proxy.addr);
+    eventually(
+        "a progress event, then the stalled pull cancelled",
+        Duration::from_secs(60),
+        || async {
+            let events = cli(&["events"]).await;
+            let mine = |needle: &str| {
+                events
+                    .lines()
+                    .any(|l| l.contains(&pod_name) && l.contains(needle))
+            };
+            (mine(&progress_event) && mine("received") && mine(&cancelled)).then_some(())
+        },
+    )
+    .await;
+    proxy.release();
+    node.wait_log("slow", "c", "stamp=t-imgprogress").await;
+    node.finish().await;
+    forget_images(&image);
 }
