@@ -108,6 +108,18 @@ fn main() -> ExitCode {
         }
     }
     protect_from_oom(loaded.config.oom_score_adj);
+    if let Some(cgroup) = &loaded.config.kubelet_cgroups {
+        let floor = loaded
+            .config
+            .kube_reserved
+            .get("memory")
+            .and_then(|q| nodelet::pod::parse_quantity(q))
+            .map(|bytes| bytes as u64);
+        if let Err(e) = nodelet::cgroups::enter(cgroup, floor) {
+            eprintln!("nodelet: cannot move the agent into --kubelet-cgroups {cgroup}: {e}");
+            return ExitCode::from(1);
+        }
+    }
     for field in &loaded.ignored_fields {
         tracing::warn!(field = %field, "config file field is accepted but not acted on yet");
     }

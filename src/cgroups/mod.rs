@@ -440,6 +440,54 @@ impl Manager {
     }
 }
 
+/// Moves this process into the cgroup `path` of every hierarchy, made where missing, as
+/// --kubelet-cgroups asks. On the unified hierarchy, where the memory controller is enabled for
+/// it, the cgroup's memory.min becomes `floor`, so the kernel reclaims the agent's memory last;
+/// cgroup v1 has no floor to set.
+pub fn enter(path: &str, floor: Option<u64>) -> std::io::Result<()> {
+    for mount in usage::host_mounts() {
+        join(
+            &mount.point,
+            path,
+            mount.v2.then_some(floor).flatten(),
+            std::process::id(),
+        )
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", mount.point.display())))?;
+    }
+    Ok(())
+}
+
+/// [`enter`] in the hierarchy mounted at `point`: each missing level is made, a new cpuset
+/// level gets its parent's CPUs and memory nodes (v1 takes no process in a cpuset without
+/// them), then `floor` goes to memory.min and `pid` into the cgroup.
+fn join(point: &Path, path: &str, floor: Option<u64>, pid: u32) -> std::io::Result<()> {
+    let mut dir = point.to_path_buf();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        let parent = dir.clone();
+        dir.push(part);
+        match std::fs::create_dir(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let own = dir.join(file);
+            let empty = std::fs::read_to_string(&own).is_ok_and(|v| v.trim().is_empty());
+            if empty {
+                std::fs::write(&own, std::fs::read_to_string(parent.join(file))?.trim())?;
+            }
+        }
+    }
+    if let Some(floor) = floor {
+        let min = dir.join("memory.min");
+        if min.exists() {
+            std::fs::write(min, floor.to_string())?;
+        } else {
+            tracing::warn!(cgroup = %dir.display(), "the memory controller is not enabled for the agent's cgroup: no memory floor");
+        }
+    }
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+}
+
 /// Removes `path` (relative to each hierarchy) with any empty child cgroups, deepest first, in
 /// every hierarchy. A cgroup that still has processes stays and is reported.
 pub fn remove_tree(path: &str) -> std::io::Result<()> {
@@ -484,6 +532,37 @@ pub fn swap_enabled() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_joins_its_cgroup_with_its_parents_cpuset_and_a_memory_floor() {
+        let point = tempfile::tempdir().expect("tempdir");
+        let root = point.path();
+        std::fs::write(root.join("cpuset.cpus"), "0-1\n").unwrap();
+        std::fs::write(root.join("cpuset.mems"), "0\n").unwrap();
+        // A kernel gives a new cgroup its files; here the levels are made with them, empty.
+        for level in ["system", "system/agent"] {
+            std::fs::create_dir(root.join(level)).unwrap();
+            for file in ["cpuset.cpus", "cpuset.mems", "memory.min"] {
+                std::fs::write(root.join(level).join(file), "").unwrap();
+            }
+        }
+        join(root, "/system/agent", Some(64 << 20), 4242).unwrap();
+        let read = |f: &str| std::fs::read_to_string(root.join("system/agent").join(f)).unwrap();
+        assert_eq!(read("cpuset.cpus"), "0-1");
+        assert_eq!(read("cpuset.mems"), "0");
+        assert_eq!(read("memory.min"), (64u64 << 20).to_string());
+        assert_eq!(read("cgroup.procs"), "4242");
+
+        // A hierarchy without those files (another v1 controller): the levels are made, the
+        // process moved, nothing else written.
+        let other = tempfile::tempdir().expect("tempdir");
+        join(other.path(), "/a/b", None, 7).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(other.path().join("a/b/cgroup.procs")).unwrap(),
+            "7"
+        );
+        assert!(!other.path().join("a/b/memory.min").exists());
+    }
 
     fn pod(uid: &str, resources: &[serde_json::Value]) -> Pod {
         let containers: Vec<_> = resources

@@ -423,6 +423,13 @@ pub const FIELDS: &[Field] = &[
         "Root cgroup for pods [default /]",
     ),
     field(
+        "kubeletCgroups",
+        "kubelet-cgroups",
+        true,
+        Scalar,
+        "Absolute name of a cgroup the agent moves itself into, in every hierarchy; on cgroup v2 its memory.min becomes the kube-reserved memory [default: the agent stays where it was started]",
+    ),
+    field(
         "evictionPressureTransitionPeriod",
         "eviction-pressure-transition-period",
         true,
@@ -707,7 +714,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "iptablesDropBit",
     "iptablesMasqueradeBit",
     "kubeReservedCgroup",
-    "kubeletCgroups",
     "localStorageCapacityIsolation",
     "logging",
     "makeIPTablesUtilChains",

@@ -163,6 +163,8 @@ pub struct Config {
     pub lock_file: Option<PathBuf>,
     pub exit_on_lock_contention: bool,
     pub cgroup_root: String,
+    /// The cgroup the agent moves itself into (kubeletCgroups); `None`: where it was started.
+    pub kubelet_cgroups: Option<String>,
     pub cgroups_per_qos: bool,
     /// Whether the kubepods cgroup is limited to allocatable (enforceNodeAllocatable: pods).
     pub enforce_pods_allocatable: bool,
@@ -311,6 +313,7 @@ impl Config {
         });
         let more = serde_json::json!({
             "cgroupRoot": self.cgroup_root,
+            "kubeletCgroups": self.kubelet_cgroups.clone().unwrap_or_default(),
             "cgroupsPerQOS": self.cgroups_per_qos,
             "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
             "cgroupDriver": self.cgroup_driver.as_str(),
@@ -368,6 +371,19 @@ fn quantity(bytes: u64) -> String {
             || bytes.to_string(),
             |(unit, size)| format!("{}{unit}", bytes / size),
         )
+}
+
+/// kubeletCgroups: an absolute cgroup name that stays inside each hierarchy.
+fn kubelet_cgroups(r: &mut Reader<'_>) -> Option<String> {
+    let name = r.text("kubeletCgroups").filter(|n| !n.is_empty())?;
+    if !name.starts_with('/') || name.split('/').any(|p| p == "..") {
+        r.problems.push(format!(
+            "{}: {name:?} is not an absolute cgroup name",
+            Reader::label("kubeletCgroups")
+        ));
+        return None;
+    }
+    Some(name)
 }
 
 /// enforceNodeAllocatable: `pods` (the default) limits kubepods; `none` or nothing does not.
@@ -869,6 +885,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         lock_file: r.path("lockFile"),
         exit_on_lock_contention: r.bool("exitOnLockContention", false),
         cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
+        kubelet_cgroups: kubelet_cgroups(&mut r),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),

@@ -1026,3 +1026,97 @@ async fn a_frozen_pod_holds_back_no_other_pod() {
     node.finish().await;
     bed.down().await;
 }
+
+/// The agent protects itself through a memory storm: it moves into a cgroup of its own
+/// (--kubelet-cgroups), beside the pods' cgroup, whose limit is the node's allocatable memory
+/// (500 MiB here, the rest reserved); three pods that each grab 200 MiB in a loop are OOM-killed
+/// again and again inside it, and healthz answers every time it is asked meanwhile.
+#[tokio::test]
+async fn the_agent_keeps_a_cgroup_of_its_own_and_serves_healthz_through_a_memory_storm() {
+    let mut p = Process::new("storm");
+    clean_node(&p.node, p.dir.path()).await;
+    let total_mib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .expect("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("MemTotal")
+        / 1024;
+    // Allocatable: the capacity less the reserves and the 100Mi eviction threshold.
+    let reserved = format!("memory={}Mi", total_mib - 600);
+    let own = format!("{}/agent", crate::bed::cgroup_root(&p.node));
+    let port = free_port();
+    let grab = "trap 'exit 0' TERM; while true; do x=$(head -c 200m /dev/zero | tr '\\0' x); sleep 1; done";
+    for name in ["grab-a", "grab-b", "grab-c"] {
+        p.manifest(&format!("{name}.yaml"), &pod_yaml(name, &[("c", grab)], ""));
+    }
+    p.start_with(&[
+        "--kubelet-cgroups",
+        &own,
+        "--system-reserved",
+        &reserved,
+        &format!("--healthz-port={port}"),
+    ]);
+    let pid = p.child.as_ref().expect("running").id();
+    let memory_cgroup = || {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        cgroups
+            .lines()
+            .find(|l| {
+                l.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+            })
+            .and_then(|l| l.rsplit(':').next())
+            .map(str::to_string)
+    };
+    eventually("the agent in its own cgroup", Duration::from_secs(10), || {
+        std::future::ready((memory_cgroup().as_deref() == Some(own.as_str())).then_some(()))
+    })
+    .await;
+    let healthz = || async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        stream
+            .write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.ok()?;
+        let status = answer.lines().next().unwrap_or_default();
+        status.contains(" 200 ").then_some(())
+    };
+    eventually("healthz to answer", Duration::from_secs(60), healthz).await;
+    // The storm: until the pods' containers were OOM-killed and restarted three times, each
+    // healthz asked meanwhile must answer within 2 s.
+    let rt = runtime().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut asked = 0;
+    loop {
+        let answered = tokio::time::timeout(Duration::from_secs(2), healthz()).await;
+        assert!(
+            matches!(answered, Ok(Some(()))),
+            "healthz did not answer during the storm (after {asked} answers)\n{}",
+            p.log()
+        );
+        asked += 1;
+        let (mut oom_killed, mut restarts) = (false, 0);
+        for sb in node_sandboxes(&rt, &p.node).await {
+            if let Ok(pod) = rt.pod_runtime(&sb.uid).await {
+                oom_killed |= pod.containers.iter().any(|c| c.reason == "OOMKilled");
+                restarts += pod.containers.iter().map(|c| c.attempt).max().unwrap_or(0);
+            }
+        }
+        if oom_killed && restarts >= 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "OOM-killed: {oom_killed}, restarts: {restarts} in 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    p.finish().await;
+}
