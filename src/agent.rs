@@ -245,6 +245,10 @@ impl Core {
             &[&config.kube_reserved, &config.system_reserved],
             &config.eviction_hard,
         );
+        let cfs = crate::cgroups::Cfs {
+            enforce: config.cpu_cfs_quota,
+            period: config.cpu_cfs_quota_period.as_micros() as i64,
+        };
         let cgroups = crate::cgroups::Manager::new(crate::cgroups::Config {
             root: config.cgroup_root.clone(),
             per_qos: config.cgroups_per_qos,
@@ -254,6 +258,7 @@ impl Core {
                 crate::config::CgroupDriver::Systemd => crate::cgroups::Driver::Systemd,
             },
             pod_pids_limit: config.pod_pids_limit,
+            cfs,
         });
         cgroups
             .setup_node(&allocatable)
@@ -307,6 +312,7 @@ impl Core {
             host_ip,
             runtime_name: version.runtime_name.clone(),
             node,
+            cfs,
             restart_backoff_initial: test_backoff.unwrap_or(pod_sync::RESTART_BACKOFF_INITIAL),
             cluster_dns: pod_sync::network::ClusterDns {
                 servers: config.cluster_dns.iter().map(|ip| ip.to_string()).collect(),

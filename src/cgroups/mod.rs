@@ -76,18 +76,36 @@ pub fn allocatable(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PodLimits {
     pub cpu_shares: u64,
-    /// With the period of 100 ms; only when every container limits cpu.
+    /// Only when every container limits cpu and quotas are enforced.
     pub cpu_quota: Option<i64>,
     /// Only when every container limits memory.
     pub memory: Option<i64>,
 }
 
-/// The CFS period quotas are in (upstream's default `cpuCFSQuotaPeriod`, 100 ms).
-pub const CFS_PERIOD: i64 = 100_000;
+/// How cpu limits become CFS quotas (cpuCFSQuota, cpuCFSQuotaPeriod).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cfs {
+    /// Whether limits are enforced by a quota at all.
+    pub enforce: bool,
+    /// The period quotas are in, in microseconds.
+    pub period: i64,
+}
 
-/// The CFS quota of `cores` of cpu in [`CFS_PERIOD`], at least upstream's 1 ms.
-pub fn cfs_quota(cores: f64) -> i64 {
-    ((cores * CFS_PERIOD as f64).round() as i64).max(1000)
+impl Default for Cfs {
+    /// Upstream's defaults: enforced, in periods of 100 ms.
+    fn default() -> Cfs {
+        Cfs {
+            enforce: true,
+            period: 100_000,
+        }
+    }
+}
+
+impl Cfs {
+    /// The CFS quota of `cores` of cpu in the period, at least upstream's 1 ms.
+    pub fn quota(&self, cores: f64) -> i64 {
+        ((cores * self.period as f64).round() as i64).max(1000)
+    }
 }
 
 /// CPU shares for `cores` of cpu: 1024 per core, from whole millicores rounded down as upstream
@@ -100,8 +118,8 @@ pub fn shares(cores: f64) -> u64 {
 /// The largest cpu.shares the kernel takes (cgroup v1).
 pub const MAX_SHARES: u64 = 262_144;
 
-/// The limits of the pod's cgroup.
-pub fn pod_limits(pod: &Pod) -> PodLimits {
+/// The limits of the pod's cgroup, its cpu quota as `cfs` makes them.
+pub fn pod_limits(pod: &Pod, cfs: Cfs) -> PodLimits {
     let limit =
         |c: &k8s_openapi::api::core::v1::Container, key: &str| container_quantity(c, true, key);
     let s = spec(pod);
@@ -126,7 +144,9 @@ pub fn pod_limits(pod: &Pod) -> PodLimits {
         } else {
             shares(cpu_request)
         },
-        cpu_quota: all("cpu").map(cfs_quota),
+        cpu_quota: all("cpu")
+            .filter(|_| cfs.enforce)
+            .map(|cores| cfs.quota(cores)),
         memory: all("memory").map(|b| b as i64),
     }
 }
@@ -152,6 +172,8 @@ pub struct Config {
     pub driver: Driver,
     /// --pod-max-pids: the most processes one pod may have.
     pub pod_pids_limit: Option<i64>,
+    /// --cpu-cfs-quota and --cpu-cfs-quota-period.
+    pub cfs: Cfs,
 }
 
 /// Creates and removes the node's pod cgroups.
@@ -298,7 +320,7 @@ impl Manager {
     /// Creates the pod's cgroup with its limits, or writes them again when they changed or the
     /// cgroup went missing.
     pub fn ensure_pod(&self, pod: &Pod) -> Result<()> {
-        self.ensure_pod_limits(pod, pod_limits(pod))
+        self.ensure_pod_limits(pod, pod_limits(pod, self.config.cfs))
     }
 
     /// Before the pod's containers are resized: its cgroup's cpu quota and memory limit become
@@ -310,7 +332,7 @@ impl Manager {
         let Some(path) = self.pod_path(pod) else {
             return Ok(());
         };
-        let new = pod_limits(pod);
+        let new = pod_limits(pod, self.config.cfs);
         let old = self.applied().get(&path).copied().unwrap_or(PodLimits {
             cpu_quota: None,
             memory: None,
@@ -339,7 +361,7 @@ impl Manager {
         let mut builder = CgroupBuilder::new(&path)
             .cpu()
             .shares(self.cpu(limits.cpu_shares))
-            .period(100_000)
+            .period(self.config.cfs.period.unsigned_abs())
             .quota(limits.cpu_quota.unwrap_or(-1))
             .done();
         if let Some(memory) = limits.memory {
@@ -534,6 +556,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cpu_limits_become_quotas_in_the_period_unless_quotas_are_off() {
+        use serde_json::json;
+        let g = pod("q", &[json!({"limits": {"cpu": "500m", "memory": "1Gi"}})]);
+        assert_eq!(pod_limits(&g, Cfs::default()).cpu_quota, Some(50_000));
+        let short = Cfs {
+            enforce: true,
+            period: 20_000,
+        };
+        assert_eq!(pod_limits(&g, short).cpu_quota, Some(10_000));
+        // Never under upstream's 1 ms.
+        assert_eq!(short.quota(0.01), 1000);
+        let off = Cfs {
+            enforce: false,
+            ..Cfs::default()
+        };
+        assert_eq!(pod_limits(&g, off).cpu_quota, None);
+    }
+
+    #[test]
     fn the_agent_joins_its_cgroup_with_its_parents_cpuset_and_a_memory_floor() {
         let point = tempfile::tempdir().expect("tempdir");
         let root = point.path();
@@ -588,7 +629,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            pod_limits(&g),
+            pod_limits(&g, Cfs::default()),
             PodLimits {
                 cpu_shares: 1536,
                 cpu_quota: Some(150_000),
@@ -603,7 +644,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            pod_limits(&b),
+            pod_limits(&b, Cfs::default()),
             PodLimits {
                 cpu_shares: 256,
                 cpu_quota: None,
@@ -612,7 +653,7 @@ mod tests {
         );
         let be = pod("u", &[json!({})]);
         assert_eq!(
-            pod_limits(&be),
+            pod_limits(&be, Cfs::default()),
             PodLimits {
                 cpu_shares: 2,
                 cpu_quota: None,
@@ -631,6 +672,7 @@ mod tests {
                 enforce_allocatable: true,
                 driver,
                 pod_pids_limit: None,
+                cfs: Cfs::default(),
             })
         };
         let b = pod("ab-cd", &[json!({"requests": {"cpu": "1"}})]);
@@ -658,6 +700,7 @@ mod tests {
             enforce_allocatable: true,
             driver: Driver::Cgroupfs,
             pod_pids_limit: None,
+            cfs: Cfs::default(),
         });
         assert_eq!(flat.pod_parent(&b), "/r");
     }

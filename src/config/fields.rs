@@ -423,6 +423,20 @@ pub const FIELDS: &[Field] = &[
         "Root cgroup for pods [default /]",
     ),
     field(
+        "cpuCFSQuota",
+        "cpu-cfs-quota",
+        true,
+        Bool,
+        "Enforce cpu limits with CFS quotas [default true]",
+    ),
+    field(
+        "cpuCFSQuotaPeriod",
+        "cpu-cfs-quota-period",
+        true,
+        Scalar,
+        "The CFS quota period; another than 100ms needs the CustomCPUCFSQuotaPeriod feature gate [default 100ms]",
+    ),
+    field(
         "kubeletCgroups",
         "kubelet-cgroups",
         true,
@@ -691,8 +705,6 @@ pub const FIELDS: &[Field] = &[
 pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "configMapAndSecretChangeDetectionStrategy",
     "containerLogMaxWorkers",
-    "cpuCFSQuota",
-    "cpuCFSQuotaPeriod",
     "cpuManagerPolicy",
     "cpuManagerPolicyOptions",
     "cpuManagerReconcilePeriod",

@@ -316,7 +316,7 @@ mod tests {
     #[test]
     fn a_kubeadm_file_with_its_zero_values_means_the_defaults() {
         let out = knobs(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 0s\nport: 0\nhealthzPort: 0\naddress: \"\"\ncgroupDriver: cgroupfs\ncrashLoopBackOff: {}\nimageMaximumGCAge: 0s\nlogging:\n  flushFrequency: 0\n  options:\n    json: {infoBufferSize: \"0\"}\n  verbosity: 0\nauthentication:\n  anonymous: {enabled: false}\n  webhook: {cacheTTL: 0s, enabled: true}\nauthorization:\n  webhook: {cacheAuthorizedTTL: 0s}\ncpuCFSQuota: false\nevictionHard: {}\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: 0s\nport: 0\nhealthzPort: 0\naddress: \"\"\ncgroupDriver: cgroupfs\ncrashLoopBackOff: {}\nimageMaximumGCAge: 0s\nlogging:\n  flushFrequency: 0\n  options:\n    json: {infoBufferSize: \"0\"}\n  verbosity: 0\nauthentication:\n  anonymous: {enabled: false}\n  webhook: {cacheTTL: 0s, enabled: true}\nauthorization:\n  webhook: {cacheAuthorizedTTL: 0s}\ncpuCFSQuota: false\nenableControllerAttachDetach: false\nevictionHard: {}\n",
         );
         assert!(out.errors.is_empty(), "{:?}", out.errors);
         let set: Vec<&str> = out.raw.keys().copied().collect();
@@ -326,11 +326,15 @@ mod tests {
                 "authentication.anonymous.enabled",
                 "authentication.webhook.enabled",
                 "cgroupDriver",
+                "cpuCFSQuota",
                 "evictionHard",
                 "healthzPort",
             ]
         );
-        assert_eq!(out.ignored, vec!["cpuCFSQuota".to_string()]);
+        assert_eq!(
+            out.ignored,
+            vec!["enableControllerAttachDetach".to_string()]
+        );
     }
 
     #[test]

@@ -163,6 +163,9 @@ pub struct Config {
     pub lock_file: Option<PathBuf>,
     pub exit_on_lock_contention: bool,
     pub cgroup_root: String,
+    /// Whether cpu limits are enforced by CFS quotas (cpuCFSQuota), and in which period.
+    pub cpu_cfs_quota: bool,
+    pub cpu_cfs_quota_period: Duration,
     /// The cgroup the agent moves itself into (kubeletCgroups); `None`: where it was started.
     pub kubelet_cgroups: Option<String>,
     pub cgroups_per_qos: bool,
@@ -314,6 +317,8 @@ impl Config {
         let more = serde_json::json!({
             "cgroupRoot": self.cgroup_root,
             "kubeletCgroups": self.kubelet_cgroups.clone().unwrap_or_default(),
+            "cpuCFSQuota": self.cpu_cfs_quota,
+            "cpuCFSQuotaPeriod": d(self.cpu_cfs_quota_period),
             "cgroupsPerQOS": self.cgroups_per_qos,
             "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
             "cgroupDriver": self.cgroup_driver.as_str(),
@@ -426,7 +431,12 @@ pub const FEATURE_GATES: &[(&str, bool)] = &[
     // of every second (upstream's gate is off by default; nodelet's is on where the runtime
     // streams events, and falls back to the 1 s relist where it does not).
     ("EventedPLEG", true),
+    // A cpuCFSQuotaPeriod other than 100ms (upstream's alpha gate, off by default).
+    ("CustomCPUCFSQuotaPeriod", false),
 ];
+
+/// Upstream's CFS quota period.
+const DEFAULT_CFS_PERIOD: Duration = Duration::from_millis(100);
 
 impl Config {
     /// Whether the feature gate `name` (one of [`FEATURE_GATES`]) is on.
@@ -886,6 +896,8 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         exit_on_lock_contention: r.bool("exitOnLockContention", false),
         cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
         kubelet_cgroups: kubelet_cgroups(&mut r),
+        cpu_cfs_quota: r.bool("cpuCFSQuota", true),
+        cpu_cfs_quota_period: r.parsed("cpuCFSQuotaPeriod", DEFAULT_CFS_PERIOD, duration::parse),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),
@@ -1107,6 +1119,18 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
                 .into(),
         );
     }
+    let period = config.cpu_cfs_quota_period;
+    if !config.feature("CustomCPUCFSQuotaPeriod") && period != DEFAULT_CFS_PERIOD {
+        r.problems.push(format!(
+            "cpuCFSQuotaPeriod (--cpu-cfs-quota-period): {} requires feature gate CustomCPUCFSQuotaPeriod",
+            format_duration(period)
+        ));
+    } else if !(Duration::from_millis(1)..=Duration::from_secs(1)).contains(&period) {
+        r.problems.push(format!(
+            "cpuCFSQuotaPeriod (--cpu-cfs-quota-period): {} must be between 1ms and 1s, inclusive",
+            format_duration(period)
+        ));
+    }
     if config.exit_on_lock_contention && config.lock_file.is_none() {
         r.problems
             .push("exitOnLockContention (--exit-on-lock-contention): needs --lock-file".into());
@@ -1143,6 +1167,35 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.problems[0].contains("reserved cgroup"), "{err}");
+    }
+
+    #[test]
+    fn a_cfs_quota_period_other_than_100ms_needs_its_feature_gate_and_a_sane_range() {
+        let period = |args: &[&str]| {
+            let argv: Vec<&str> = ["--hostname-override=n"]
+                .iter()
+                .chain(args)
+                .copied()
+                .collect();
+            run(&argv).map(|l| (l.config.cpu_cfs_quota, l.config.cpu_cfs_quota_period))
+        };
+        assert_eq!(period(&[]).unwrap(), (true, Duration::from_millis(100)));
+        assert_eq!(
+            period(&["--cpu-cfs-quota=false"]).unwrap(),
+            (false, Duration::from_millis(100))
+        );
+        let err = period(&["--cpu-cfs-quota-period=50ms"]).unwrap_err();
+        assert!(
+            err.problems[0].contains("requires feature gate CustomCPUCFSQuotaPeriod"),
+            "{err}"
+        );
+        let gate = "--feature-gates=CustomCPUCFSQuotaPeriod=true";
+        assert_eq!(
+            period(&[gate, "--cpu-cfs-quota-period=50ms"]).unwrap(),
+            (true, Duration::from_millis(50))
+        );
+        let err = period(&[gate, "--cpu-cfs-quota-period=2s"]).unwrap_err();
+        assert!(err.problems[0].contains("between 1ms and 1s"), "{err}");
     }
 
     #[test]

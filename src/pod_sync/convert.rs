@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::cgroups::Cfs;
 use crate::objects::Kind;
 use crate::pod::{
     container_digest, container_hash, container_quantity, grace_period_seconds, spec,
@@ -32,6 +33,8 @@ pub struct Context {
     pub runtime_name: String,
     /// The node's capacity, for unset limits in the downward API and oom_score_adj.
     pub node: super::resources::NodeResources,
+    /// How cpu limits become CFS quotas (cpuCFSQuota, cpuCFSQuotaPeriod).
+    pub cfs: Cfs,
     /// First delay of the container restart backoff (10 s; shorter only in tests).
     pub restart_backoff_initial: std::time::Duration,
     pub cluster_dns: super::network::ClusterDns,
@@ -156,7 +159,7 @@ pub fn sandbox_config(
                 .and_then(|sc| sc.privileged)
                 .unwrap_or(false)
         });
-    let (resources, overhead) = sandbox_resources(pod);
+    let (resources, overhead) = sandbox_resources(pod, ctx.cfs);
     let sysctls = s
         .security_context
         .as_ref()
@@ -282,6 +285,8 @@ pub struct ContainerInput<'a> {
     pub pod_ip: &'a str,
     pub host_ip: &'a str,
     pub node: &'a super::resources::NodeResources,
+    /// How cpu limits become CFS quotas on this node.
+    pub cfs: Cfs,
     /// The host file mounted at the container's terminationMessagePath.
     pub termination_log: Option<&'a std::path::Path>,
     /// The managed hosts file mounted at /etc/hosts.
@@ -773,11 +778,12 @@ fn ports_annotation(ports: &[k8s_openapi::api::core::v1::ContainerPort]) -> Stri
 
 /// Cgroup limits from a cpu request and limit (cores) and a memory limit (bytes), as upstream's
 /// calculateLinuxResources: shares from the request (from the limit when there is no request),
-/// a CFS quota from the limit in a period that is always set.
+/// and where quotas are enforced a CFS quota from the limit in a period that is then always set.
 fn limits_of(
     cpu_request: Option<f64>,
     cpu_limit: Option<f64>,
     memory: Option<f64>,
+    cfs: Cfs,
 ) -> cri::LinuxContainerResources {
     let shares = match (cpu_request, cpu_limit) {
         (None, Some(limit)) if limit > 0.0 => limit,
@@ -785,22 +791,28 @@ fn limits_of(
     };
     cri::LinuxContainerResources {
         cpu_shares: crate::cgroups::shares(shares) as i64,
-        cpu_period: crate::cgroups::CFS_PERIOD,
+        cpu_period: if cfs.enforce { cfs.period } else { 0 },
         cpu_quota: cpu_limit
-            .filter(|cpu| *cpu > 0.0)
-            .map_or(0, crate::cgroups::cfs_quota),
+            .filter(|cpu| *cpu > 0.0 && cfs.enforce)
+            .map_or(0, |cores| cfs.quota(cores)),
         memory_limit_in_bytes: memory.map_or(0, |m| m as i64),
         ..Default::default()
     }
 }
 
 /// The container's cgroup limits, hugepage limits and OOM score.
-pub fn linux_resources(pod: &Pod, c: &Container, node_memory: f64) -> cri::LinuxContainerResources {
+pub fn linux_resources(
+    pod: &Pod,
+    c: &Container,
+    node_memory: f64,
+    cfs: Cfs,
+) -> cri::LinuxContainerResources {
     let quantity = |limits: bool, key: &str| container_quantity(c, limits, key);
     let mut resources = limits_of(
         quantity(false, "cpu"),
         quantity(true, "cpu"),
         quantity(true, "memory"),
+        cfs,
     );
     // No swap beyond the memory limit (upstream's NoSwap on cgroup v1; containerd derives
     // memory.swap.max = 0 from it on v2).
@@ -812,7 +824,10 @@ pub fn linux_resources(pod: &Pod, c: &Container, node_memory: f64) -> cri::Linux
 
 /// The pod's own resources for its sandbox config, without the overhead, and the overhead
 /// apart (upstream's calculateSandboxResources and convertOverheadToLinuxResources).
-fn sandbox_resources(pod: &Pod) -> (cri::LinuxContainerResources, cri::LinuxContainerResources) {
+fn sandbox_resources(
+    pod: &Pod,
+    cfs: Cfs,
+) -> (cri::LinuxContainerResources, cri::LinuxContainerResources) {
     let s = spec(pod);
     let overhead = |key: &str| crate::pod::overhead(pod, key);
     // The limits the containers set (upstream's PodLimits), whatever the others do.
@@ -837,6 +852,7 @@ fn sandbox_resources(pod: &Pod) -> (cri::LinuxContainerResources, cri::LinuxCont
         has_request.then_some(cpu_request),
         limit("cpu"),
         limit("memory"),
+        cfs,
     );
     let with_overhead = s.overhead.as_ref().map_or_else(Default::default, |_| {
         let cpu = overhead("cpu");
@@ -844,6 +860,7 @@ fn sandbox_resources(pod: &Pod) -> (cri::LinuxContainerResources, cri::LinuxCont
             Some(cpu),
             Some(cpu),
             Some(overhead("memory")).filter(|m| *m > 0.0),
+            cfs,
         )
     });
     (own, with_overhead)
@@ -863,9 +880,9 @@ fn supplemental_groups(pod: &Pod) -> Vec<i64> {
 
 /// What the container's cgroup limits come from, as a digest recorded on the container: its cpu
 /// part, then its memory part. Equal digests mean equal limits, however the quantities were
-/// written (`1` and `1000m`).
+/// written (`1` and `1000m`); the node's quota settings play no part.
 pub fn resources_digest(c: &Container) -> ResourcesDigest {
-    let r = linux_resources(&Pod::default(), c, 0.0);
+    let r = linux_resources(&Pod::default(), c, 0.0, Cfs::default());
     ResourcesDigest {
         cpu: format!("{}/{}", r.cpu_shares, r.cpu_quota),
         memory: r.memory_limit_in_bytes.to_string(),
@@ -896,7 +913,7 @@ impl ResourcesDigest {
 }
 
 fn linux_config(pod: &Pod, c: &Container, input: &ContainerInput) -> cri::LinuxContainerConfig {
-    let resources = linux_resources(pod, c, input.node.memory);
+    let resources = linux_resources(pod, c, input.node.memory, input.cfs);
     let pod_sc = spec(pod).security_context.as_ref();
     let sc = c.security_context.as_ref();
     let run_as_user = sc
@@ -1043,6 +1060,7 @@ mod tests {
             resolv_conf: None,
             host_ip: String::new(),
             runtime_name: "containerd".into(),
+            cfs: Cfs::default(),
             node: super::super::resources::NodeResources {
                 cpu: 2.0,
                 memory: 8e9,
@@ -1166,6 +1184,7 @@ mod tests {
             pod_ip: "",
             host_ip: "",
             node: &ctx.node,
+            cfs: ctx.cfs,
             termination_log: None,
             etc_hosts: None,
             sub_paths: &NO_SUB_PATHS,

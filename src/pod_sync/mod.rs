@@ -1008,6 +1008,7 @@ impl Syncer {
             pod_ip,
             host_ip: &self.ctx.host_ip,
             node: &self.ctx.node,
+            cfs: self.ctx.cfs,
             termination_log: Some(&termination_log),
             etc_hosts: Some(&etc_hosts),
             sub_paths: &no_sub_paths,
@@ -1128,7 +1129,7 @@ impl Syncer {
         let Some(want) = crate::pod::all_containers(spec(pod)).find(|c| c.name == r.name) else {
             return Ok(String::new());
         };
-        let resources = convert::linux_resources(pod, want, self.ctx.node.memory);
+        let resources = convert::linux_resources(pod, want, self.ctx.node.memory, self.ctx.cfs);
         self.runtime
             .update_container_resources(&r.id, resources)
             .await?;

@@ -247,3 +247,33 @@ async fn a_wrong_cgroup_driver_setting_is_overridden_not_fatal() {
     );
     node.finish().await;
 }
+
+/// --cpu-cfs-quota=false leaves cpu limits without a quota, in the pod's cgroup and the
+/// container's; a custom period (behind its feature gate) is what quotas are counted in.
+#[tokio::test]
+async fn cpu_quotas_follow_the_cfs_settings() {
+    let cases: [(&str, &[&str], &str, &str); 2] = [
+        ("cfsoff", &["--cpu-cfs-quota=false"], "-1", "100000"),
+        (
+            "cfsperiod",
+            &[
+                "--feature-gates=CustomCPUCFSQuotaPeriod=true",
+                "--cpu-cfs-quota-period=50ms",
+            ],
+            "25000",
+            "50000",
+        ),
+    ];
+    for (test, flags, quota, period) in cases {
+        let node = Node::start(test, flags).await;
+        node.write_manifest("g.yaml", &pod("g", "{limits: {cpu: 500m, memory: 64Mi}}"));
+        let (g, gc) = node.wait_running("g", 1).await;
+        let pod_dir = format!("{}/kubepods/pod{}", cgroup_root(&node.name), g.uid);
+        for dir in [pod_dir.clone(), format!("{pod_dir}/{}", gc[0].id)] {
+            let cpu = cgroup_dir("cpu", &dir);
+            assert_eq!(read(cpu.join("cpu.cfs_quota_us")), quota, "{test}: {dir}");
+            assert_eq!(read(cpu.join("cpu.cfs_period_us")), period, "{test}: {dir}");
+        }
+        node.finish().await;
+    }
+}

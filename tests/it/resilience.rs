@@ -1070,9 +1070,11 @@ async fn the_agent_keeps_a_cgroup_of_its_own_and_serves_healthz_through_a_memory
             .and_then(|l| l.rsplit(':').next())
             .map(str::to_string)
     };
-    eventually("the agent in its own cgroup", Duration::from_secs(10), || {
-        std::future::ready((memory_cgroup().as_deref() == Some(own.as_str())).then_some(()))
-    })
+    eventually(
+        "the agent in its own cgroup",
+        Duration::from_secs(10),
+        || std::future::ready((memory_cgroup().as_deref() == Some(own.as_str())).then_some(())),
+    )
     .await;
     let healthz = || async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
