@@ -192,6 +192,16 @@ impl Core {
                 "the host's cgroups are v1 and failCgroupV1 (--fail-cgroupv1) is true: move the host to cgroup v2, or set it to false"
             );
         }
+        let kernel = crate::host::kernel_defaults_differences();
+        if config.protect_kernel_defaults && !kernel.is_empty() {
+            anyhow::bail!(
+                "protectKernelDefaults (--protect-kernel-defaults) is true and the kernel's settings differ from what the kubelet expects: {}; set them (sysctl -w), or set it to false",
+                kernel.join("; ")
+            );
+        }
+        if !kernel.is_empty() {
+            tracing::info!(differences = %kernel.join("; "), "kernel settings differ from what the kubelet expects; nodelet leaves them as they are (--protect-kernel-defaults refuses such a host)");
+        }
         crate::volumes::prepare_root(&config.root_dir).context("--root-dir")?;
         if let Err(e) = crate::volumes::share_root(&config.root_dir) {
             tracing::warn!(root_dir = %config.root_dir.display(), error = %e, "cannot make the root dir a shared mount; volumes with mountPropagation HostToContainer or Bidirectional will not propagate");

@@ -5,7 +5,7 @@
 //! desired state and hands each pod to its worker in `pod_workers`; a worker runs `pod_sync`,
 //! which plans the pod's actions and carries them out through `runtime` (CRI).
 //!
-//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod`,
+//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod`, `host`,
 //! `service_links` (the Services containers learn of through their environment) and `objects`
 //! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
 //! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
@@ -28,6 +28,7 @@ pub mod cluster;
 pub mod config;
 pub mod events;
 pub mod eviction;
+pub mod host;
 pub mod images;
 pub mod lock;
 pub mod log_rotation;

@@ -500,6 +500,13 @@ pub const FIELDS: &[Field] = &[
         "The oom_score_adj of the nodelet process, from -1000 to 1000 [default -999]",
     ),
     field(
+        "protectKernelDefaults",
+        "protect-kernel-defaults",
+        true,
+        Bool,
+        "Refuse to start when kernel settings differ from what the kubelet expects, naming each; otherwise nodelet leaves them as they are [default false]",
+    ),
+    field(
         "failCgroupV1",
         "fail-cgroupv1",
         true,
@@ -739,7 +746,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "podCIDR",
     "podsPerCore",
     "preloadedImagesVerificationAllowlist",
-    "protectKernelDefaults",
     "providerID",
     "qosReserved",
     "reservedMemory",

@@ -175,6 +175,8 @@ pub struct Config {
     /// Refuse a host without the unified cgroup hierarchy (upstream's default from 1.35 is true;
     /// nodelet speaks 1.34, whose default is false).
     pub fail_cgroup_v1: bool,
+    /// Refuse to start when the kernel's settings differ from the kubelet's expectations.
+    pub protect_kernel_defaults: bool,
     /// The agent's own oom_score_adj: the kernel's OOM killer takes it last (upstream's -999).
     pub oom_score_adj: i32,
     pub cgroup_driver: CgroupDriver,
@@ -324,6 +326,7 @@ impl Config {
             "cgroupDriver": self.cgroup_driver.as_str(),
             "failSwapOn": self.fail_swap_on,
             "failCgroupV1": self.fail_cgroup_v1,
+            "protectKernelDefaults": self.protect_kernel_defaults,
             "oomScoreAdj": self.oom_score_adj,
             "maxPods": self.max_pods,
             "userNamespaces": {"idsPerPod": self.user_namespace_ids_per_pod},
@@ -902,6 +905,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
         fail_swap_on: r.bool("failSwapOn", true),
         fail_cgroup_v1: r.bool("failCgroupV1", false),
+        protect_kernel_defaults: r.bool("protectKernelDefaults", false),
         oom_score_adj: r.parsed("oomScoreAdj", -999, |s| match s.trim().parse::<i32>() {
             Ok(n) if (-1000..=1000).contains(&n) => Ok(n),
             _ => Err(format!("{s:?} is not a number from -1000 to 1000")),

@@ -172,3 +172,42 @@ fn fail_cgroupv1_refuses_a_cgroup_v1_host() {
         assert!(stderr.contains("--fail-cgroupv1"), "{stderr}");
     }
 }
+
+/// `protectKernelDefaults: true` refuses a host whose kernel settings differ from what the
+/// kubelet expects, naming each with both values; where none differs the agent goes on.
+#[test]
+fn protect_kernel_defaults_names_each_setting_that_differs() {
+    let expected = [
+        ("vm.overcommit_memory", "vm/overcommit_memory", "1"),
+        ("vm.panic_on_oom", "vm/panic_on_oom", "0"),
+        ("kernel.panic", "kernel/panic", "10"),
+        ("kernel.panic_on_oops", "kernel/panic_on_oops", "1"),
+        (
+            "kernel.keys.root_maxkeys",
+            "kernel/keys/root_maxkeys",
+            "1000000",
+        ),
+        (
+            "kernel.keys.root_maxbytes",
+            "kernel/keys/root_maxbytes",
+            "25000000",
+        ),
+    ];
+    let (code, stderr, sock) =
+        start_without_a_runtime("kernel-defaults", &["--protect-kernel-defaults"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    let mut differ = 0;
+    for (name, path, want) in expected {
+        let now = std::fs::read_to_string(format!("/proc/sys/{path}")).expect("a kernel setting");
+        if now.trim() != want {
+            differ += 1;
+            let said = format!("{name} is {}, expected {want}", now.trim());
+            assert!(stderr.contains(&said), "{said} in {stderr}");
+        }
+    }
+    if differ == 0 {
+        assert!(stderr.contains(&sock), "{stderr}");
+    } else {
+        assert!(stderr.contains("--protect-kernel-defaults"), "{stderr}");
+    }
+}
