@@ -269,6 +269,13 @@ impl Core {
             },
             pod_pids_limit: config.pod_pids_limit,
             cfs,
+            memory_reserve: config
+                .qos_reserved_memory
+                .filter(|_| config.feature("QOSReserved"))
+                .map(|percent| crate::cgroups::MemoryReserve {
+                    percent,
+                    allocatable: allocatable.memory as i64,
+                }),
         });
         cgroups
             .setup_node(&allocatable)

@@ -174,6 +174,32 @@ pub struct Config {
     pub pod_pids_limit: Option<i64>,
     /// --cpu-cfs-quota and --cpu-cfs-quota-period.
     pub cfs: Cfs,
+    /// --qos-reserved memory (behind the QOSReserved feature gate).
+    pub memory_reserve: Option<MemoryReserve>,
+}
+
+/// How much of the memory requested by the pods of higher QoS classes the lower classes must
+/// leave them (upstream's QOSReserved): the burstable tier is limited to allocatable less that
+/// share of the Guaranteed pods' requests, the besteffort tier to that less the share of the
+/// Burstable pods' requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryReserve {
+    /// The share, 0 to 100.
+    pub percent: i64,
+    /// The node's allocatable memory in bytes.
+    pub allocatable: i64,
+}
+
+impl MemoryReserve {
+    /// The burstable and besteffort tiers' memory limits, for the memory the Guaranteed and
+    /// the Burstable pods request.
+    pub fn limits(&self, guaranteed: i64, burstable: i64) -> (i64, i64) {
+        let burstable_limit = self.allocatable - guaranteed * self.percent / 100;
+        (
+            burstable_limit,
+            burstable_limit - burstable * self.percent / 100,
+        )
+    }
 }
 
 /// Creates and removes the node's pod cgroups.
@@ -425,7 +451,43 @@ impl Manager {
             .done()
             .build(self.hierarchy())
             .map_err(cgroup_error(&path))?;
+        if let Some(reserve) = self.config.memory_reserve {
+            let requested = |class: &str| -> i64 {
+                pods.iter()
+                    .filter(|p| qos_class(p) == class)
+                    .map(|p| requests(p).1 as i64)
+                    .sum()
+            };
+            let (burstable, besteffort) =
+                reserve.limits(requested("Guaranteed"), requested("Burstable"));
+            self.limit_tier("burstable", burstable)?;
+            self.limit_tier("besteffort", besteffort)?;
+        }
         Ok(())
+    }
+
+    /// Sets a QoS tier's memory limit; a tier that already uses more is held where it is, so
+    /// that it cannot grow (upstream's retry of its memory reserve).
+    fn limit_tier(&self, tier: &str, limit: i64) -> Result<()> {
+        let path = self.relative(&["kubepods", tier]);
+        let set = |limit: i64| {
+            CgroupBuilder::new(&path)
+                .memory()
+                .memory_hard_limit(limit.max(0))
+                .done()
+                .build(self.hierarchy())
+                .map(|_| ())
+                .map_err(cgroup_error(&path))
+        };
+        if set(limit).is_ok() {
+            return Ok(());
+        }
+        let usage = self
+            .memory
+            .as_ref()
+            .and_then(|m| usage::usage(&m.point.join(&path), m.v2))
+            .map_or(limit, |u| u as i64);
+        set(limit.max(usage))
     }
 
     /// The pod cgroup's memory working set (bytes), when its cgroup can be read.
@@ -439,8 +501,6 @@ impl Manager {
         usage::pids(&self.pids.as_ref()?.point.join(self.pod_path(pod)?))
     }
 
-    /// The node's memory working set: the root memory cgroup's (v1), or what /proc/meminfo
-    /// says is not available (a v2 root cgroup has no usage file).
     /// A kernel notification, as an eventfd, of the node's memory working set crossing
     /// `working_set` bytes; `None` where the kernel has none (the memory controller on the
     /// unified hierarchy, which only notifies about limits).
@@ -452,6 +512,8 @@ impl Manager {
         Some(usage::arm_threshold(&mount.point, working_set))
     }
 
+    /// The node's memory working set: the root memory cgroup's (v1), or what /proc/meminfo
+    /// says is not available (a v2 root cgroup has no usage file).
     pub fn node_memory_working_set(&self) -> Option<u64> {
         if let Some(mount) = self.memory.as_ref().filter(|m| !m.v2)
             && let Some(ws) = usage::working_set(&mount.point, false)
@@ -554,6 +616,21 @@ pub fn swap_enabled() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_memory_reserve_keeps_a_share_of_the_higher_classes_requests_from_the_lower() {
+        let half = MemoryReserve {
+            percent: 50,
+            allocatable: 1000,
+        };
+        assert_eq!(half.limits(200, 100), (900, 850));
+        let all = MemoryReserve {
+            percent: 100,
+            ..half
+        };
+        assert_eq!(all.limits(200, 100), (800, 700));
+        assert_eq!(all.limits(0, 0), (1000, 1000));
+    }
 
     #[test]
     fn cpu_limits_become_quotas_in_the_period_unless_quotas_are_off() {
@@ -673,6 +750,7 @@ mod tests {
                 driver,
                 pod_pids_limit: None,
                 cfs: Cfs::default(),
+                memory_reserve: None,
             })
         };
         let b = pod("ab-cd", &[json!({"requests": {"cpu": "1"}})]);
@@ -701,6 +779,7 @@ mod tests {
             driver: Driver::Cgroupfs,
             pod_pids_limit: None,
             cfs: Cfs::default(),
+            memory_reserve: None,
         });
         assert_eq!(flat.pod_parent(&b), "/r");
     }

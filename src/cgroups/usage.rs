@@ -75,6 +75,16 @@ fn stat_field(dir: &Path, key: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The memory the cgroup at `dir` uses, page cache included (v1: memory.usage_in_bytes; v2:
+/// memory.current).
+pub(super) fn usage(dir: &Path, v2: bool) -> Option<u64> {
+    read_u64(&dir.join(if v2 {
+        "memory.current"
+    } else {
+        "memory.usage_in_bytes"
+    }))
+}
+
 /// The working set of the cgroup at `dir`: its memory use minus inactive file pages, as
 /// upstream counts it (v1: usage_in_bytes and total_inactive_file; v2: memory.current and
 /// inactive_file).

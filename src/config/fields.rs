@@ -437,6 +437,13 @@ pub const FIELDS: &[Field] = &[
         "The CFS quota period; another than 100ms needs the CustomCPUCFSQuotaPeriod feature gate [default 100ms]",
     ),
     field(
+        "qosReserved",
+        "qos-reserved",
+        true,
+        Map,
+        "memory=N%: the share of the Guaranteed and Burstable pods' memory requests the lower QoS tiers must leave them (QOSReserved feature gate)",
+    ),
+    field(
         "kubeletCgroups",
         "kubelet-cgroups",
         true,
@@ -747,7 +754,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "podsPerCore",
     "preloadedImagesVerificationAllowlist",
     "providerID",
-    "qosReserved",
     "reservedMemory",
     "reservedSystemCPUs",
     "rotateCertificates",

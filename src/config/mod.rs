@@ -166,6 +166,8 @@ pub struct Config {
     /// Whether cpu limits are enforced by CFS quotas (cpuCFSQuota), and in which period.
     pub cpu_cfs_quota: bool,
     pub cpu_cfs_quota_period: Duration,
+    /// qosReserved's memory percentage, when the QOSReserved gate is on.
+    pub qos_reserved_memory: Option<i64>,
     /// The cgroup the agent moves itself into (kubeletCgroups); `None`: where it was started.
     pub kubelet_cgroups: Option<String>,
     pub cgroups_per_qos: bool,
@@ -320,6 +322,7 @@ impl Config {
             "cgroupRoot": self.cgroup_root,
             "kubeletCgroups": self.kubelet_cgroups.clone().unwrap_or_default(),
             "cpuCFSQuota": self.cpu_cfs_quota,
+            "qosReserved": self.qos_reserved_memory.map(|p| serde_json::json!({"memory": format!("{p}%")})).unwrap_or_default(),
             "cpuCFSQuotaPeriod": d(self.cpu_cfs_quota_period),
             "cgroupsPerQOS": self.cgroups_per_qos,
             "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
@@ -381,6 +384,29 @@ fn quantity(bytes: u64) -> String {
         )
 }
 
+/// qosReserved: only memory, as a percentage (upstream's ParseQOSReserved).
+fn qos_reserved(r: &mut Reader<'_>) -> Option<i64> {
+    let mut memory = None;
+    for (resource, value) in r.map("qosReserved") {
+        let label = Reader::label("qosReserved");
+        if resource != "memory" {
+            r.problems
+                .push(format!("{label}: cannot reserve {resource:?} resource"));
+            continue;
+        }
+        match value.strip_suffix('%').map(str::parse::<i64>) {
+            Some(Ok(p)) if (0..=100).contains(&p) => memory = Some(p),
+            Some(Ok(_)) => r
+                .problems
+                .push(format!("{label}: percentage must be between 0 and 100")),
+            _ => r.problems.push(format!(
+                "{label}: failed to parse percentage {value:?} for \"memory\" resource"
+            )),
+        }
+    }
+    memory
+}
+
 /// kubeletCgroups: an absolute cgroup name that stays inside each hierarchy.
 fn kubelet_cgroups(r: &mut Reader<'_>) -> Option<String> {
     let name = r.text("kubeletCgroups").filter(|n| !n.is_empty())?;
@@ -436,6 +462,8 @@ pub const FEATURE_GATES: &[(&str, bool)] = &[
     ("EventedPLEG", true),
     // A cpuCFSQuotaPeriod other than 100ms (upstream's alpha gate, off by default).
     ("CustomCPUCFSQuotaPeriod", false),
+    // qosReserved acted on (upstream's alpha gate, off by default).
+    ("QOSReserved", false),
 ];
 
 /// Upstream's CFS quota period.
@@ -900,6 +928,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
         kubelet_cgroups: kubelet_cgroups(&mut r),
         cpu_cfs_quota: r.bool("cpuCFSQuota", true),
+        qos_reserved_memory: qos_reserved(&mut r),
         cpu_cfs_quota_period: r.parsed("cpuCFSQuotaPeriod", DEFAULT_CFS_PERIOD, duration::parse),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
         enforce_pods_allocatable: enforce_node_allocatable(&mut r),
@@ -1200,6 +1229,19 @@ mod tests {
         );
         let err = period(&[gate, "--cpu-cfs-quota-period=2s"]).unwrap_err();
         assert!(err.problems[0].contains("between 1ms and 1s"), "{err}");
+    }
+
+    #[test]
+    fn qos_reserved_takes_a_memory_percentage_only() {
+        let reserved = |value: &str| {
+            run(&["--hostname-override=n", &format!("--qos-reserved={value}")])
+                .map(|l| l.config.qos_reserved_memory)
+        };
+        assert_eq!(reserved("memory=50%").unwrap(), Some(50));
+        let problem = |value: &str| reserved(value).unwrap_err().problems[0].clone();
+        assert!(problem("cpu=50%").contains("cannot reserve \"cpu\""));
+        assert!(problem("memory=50").contains("failed to parse percentage"));
+        assert!(problem("memory=101%").contains("between 0 and 100"));
     }
 
     #[test]

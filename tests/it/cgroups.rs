@@ -277,3 +277,40 @@ async fn cpu_quotas_follow_the_cfs_settings() {
         node.finish().await;
     }
 }
+
+/// With the QOSReserved feature gate and --qos-reserved=memory=100%, the burstable tier leaves
+/// the Guaranteed pods' memory requests free, and the besteffort tier the Burstable pods' too.
+#[tokio::test]
+async fn qos_reserved_memory_limits_the_lower_tiers() {
+    let node = Node::start(
+        "qosreserve",
+        &[
+            "--feature-gates=QOSReserved=true",
+            "--qos-reserved=memory=100%",
+        ],
+    )
+    .await;
+    node.write_manifest("g.yaml", &pod("g", "{limits: {cpu: 100m, memory: 64Mi}}"));
+    node.write_manifest("b.yaml", &pod("b", "{requests: {memory: 32Mi}}"));
+    node.wait_running("g", 1).await;
+    node.wait_running("b", 1).await;
+    let root = cgroup_root(&node.name);
+    let limit = |tier: &str| -> i64 {
+        read(cgroup_dir("memory", &format!("{root}/kubepods{tier}")).join("memory.limit_in_bytes"))
+            .parse()
+            .expect("a byte count")
+    };
+    const MIB: i64 = 1 << 20;
+    let allocatable = limit("");
+    eventually(
+        "the lower tiers to leave the higher ones' requests",
+        Duration::from_secs(30),
+        || async {
+            (limit("/burstable") == allocatable - 64 * MIB
+                && limit("/besteffort") == allocatable - 96 * MIB)
+                .then_some(())
+        },
+    )
+    .await;
+    node.finish().await;
+}
