@@ -154,6 +154,9 @@ pub async fn run(
 /// The parts both modes share: the runtime client, the pod syncer, the sync loop fed by the
 /// PLEG and the probes, and the status store.
 pub(crate) struct Core {
+    /// The cgroups /stats/summary reports as system containers, by name (`None`: the agent's
+    /// own).
+    system_containers: Vec<(String, Option<String>)>,
     /// The eviction manager and the conditions it publishes; run by the agent, not run-once.
     eviction: Option<(eviction::Manager, tokio::sync::watch::Sender<Pressure>)>,
     pub syncer: Arc<Syncer>,
@@ -277,6 +280,7 @@ impl Core {
                     allocatable: allocatable.memory as i64,
                 }),
         });
+        let pods_cgroup = cgroups.pods_cgroup();
         cgroups
             .setup_node(&allocatable)
             .context("cannot set up the pod cgroups (--cgroup-root, --cgroups-per-qos)")?;
@@ -435,7 +439,19 @@ impl Core {
             cgroups: cgroups.clone(),
             statuses: status.clone(),
         };
+        // The agent's own cgroups where no kubeletCgroups is given (`None`).
+        let mut system_containers = vec![("kubelet".to_string(), config.kubelet_cgroups.clone())];
+        for (name, path) in [
+            ("runtime", &config.runtime_cgroups),
+            ("misc", &config.system_cgroups),
+            ("pods", &Some(pods_cgroup)),
+        ] {
+            if let Some(path) = path {
+                system_containers.push((name.to_string(), Some(path.clone())));
+            }
+        }
         Ok(Some(Core {
+            system_containers,
             eviction: Some((eviction, pressure)),
             syncer,
             status,
@@ -900,6 +916,7 @@ fn stats_source(config: &Config, core: &Core) -> server::stats::Source {
         root_dir: config.root_dir.clone(),
         pod_logs_dir: config.pod_logs_dir.clone(),
         statuses: core.status.clone(),
+        system_containers: core.system_containers.clone(),
     }
 }
 

@@ -277,6 +277,16 @@ impl Manager {
         path.to_string_lossy().trim_start_matches('/').to_string()
     }
 
+    /// The cgroup the pods live under (kubepods, or the cgroup root without QoS tiers).
+    pub fn pods_cgroup(&self) -> String {
+        let parts: &[&str] = if self.config.per_qos {
+            &["kubepods"]
+        } else {
+            &[]
+        };
+        format!("/{}", self.relative(parts))
+    }
+
     /// Creates kubepods and its QoS tiers; kubepods gets the allocatable cpu and memory.
     pub fn setup_node(&self, allocatable: &Allocatable) -> Result<()> {
         if !self.config.per_qos {
@@ -522,6 +532,30 @@ impl Manager {
         }
         usage::meminfo_used(&std::fs::read_to_string("/proc/meminfo").ok()?)
     }
+}
+
+pub use usage::Usage;
+
+/// What the cgroup `path` used (CPU time, memory), read where the memory and cpu accounting
+/// controllers live; `None` when it cannot be read.
+pub fn usage_of(path: &str) -> Option<Usage> {
+    usage::of(&usage::host_mounts(), path)
+}
+
+/// What this process's own cgroups used: its memory cgroup's and its cpu accounting cgroup's
+/// (from /proc/self/cgroup; on the unified hierarchy they are one).
+pub fn own_usage() -> Option<Usage> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path_of = |controller: &str| {
+        text.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let listed = controllers.split(',').any(|c| c == controller);
+            (listed || controllers.is_empty()).then(|| path.to_string())
+        })
+    };
+    let mounts = usage::host_mounts();
+    usage::of_paths(&mounts, &path_of("memory")?, &path_of("cpuacct")?)
 }
 
 /// Moves this process into the cgroup `path` of every hierarchy, made where missing, as

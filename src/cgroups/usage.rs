@@ -129,6 +129,59 @@ pub(super) fn arm_threshold(dir: &Path, working_set: u64) -> std::io::Result<std
     Ok(event)
 }
 
+/// What a cgroup used, as /stats/summary reports a system container.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time in nanoseconds.
+    pub cpu_ns: u64,
+    pub memory: u64,
+    pub working_set: u64,
+    pub rss: u64,
+    pub page_faults: u64,
+    pub major_page_faults: u64,
+}
+
+/// The usage of the cgroup at `path` (relative to each hierarchy) among `mounts`.
+pub(super) fn of(mounts: &[Mount], path: &str) -> Option<Usage> {
+    of_paths(mounts, path, path)
+}
+
+/// The usage of a process whose memory is accounted in the cgroup `memory_path` and its CPU
+/// time in `cpu_path` (they differ where the hierarchies were moved apart).
+pub(super) fn of_paths(mounts: &[Mount], memory_path: &str, cpu_path: &str) -> Option<Usage> {
+    let relative = cpu_path.trim_start_matches('/');
+    let memory = mount_of(mounts, "memory")?;
+    let dir = memory.point.join(memory_path.trim_start_matches('/'));
+    let v2 = memory.v2;
+    let cpu_ns = if v2 {
+        std::fs::read_to_string(memory.point.join(relative).join("cpu.stat"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse::<u64>().ok())?
+            * 1000
+    } else {
+        read_u64(
+            &mount_of(mounts, "cpuacct")?
+                .point
+                .join(relative)
+                .join("cpuacct.usage"),
+        )?
+    };
+    let (rss, faults, major) = if v2 {
+        ("anon", "pgfault", "pgmajfault")
+    } else {
+        ("total_rss", "total_pgfault", "total_pgmajfault")
+    };
+    Some(Usage {
+        cpu_ns,
+        memory: usage(&dir, v2)?,
+        working_set: working_set(&dir, v2)?,
+        rss: stat_field(&dir, rss).unwrap_or(0),
+        page_faults: stat_field(&dir, faults).unwrap_or(0),
+        major_page_faults: stat_field(&dir, major).unwrap_or(0),
+    })
+}
+
 /// The number of processes in the cgroup at `dir` (same file in v1 and v2).
 pub(super) fn pids(dir: &Path) -> Option<u64> {
     read_u64(&dir.join("pids.current"))
@@ -153,6 +206,70 @@ pub(super) fn meminfo_used(meminfo: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_system_containers_usage_is_read_from_either_hierarchy() {
+        let v1 = tempfile::tempdir().expect("tempdir");
+        let (memory, cpuacct) = (v1.path().join("memory"), v1.path().join("cpuacct"));
+        for (dir, file, text) in [
+            (&memory, "memory.usage_in_bytes", "1000"),
+            (
+                &memory,
+                "memory.stat",
+                "total_inactive_file 300\ntotal_rss 500\ntotal_pgfault 7\ntotal_pgmajfault 1\n",
+            ),
+            (&cpuacct, "cpuacct.usage", "123456"),
+        ] {
+            std::fs::create_dir_all(dir.join("sys")).unwrap();
+            std::fs::write(dir.join("sys").join(file), text).unwrap();
+        }
+        let mounts = vec![
+            Mount {
+                point: memory.clone(),
+                v2: false,
+                options: "rw,memory".into(),
+            },
+            Mount {
+                point: cpuacct.clone(),
+                v2: false,
+                options: "rw,cpu,cpuacct".into(),
+            },
+        ];
+        let u = of(&mounts, "/sys").expect("v1 usage");
+        assert_eq!(
+            (
+                u.cpu_ns,
+                u.memory,
+                u.working_set,
+                u.rss,
+                u.page_faults,
+                u.major_page_faults
+            ),
+            (123_456, 1000, 700, 500, 7, 1)
+        );
+
+        let v2 = tempfile::tempdir().expect("tempdir");
+        let dir = v2.path().join("sys");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(v2.path().join("cgroup.controllers"), "cpu memory pids").unwrap();
+        std::fs::write(dir.join("memory.current"), "2000").unwrap();
+        std::fs::write(
+            dir.join("memory.stat"),
+            "anon 900\ninactive_file 500\npgfault 3\npgmajfault 0\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("cpu.stat"), "usage_usec 42\nuser_usec 40\n").unwrap();
+        let unified = vec![Mount {
+            point: v2.path().to_path_buf(),
+            v2: true,
+            options: "rw".into(),
+        }];
+        let u = of(&unified, "/sys").expect("v2 usage");
+        assert_eq!(
+            (u.cpu_ns, u.memory, u.working_set, u.rss, u.page_faults),
+            (42_000, 2000, 1500, 900, 3)
+        );
+    }
 
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -444,6 +444,20 @@ pub const FIELDS: &[Field] = &[
         "memory=N%: the share of the Guaranteed and Burstable pods' memory requests the lower QoS tiers must leave them (QOSReserved feature gate)",
     ),
     field(
+        "runtimeCgroups",
+        "runtime-cgroups",
+        false,
+        Scalar,
+        "Absolute name of the container runtime's cgroup, reported in /stats/summary as the runtime system container",
+    ),
+    field(
+        "systemCgroups",
+        "system-cgroups",
+        true,
+        Scalar,
+        "Absolute name of the cgroup of the host's other processes, reported in /stats/summary as the misc system container (nodelet moves no process into it)",
+    ),
+    field(
         "kubeletCgroups",
         "kubelet-cgroups",
         true,
@@ -762,7 +776,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "showHiddenMetricsForVersion",
     "singleProcessOOMKill",
     "streamingConnectionIdleTimeout",
-    "systemCgroups",
     "systemReservedCgroup",
     "tlsCipherSuites",
     "tlsCurvePreferences",

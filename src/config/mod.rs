@@ -170,6 +170,10 @@ pub struct Config {
     pub qos_reserved_memory: Option<i64>,
     /// The cgroup the agent moves itself into (kubeletCgroups); `None`: where it was started.
     pub kubelet_cgroups: Option<String>,
+    /// The runtime's and the host's other processes' cgroups, for the summary's system
+    /// containers (--runtime-cgroups, systemCgroups).
+    pub runtime_cgroups: Option<String>,
+    pub system_cgroups: Option<String>,
     pub cgroups_per_qos: bool,
     /// Whether the kubepods cgroup is limited to allocatable (enforceNodeAllocatable: pods).
     pub enforce_pods_allocatable: bool,
@@ -318,12 +322,16 @@ impl Config {
             "nodeStatusReportFrequency": d(self.node_status_report_frequency),
             "nodeLeaseDurationSeconds": self.node_lease_duration_seconds,
         });
-        let more = serde_json::json!({
-            "cgroupRoot": self.cgroup_root,
+        // In parts: one object of every field is past the json! macro's recursion limit.
+        let cgroups = serde_json::json!({
             "kubeletCgroups": self.kubelet_cgroups.clone().unwrap_or_default(),
+            "systemCgroups": self.system_cgroups.clone().unwrap_or_default(),
             "cpuCFSQuota": self.cpu_cfs_quota,
             "qosReserved": self.qos_reserved_memory.map(|p| serde_json::json!({"memory": format!("{p}%")})).unwrap_or_default(),
             "cpuCFSQuotaPeriod": d(self.cpu_cfs_quota_period),
+        });
+        let more = serde_json::json!({
+            "cgroupRoot": self.cgroup_root,
             "cgroupsPerQOS": self.cgroups_per_qos,
             "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
             "cgroupDriver": self.cgroup_driver.as_str(),
@@ -360,8 +368,10 @@ impl Config {
                 "priority": s.priority, "shutdownGracePeriodSeconds": s.seconds,
             })).collect::<Vec<_>>(),
         });
-        if let (Some(all), serde_json::Value::Object(more)) = (config.as_object_mut(), more) {
-            all.extend(more);
+        for part in [more, cgroups] {
+            if let (Some(all), serde_json::Value::Object(part)) = (config.as_object_mut(), part) {
+                all.extend(part);
+            }
         }
         config
     }
@@ -407,13 +417,14 @@ fn qos_reserved(r: &mut Reader<'_>) -> Option<i64> {
     memory
 }
 
-/// kubeletCgroups: an absolute cgroup name that stays inside each hierarchy.
-fn kubelet_cgroups(r: &mut Reader<'_>) -> Option<String> {
-    let name = r.text("kubeletCgroups").filter(|n| !n.is_empty())?;
+/// A field naming a cgroup (kubeletCgroups, systemCgroups, --runtime-cgroups): an absolute
+/// name that stays inside each hierarchy.
+fn cgroup_name(r: &mut Reader<'_>, field: &str) -> Option<String> {
+    let name = r.text(field).filter(|n| !n.is_empty())?;
     if !name.starts_with('/') || name.split('/').any(|p| p == "..") {
         r.problems.push(format!(
             "{}: {name:?} is not an absolute cgroup name",
-            Reader::label("kubeletCgroups")
+            Reader::label(field)
         ));
         return None;
     }
@@ -926,7 +937,9 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         lock_file: r.path("lockFile"),
         exit_on_lock_contention: r.bool("exitOnLockContention", false),
         cgroup_root: r.text("cgroupRoot").unwrap_or_else(|| "/".into()),
-        kubelet_cgroups: kubelet_cgroups(&mut r),
+        kubelet_cgroups: cgroup_name(&mut r, "kubeletCgroups"),
+        runtime_cgroups: cgroup_name(&mut r, "runtimeCgroups"),
+        system_cgroups: cgroup_name(&mut r, "systemCgroups"),
         cpu_cfs_quota: r.bool("cpuCFSQuota", true),
         qos_reserved_memory: qos_reserved(&mut r),
         cpu_cfs_quota_period: r.parsed("cpuCFSQuotaPeriod", DEFAULT_CFS_PERIOD, duration::parse),

@@ -23,7 +23,50 @@ pub struct Source {
     pub root_dir: PathBuf,
     pub pod_logs_dir: PathBuf,
     pub statuses: status::Reader,
+    /// The cgroups reported as system containers (kubelet, runtime, misc, pods), by name;
+    /// `None`: the agent's own.
+    pub system_containers: Vec<(String, Option<String>)>,
 }
+
+/// Each system container's CPU time (ns) at the last scrape, for a usage rate.
+static LAST_SYSTEM_CPU: Mutex<Option<std::collections::HashMap<String, (Instant, u64)>>> =
+    Mutex::new(None);
+
+/// A system container as upstream's summary reports it: its name, CPU and memory.
+fn system_container(name: &str, path: Option<&str>, time: &str, now: Instant) -> Option<Value> {
+    let u = path.map_or_else(crate::cgroups::own_usage, crate::cgroups::usage_of)?;
+    let nano_cores = {
+        let mut last = LAST_SYSTEM_CPU.lock().unwrap_or_else(|e| e.into_inner());
+        let last = last.get_or_insert_with(Default::default);
+        let rate = last.get(name).and_then(|(at, ns)| {
+            let secs = now.duration_since(*at).as_secs_f64();
+            (secs > 0.0).then(|| (u.cpu_ns.saturating_sub(*ns) as f64 / secs) as u64)
+        });
+        last.insert(name.to_string(), (now, u.cpu_ns));
+        rate.unwrap_or(0)
+    };
+    Some(json!({
+        "name": name,
+        "startTime": START.get_or_init(|| crate::types::now().to_string()),
+        "cpu": {
+            "time": time,
+            "usageNanoCores": nano_cores,
+            "usageCoreNanoSeconds": u.cpu_ns,
+        },
+        "memory": {
+            "time": time,
+            "usageBytes": u.memory,
+            "workingSetBytes": u.working_set,
+            "rssBytes": u.rss,
+            "pageFaults": u.page_faults,
+            "majorPageFaults": u.major_page_faults,
+        },
+    }))
+}
+
+/// When the agent first reported its system containers: their start time (the cgroups' own
+/// creation time is not kept by the kernel).
+static START: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// The node's CPU time (ns) at the last scrape, for a usage rate.
 static LAST_CPU: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
@@ -259,5 +302,10 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     if let Some(network) = network::node(&time) {
         summary["node"]["network"] = network;
     }
+    summary["node"]["systemContainers"] = source
+        .system_containers
+        .iter()
+        .filter_map(|(name, path)| system_container(name, path.as_deref(), &time, now))
+        .collect();
     Ok(summary)
 }

@@ -196,6 +196,21 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     ] {
         assert!(field.as_u64().is_some_and(|v| v > 0), "{field} in {n}");
     }
+    // The agent's own cgroup and the pods' are reported as system containers, as upstream's.
+    let system = n["systemContainers"].as_array().expect("systemContainers");
+    for name in ["kubelet", "pods"] {
+        let c = system
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {system:?}"));
+        for field in [
+            &c["cpu"]["usageCoreNanoSeconds"],
+            &c["memory"]["workingSetBytes"],
+        ] {
+            assert!(field.as_u64().is_some_and(|v| v > 0), "{field} in {c}");
+        }
+        assert!(c["startTime"].is_string(), "{c}");
+    }
     let stats = summary["pods"]
         .as_array()
         .unwrap()
