@@ -280,6 +280,26 @@ impl Core {
                     allocatable: allocatable.memory as i64,
                 }),
         });
+        for (enforced, cgroup, reserve, field) in [
+            (
+                config.enforce_kube_reserved,
+                &config.kube_reserved_cgroup,
+                &config.kube_reserved,
+                "kubeReservedCgroup (--kube-reserved-cgroup)",
+            ),
+            (
+                config.enforce_system_reserved,
+                &config.system_reserved_cgroup,
+                &config.system_reserved,
+                "systemReservedCgroup (--system-reserved-cgroup)",
+            ),
+        ] {
+            if let (true, Some(cgroup)) = (enforced, cgroup) {
+                cgroups
+                    .enforce_reserve(cgroup, reserve)
+                    .with_context(|| format!("cannot enforce the reserve on {field}"))?;
+            }
+        }
         let pods_cgroup = cgroups.pods_cgroup();
         cgroups
             .setup_node(&allocatable)

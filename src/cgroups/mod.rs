@@ -277,6 +277,41 @@ impl Manager {
         path.to_string_lossy().trim_start_matches('/').to_string()
     }
 
+    /// Limits the existing cgroup `path` to a reserve (kube-reserved or system-reserved: cpu
+    /// as shares, memory, pid), as upstream enforces a reserve on its cgroup.
+    pub fn enforce_reserve(
+        &self,
+        path: &str,
+        reserve: &std::collections::BTreeMap<String, String>,
+    ) -> Result<()> {
+        let relative = path.trim_start_matches('/');
+        let error = |message: String| Error {
+            path: path.to_string(),
+            message,
+        };
+        if !Cgroup::load(self.hierarchy(), relative).exists() {
+            return Err(error("the cgroup does not exist".into()));
+        }
+        let quantity = |name: &str| reserve.get(name).and_then(|q| parse_quantity(q));
+        let mut builder = CgroupBuilder::new(relative);
+        if let Some(cpu) = quantity("cpu") {
+            builder = builder.cpu().shares(self.cpu(shares(cpu))).done();
+        }
+        if let Some(memory) = quantity("memory") {
+            builder = builder.memory().memory_hard_limit(memory as i64).done();
+        }
+        if let Some(pids) = quantity("pid") {
+            builder = builder
+                .pid()
+                .maximum_number_of_processes(cgroups_rs::MaxValue::Value(pids as i64))
+                .done();
+        }
+        builder
+            .build(self.hierarchy())
+            .map(|_| ())
+            .map_err(cgroup_error(path))
+    }
+
     /// The cgroup the pods live under (kubepods, or the cgroup root without QoS tiers).
     pub fn pods_cgroup(&self) -> String {
         let parts: &[&str] = if self.config.per_qos {

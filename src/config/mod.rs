@@ -177,6 +177,13 @@ pub struct Config {
     pub cgroups_per_qos: bool,
     /// Whether the kubepods cgroup is limited to allocatable (enforceNodeAllocatable: pods).
     pub enforce_pods_allocatable: bool,
+    /// Whether the kube and system reserves are enforced on their cgroups.
+    pub enforce_kube_reserved: bool,
+    pub enforce_system_reserved: bool,
+    /// The cgroups of the node's daemons and of the host's (kubeReservedCgroup,
+    /// systemReservedCgroup).
+    pub kube_reserved_cgroup: Option<String>,
+    pub system_reserved_cgroup: Option<String>,
     pub fail_swap_on: bool,
     /// Refuse a host without the unified cgroup hierarchy (upstream's default from 1.35 is true;
     /// nodelet speaks 1.34, whose default is false).
@@ -326,6 +333,8 @@ impl Config {
         let cgroups = serde_json::json!({
             "kubeletCgroups": self.kubelet_cgroups.clone().unwrap_or_default(),
             "systemCgroups": self.system_cgroups.clone().unwrap_or_default(),
+            "kubeReservedCgroup": self.kube_reserved_cgroup.clone().unwrap_or_default(),
+            "systemReservedCgroup": self.system_reserved_cgroup.clone().unwrap_or_default(),
             "cpuCFSQuota": self.cpu_cfs_quota,
             "qosReserved": self.qos_reserved_memory.map(|p| serde_json::json!({"memory": format!("{p}%")})).unwrap_or_default(),
             "cpuCFSQuotaPeriod": d(self.cpu_cfs_quota_period),
@@ -333,7 +342,7 @@ impl Config {
         let more = serde_json::json!({
             "cgroupRoot": self.cgroup_root,
             "cgroupsPerQOS": self.cgroups_per_qos,
-            "enforceNodeAllocatable": if self.enforce_pods_allocatable { vec!["pods"] } else { vec![] },
+            "enforceNodeAllocatable": self.enforced(),
             "cgroupDriver": self.cgroup_driver.as_str(),
             "failSwapOn": self.fail_swap_on,
             "failCgroupV1": self.fail_cgroup_v1,
@@ -431,31 +440,41 @@ fn cgroup_name(r: &mut Reader<'_>, field: &str) -> Option<String> {
     Some(name)
 }
 
-/// enforceNodeAllocatable: `pods` (the default) limits kubepods; `none` or nothing does not.
-/// The reserved cgroups need --kube-reserved-cgroup / --system-reserved-cgroup, not offered yet.
-fn enforce_node_allocatable(r: &mut Reader<'_>) -> bool {
+/// enforceNodeAllocatable: `pods` (the default) limits kubepods; `kube-reserved` and
+/// `system-reserved` limit the cgroups kubeReservedCgroup and systemReservedCgroup name to the
+/// reserves; `none` or nothing limits nothing. Returns whether pods are limited, and the
+/// reserve cgroups to limit (their field names).
+fn enforce_node_allocatable(r: &mut Reader<'_>) -> (bool, Vec<&'static str>) {
     let given = r.raw.contains_key("enforceNodeAllocatable");
     let values = r.list("enforceNodeAllocatable");
     if !given {
-        return true;
+        return (true, Vec::new());
     }
-    let mut pods = false;
+    let label = Reader::label("enforceNodeAllocatable");
+    let (mut pods, mut reserves) = (false, Vec::new());
     for v in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
         match v {
             "pods" => pods = true,
             "none" => {}
-            "system-reserved" | "kube-reserved" | "system-reserved-compressible"
-            | "kube-reserved-compressible" => r.problems.push(format!(
-                "{}: {v:?} needs a reserved cgroup, which nodelet does not manage yet; use pods or none",
-                Reader::label("enforceNodeAllocatable")
-            )),
+            "kube-reserved" => reserves.push("kubeReservedCgroup"),
+            "system-reserved" => reserves.push("systemReservedCgroup"),
+            "system-reserved-compressible" | "kube-reserved-compressible" => r.problems.push(
+                format!("{label}: {v:?} is not offered yet; use kube-reserved or system-reserved"),
+            ),
             other => r.problems.push(format!(
-                "{}: {other:?} is not pods or none",
-                Reader::label("enforceNodeAllocatable")
+                "{label}: {other:?} is not pods, kube-reserved, system-reserved or none"
             )),
         }
     }
-    pods
+    for field in &reserves {
+        if r.text(field).is_none_or(|t| t.is_empty()) {
+            r.problems.push(format!(
+                "{label}: enforcing the reserve needs {}",
+                Reader::label(field)
+            ));
+        }
+    }
+    (pods, reserves)
 }
 
 /// Why no configuration could be made: every problem found, each naming its field.
@@ -481,6 +500,18 @@ pub const FEATURE_GATES: &[(&str, bool)] = &[
 const DEFAULT_CFS_PERIOD: Duration = Duration::from_millis(100);
 
 impl Config {
+    /// enforceNodeAllocatable as in effect.
+    fn enforced(&self) -> Vec<&'static str> {
+        [
+            (self.enforce_pods_allocatable, "pods"),
+            (self.enforce_kube_reserved, "kube-reserved"),
+            (self.enforce_system_reserved, "system-reserved"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+
     /// Whether the feature gate `name` (one of [`FEATURE_GATES`]) is on.
     pub fn feature(&self, name: &str) -> bool {
         self.feature_gates.get(name).copied().unwrap_or_else(|| {
@@ -835,6 +866,7 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
     };
     // Webhook authentication and authorization ask the API server: the defaults in a cluster.
     let in_cluster = r.path("kubeconfig").is_some();
+    let enforcement = enforce_node_allocatable(&mut r);
     let config = Config {
         static_pod_path: r.path("staticPodPath"),
         static_pod_url,
@@ -944,7 +976,11 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         qos_reserved_memory: qos_reserved(&mut r),
         cpu_cfs_quota_period: r.parsed("cpuCFSQuotaPeriod", DEFAULT_CFS_PERIOD, duration::parse),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
-        enforce_pods_allocatable: enforce_node_allocatable(&mut r),
+        enforce_pods_allocatable: enforcement.0,
+        enforce_kube_reserved: enforcement.1.contains(&"kubeReservedCgroup"),
+        enforce_system_reserved: enforcement.1.contains(&"systemReservedCgroup"),
+        kube_reserved_cgroup: cgroup_name(&mut r, "kubeReservedCgroup"),
+        system_reserved_cgroup: cgroup_name(&mut r, "systemReservedCgroup"),
         fail_swap_on: r.bool("failSwapOn", true),
         fail_cgroup_v1: r.bool("failCgroupV1", false),
         protect_kernel_defaults: r.bool("protectKernelDefaults", false),
@@ -1212,7 +1248,24 @@ mod tests {
             "--enforce-node-allocatable=kube-reserved",
         ])
         .unwrap_err();
-        assert!(err.problems[0].contains("reserved cgroup"), "{err}");
+        assert!(
+            err.problems[0].contains("needs kubeReservedCgroup (--kube-reserved-cgroup)"),
+            "{err}"
+        );
+        let reserved = run(&[
+            "--hostname-override=n",
+            "--enforce-node-allocatable=pods,system-reserved",
+            "--system-reserved-cgroup=/system.slice",
+            "--kube-reserved-cgroup=/kube.slice",
+        ])
+        .unwrap()
+        .config;
+        assert!(reserved.enforce_system_reserved && !reserved.enforce_kube_reserved);
+        assert_eq!(
+            reserved.kube_reserved_cgroup.as_deref(),
+            Some("/kube.slice")
+        );
+        assert_eq!(reserved.enforced(), ["pods", "system-reserved"]);
     }
 
     #[test]

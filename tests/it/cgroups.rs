@@ -314,3 +314,35 @@ async fn qos_reserved_memory_limits_the_lower_tiers() {
     .await;
     node.finish().await;
 }
+
+/// enforceNodeAllocatable with kube-reserved limits the existing cgroup that
+/// --kube-reserved-cgroup names to the reserve: cpu as shares, and memory.
+#[tokio::test]
+async fn the_kube_reserve_is_enforced_on_its_cgroup() {
+    let daemons = "/nodelet-test/t-kubereserve-daemons";
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").expect("the cgroup mounts") {
+        let dir = hierarchy.expect("a cgroup mount").path();
+        if dir.join("cgroup.procs").exists() {
+            std::fs::create_dir_all(dir.join(daemons.trim_start_matches('/')))
+                .expect("the daemons' cgroup");
+        }
+    }
+    let flag = format!("--kube-reserved-cgroup={daemons}");
+    let node = Node::start(
+        "kubereserve",
+        &[
+            "--kube-reserved=cpu=100m,memory=64Mi",
+            &flag,
+            "--enforce-node-allocatable=pods,kube-reserved",
+        ],
+    )
+    .await;
+    assert_eq!(
+        read(cgroup_dir("memory", daemons).join("memory.limit_in_bytes")),
+        (64 << 20).to_string()
+    );
+    assert_eq!(read(cgroup_dir("cpu", daemons).join("cpu.shares")), "102");
+    node.finish().await;
+    nodelet::cgroups::remove_tree(daemons.trim_start_matches('/'))
+        .expect("remove the daemons' cgroup");
+}
