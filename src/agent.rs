@@ -280,26 +280,7 @@ impl Core {
                     allocatable: allocatable.memory as i64,
                 }),
         });
-        for (enforced, cgroup, reserve, field) in [
-            (
-                config.enforce_kube_reserved,
-                &config.kube_reserved_cgroup,
-                &config.kube_reserved,
-                "kubeReservedCgroup (--kube-reserved-cgroup)",
-            ),
-            (
-                config.enforce_system_reserved,
-                &config.system_reserved_cgroup,
-                &config.system_reserved,
-                "systemReservedCgroup (--system-reserved-cgroup)",
-            ),
-        ] {
-            if let (true, Some(cgroup)) = (enforced, cgroup) {
-                cgroups
-                    .enforce_reserve(cgroup, reserve)
-                    .with_context(|| format!("cannot enforce the reserve on {field}"))?;
-            }
-        }
+        enforce_reserves(config, &cgroups)?;
         let pods_cgroup = cgroups.pods_cgroup();
         cgroups
             .setup_node(&allocatable)
@@ -459,17 +440,7 @@ impl Core {
             cgroups: cgroups.clone(),
             statuses: status.clone(),
         };
-        // The agent's own cgroups where no kubeletCgroups is given (`None`).
-        let mut system_containers = vec![("kubelet".to_string(), config.kubelet_cgroups.clone())];
-        for (name, path) in [
-            ("runtime", &config.runtime_cgroups),
-            ("misc", &config.system_cgroups),
-            ("pods", &Some(pods_cgroup)),
-        ] {
-            if let Some(path) = path {
-                system_containers.push((name.to_string(), Some(path.clone())));
-            }
-        }
+        let system_containers = system_containers(config, pods_cgroup);
         Ok(Some(Core {
             system_containers,
             eviction: Some((eviction, pressure)),
@@ -927,6 +898,49 @@ fn cluster_config(
         lease_duration_seconds: config.node_lease_duration_seconds,
         static_sources: static_sources.into_iter().flatten().collect(),
     }
+}
+
+/// Limits the cgroups of the node's daemons and of the host's to their reserves, where
+/// enforceNodeAllocatable asks for it.
+fn enforce_reserves(config: &Config, cgroups: &crate::cgroups::Manager) -> Result<()> {
+    for (enforced, cgroup, reserve, field) in [
+        (
+            config.enforce_kube_reserved,
+            &config.kube_reserved_cgroup,
+            &config.kube_reserved,
+            "kubeReservedCgroup (--kube-reserved-cgroup)",
+        ),
+        (
+            config.enforce_system_reserved,
+            &config.system_reserved_cgroup,
+            &config.system_reserved,
+            "systemReservedCgroup (--system-reserved-cgroup)",
+        ),
+    ] {
+        if let (true, Some(cgroup)) = (enforced, cgroup) {
+            cgroups
+                .enforce_reserve(cgroup, reserve)
+                .with_context(|| format!("cannot enforce the reserve on {field}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The cgroups /stats/summary reports as system containers, by name: the agent's (its own
+/// cgroups, `None`, where no kubeletCgroups is given), the runtime's and the host's where they
+/// are named, and the pods'.
+fn system_containers(config: &Config, pods_cgroup: String) -> Vec<(String, Option<String>)> {
+    let mut out = vec![("kubelet".to_string(), config.kubelet_cgroups.clone())];
+    for (name, path) in [
+        ("runtime", config.runtime_cgroups.clone()),
+        ("misc", config.system_cgroups.clone()),
+        ("pods", Some(pods_cgroup)),
+    ] {
+        if path.is_some() {
+            out.push((name.to_string(), path));
+        }
+    }
+    out
 }
 
 fn stats_source(config: &Config, core: &Core) -> server::stats::Source {

@@ -485,7 +485,12 @@ impl Puller {
                 outcome = &mut pull => return outcome.map_err(Watched::Failed),
                 _ = look.tick() => {}
             }
-            let downloads = match self.runtime.downloads().await {
+            // The pull's end is never held up by a listing that is slow to come.
+            let listed = tokio::select! {
+                outcome = &mut pull => return outcome.map_err(Watched::Failed),
+                listed = self.runtime.downloads() => listed,
+            };
+            let downloads = match listed {
                 Ok(Some(d)) => d,
                 // A runtime that lists no downloads: nothing to judge the pull by.
                 Ok(None) => return pull.await.map_err(Watched::Failed),
