@@ -917,9 +917,14 @@ fn enforce_reserves(config: &Config, cgroups: &crate::cgroups::Manager) -> Resul
             "systemReservedCgroup (--system-reserved-cgroup)",
         ),
     ] {
-        if let (true, Some(cgroup)) = (enforced, cgroup) {
+        let compressible_only = match enforced {
+            crate::config::ReserveEnforcement::Off => continue,
+            crate::config::ReserveEnforcement::All => false,
+            crate::config::ReserveEnforcement::Compressible => true,
+        };
+        if let Some(cgroup) = cgroup {
             cgroups
-                .enforce_reserve(cgroup, reserve)
+                .enforce_reserve(cgroup, reserve, compressible_only)
                 .with_context(|| format!("cannot enforce the reserve on {field}"))?;
         }
     }

@@ -278,11 +278,13 @@ impl Manager {
     }
 
     /// Limits the existing cgroup `path` to a reserve (kube-reserved or system-reserved: cpu
-    /// as shares, memory, pid), as upstream enforces a reserve on its cgroup.
+    /// as shares, memory, pid; cpu alone when `compressible_only`), as upstream enforces a
+    /// reserve on its cgroup.
     pub fn enforce_reserve(
         &self,
         path: &str,
         reserve: &std::collections::BTreeMap<String, String>,
+        compressible_only: bool,
     ) -> Result<()> {
         let relative = path.trim_start_matches('/');
         let error = |message: String| Error {
@@ -292,7 +294,12 @@ impl Manager {
         if !Cgroup::load(self.hierarchy(), relative).exists() {
             return Err(error("the cgroup does not exist".into()));
         }
-        let quantity = |name: &str| reserve.get(name).and_then(|q| parse_quantity(q));
+        let quantity = |name: &str| {
+            reserve
+                .get(name)
+                .filter(|_| name == "cpu" || !compressible_only)
+                .and_then(|q| parse_quantity(q))
+        };
         let mut builder = CgroupBuilder::new(relative);
         if let Some(cpu) = quantity("cpu") {
             builder = builder.cpu().shares(self.cpu(shares(cpu))).done();

@@ -177,9 +177,9 @@ pub struct Config {
     pub cgroups_per_qos: bool,
     /// Whether the kubepods cgroup is limited to allocatable (enforceNodeAllocatable: pods).
     pub enforce_pods_allocatable: bool,
-    /// Whether the kube and system reserves are enforced on their cgroups.
-    pub enforce_kube_reserved: bool,
-    pub enforce_system_reserved: bool,
+    /// How the kube and system reserves are enforced on their cgroups.
+    pub enforce_kube_reserved: ReserveEnforcement,
+    pub enforce_system_reserved: ReserveEnforcement,
     /// The cgroups of the node's daemons and of the host's (kubeReservedCgroup,
     /// systemReservedCgroup).
     pub kube_reserved_cgroup: Option<String>,
@@ -440,41 +440,66 @@ fn cgroup_name(r: &mut Reader<'_>, field: &str) -> Option<String> {
     Some(name)
 }
 
+/// How a reserve is enforced on its cgroup (enforceNodeAllocatable's `kube-reserved` and
+/// `system-reserved`, or their `-compressible` forms: cpu only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReserveEnforcement {
+    Off,
+    All,
+    Compressible,
+}
+
 /// enforceNodeAllocatable: `pods` (the default) limits kubepods; `kube-reserved` and
-/// `system-reserved` limit the cgroups kubeReservedCgroup and systemReservedCgroup name to the
-/// reserves; `none` or nothing limits nothing. Returns whether pods are limited, and the
-/// reserve cgroups to limit (their field names).
-fn enforce_node_allocatable(r: &mut Reader<'_>) -> (bool, Vec<&'static str>) {
+/// `system-reserved` (or their `-compressible` forms) limit the cgroups kubeReservedCgroup and
+/// systemReservedCgroup name to the reserves; `none` or nothing limits nothing. Returns whether
+/// pods are limited, and how the kube and the system reserves are.
+fn enforce_node_allocatable(r: &mut Reader<'_>) -> (bool, ReserveEnforcement, ReserveEnforcement) {
+    use ReserveEnforcement::{All, Compressible, Off};
     let given = r.raw.contains_key("enforceNodeAllocatable");
     let values = r.list("enforceNodeAllocatable");
     if !given {
-        return (true, Vec::new());
+        return (true, Off, Off);
     }
     let label = Reader::label("enforceNodeAllocatable");
-    let (mut pods, mut reserves) = (false, Vec::new());
+    let (mut pods, mut kube, mut system) = (false, Off, Off);
     for v in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
-        match v {
-            "pods" => pods = true,
-            "none" => {}
-            "kube-reserved" => reserves.push("kubeReservedCgroup"),
-            "system-reserved" => reserves.push("systemReservedCgroup"),
-            "system-reserved-compressible" | "kube-reserved-compressible" => r.problems.push(
-                format!("{label}: {v:?} is not offered yet; use kube-reserved or system-reserved"),
-            ),
-            other => r.problems.push(format!(
-                "{label}: {other:?} is not pods, kube-reserved, system-reserved or none"
-            )),
+        let (reserve, how) = match v {
+            "pods" => {
+                pods = true;
+                continue;
+            }
+            "none" => continue,
+            "kube-reserved" => (&mut kube, All),
+            "kube-reserved-compressible" => (&mut kube, Compressible),
+            "system-reserved" => (&mut system, All),
+            "system-reserved-compressible" => (&mut system, Compressible),
+            other => {
+                r.problems.push(format!(
+                    "{label}: {other:?} is not pods, kube-reserved, system-reserved, their -compressible forms or none"
+                ));
+                continue;
+            }
+        };
+        if *reserve != Off && *reserve != how {
+            let base = v.trim_end_matches("-compressible");
+            r.problems.push(format!(
+                "{label}: both {base:?} and \"{base}-compressible\" cannot be specified together"
+            ));
         }
+        *reserve = how;
     }
-    for field in &reserves {
-        if r.text(field).is_none_or(|t| t.is_empty()) {
+    for (how, field) in [
+        (kube, "kubeReservedCgroup"),
+        (system, "systemReservedCgroup"),
+    ] {
+        if how != Off && r.text(field).is_none_or(|t| t.is_empty()) {
             r.problems.push(format!(
                 "{label}: enforcing the reserve needs {}",
                 Reader::label(field)
             ));
         }
     }
-    (pods, reserves)
+    (pods, kube, system)
 }
 
 /// Why no configuration could be made: every problem found, each naming its field.
@@ -501,15 +526,22 @@ const DEFAULT_CFS_PERIOD: Duration = Duration::from_millis(100);
 
 impl Config {
     /// enforceNodeAllocatable as in effect.
-    fn enforced(&self) -> Vec<&'static str> {
-        [
-            (self.enforce_pods_allocatable, "pods"),
+    fn enforced(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.enforce_pods_allocatable {
+            out.push("pods".to_string());
+        }
+        for (how, name) in [
             (self.enforce_kube_reserved, "kube-reserved"),
             (self.enforce_system_reserved, "system-reserved"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect()
+        ] {
+            match how {
+                ReserveEnforcement::Off => {}
+                ReserveEnforcement::All => out.push(name.to_string()),
+                ReserveEnforcement::Compressible => out.push(format!("{name}-compressible")),
+            }
+        }
+        out
     }
 
     /// Whether the feature gate `name` (one of [`FEATURE_GATES`]) is on.
@@ -977,8 +1009,8 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         cpu_cfs_quota_period: r.parsed("cpuCFSQuotaPeriod", DEFAULT_CFS_PERIOD, duration::parse),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
         enforce_pods_allocatable: enforcement.0,
-        enforce_kube_reserved: enforcement.1.contains(&"kubeReservedCgroup"),
-        enforce_system_reserved: enforcement.1.contains(&"systemReservedCgroup"),
+        enforce_kube_reserved: enforcement.1,
+        enforce_system_reserved: enforcement.2,
         kube_reserved_cgroup: cgroup_name(&mut r, "kubeReservedCgroup"),
         system_reserved_cgroup: cgroup_name(&mut r, "systemReservedCgroup"),
         fail_swap_on: r.bool("failSwapOn", true),
@@ -1260,12 +1292,35 @@ mod tests {
         ])
         .unwrap()
         .config;
-        assert!(reserved.enforce_system_reserved && !reserved.enforce_kube_reserved);
+        assert_eq!(reserved.enforce_system_reserved, ReserveEnforcement::All);
+        assert_eq!(reserved.enforce_kube_reserved, ReserveEnforcement::Off);
         assert_eq!(
             reserved.kube_reserved_cgroup.as_deref(),
             Some("/kube.slice")
         );
         assert_eq!(reserved.enforced(), ["pods", "system-reserved"]);
+        let cpu_only = run(&[
+            "--hostname-override=n",
+            "--enforce-node-allocatable=kube-reserved-compressible",
+            "--kube-reserved-cgroup=/kube.slice",
+        ])
+        .unwrap()
+        .config;
+        assert_eq!(
+            cpu_only.enforce_kube_reserved,
+            ReserveEnforcement::Compressible
+        );
+        assert_eq!(cpu_only.enforced(), ["kube-reserved-compressible"]);
+        let err = on(&[
+            "--hostname-override=n",
+            "--enforce-node-allocatable=kube-reserved,kube-reserved-compressible",
+            "--kube-reserved-cgroup=/kube.slice",
+        ])
+        .unwrap_err();
+        assert!(
+            err.problems[0].contains("cannot be specified together"),
+            "{err}"
+        );
     }
 
     #[test]

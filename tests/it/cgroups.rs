@@ -316,7 +316,8 @@ async fn qos_reserved_memory_limits_the_lower_tiers() {
 }
 
 /// enforceNodeAllocatable with kube-reserved limits the existing cgroup that
-/// --kube-reserved-cgroup names to the reserve: cpu as shares, and memory.
+/// --kube-reserved-cgroup names to the reserve: cpu as shares, and memory; with
+/// kube-reserved-compressible, cpu alone.
 #[tokio::test]
 async fn the_kube_reserve_is_enforced_on_its_cgroup() {
     let daemons = "/nodelet-test/t-kubereserve-daemons";
@@ -342,6 +343,23 @@ async fn the_kube_reserve_is_enforced_on_its_cgroup() {
         (64 << 20).to_string()
     );
     assert_eq!(read(cgroup_dir("cpu", daemons).join("cpu.shares")), "102");
+    node.finish().await;
+
+    // The -compressible form limits cpu alone.
+    let memory_limit = cgroup_dir("memory", daemons).join("memory.limit_in_bytes");
+    std::fs::write(&memory_limit, "-1").expect("lift the memory limit");
+    let unlimited = read(memory_limit.clone());
+    let node = Node::start(
+        "kubereserve-cpu",
+        &[
+            "--kube-reserved=cpu=200m,memory=32Mi",
+            &flag,
+            "--enforce-node-allocatable=pods,kube-reserved-compressible",
+        ],
+    )
+    .await;
+    assert_eq!(read(cgroup_dir("cpu", daemons).join("cpu.shares")), "204");
+    assert_eq!(read(memory_limit), unlimited);
     node.finish().await;
     nodelet::cgroups::remove_tree(daemons.trim_start_matches('/'))
         .expect("remove the daemons' cgroup");
