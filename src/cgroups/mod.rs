@@ -578,15 +578,23 @@ impl Manager {
 
 pub use usage::Usage;
 
-/// What the cgroup `path` used (CPU time, memory), read where the memory and cpu accounting
-/// controllers live; `None` when it cannot be read.
-pub fn usage_of(path: &str) -> Option<Usage> {
-    usage::of(&usage::host_mounts(), path)
+/// What each cgroup of `paths` used (CPU time, memory), read where the memory and cpu
+/// accounting controllers live (`None` in `paths`: this process's own cgroups, from
+/// /proc/self/cgroup); `None` for one that cannot be read. The mounts are read once for all.
+pub fn usages(paths: &[Option<&str>]) -> Vec<Option<Usage>> {
+    let mounts = usage::host_mounts();
+    paths
+        .iter()
+        .map(|path| match path {
+            Some(path) => usage::of(&mounts, path),
+            None => own_usage(&mounts),
+        })
+        .collect()
 }
 
 /// What this process's own cgroups used: its memory cgroup's and its cpu accounting cgroup's
-/// (from /proc/self/cgroup; on the unified hierarchy they are one).
-pub fn own_usage() -> Option<Usage> {
+/// (on the unified hierarchy they are one).
+fn own_usage(mounts: &[usage::Mount]) -> Option<Usage> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let path_of = |controller: &str| {
         text.lines().find_map(|l| {
@@ -596,8 +604,7 @@ pub fn own_usage() -> Option<Usage> {
             (listed || controllers.is_empty()).then(|| path.to_string())
         })
     };
-    let mounts = usage::host_mounts();
-    usage::of_paths(&mounts, &path_of("memory")?, &path_of("cpuacct")?)
+    usage::of_paths(mounts, &path_of("memory")?, &path_of("cpuacct")?)
 }
 
 /// Moves this process into the cgroup `path` of every hierarchy, made where missing, as

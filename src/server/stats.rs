@@ -33,8 +33,7 @@ static LAST_SYSTEM_CPU: Mutex<Option<std::collections::HashMap<String, (Instant,
     Mutex::new(None);
 
 /// A system container as upstream's summary reports it: its name, CPU and memory.
-fn system_container(name: &str, path: Option<&str>, time: &str, now: Instant) -> Option<Value> {
-    let u = path.map_or_else(crate::cgroups::own_usage, crate::cgroups::usage_of)?;
+fn system_container(name: &str, u: crate::cgroups::Usage, time: &str, now: Instant) -> Value {
     let nano_cores = {
         let mut last = LAST_SYSTEM_CPU.lock().unwrap_or_else(|e| e.into_inner());
         let last = last.get_or_insert_with(Default::default);
@@ -45,7 +44,7 @@ fn system_container(name: &str, path: Option<&str>, time: &str, now: Instant) ->
         last.insert(name.to_string(), (now, u.cpu_ns));
         rate.unwrap_or(0)
     };
-    Some(json!({
+    json!({
         "name": name,
         "startTime": START.get_or_init(|| crate::types::now().to_string()),
         "cpu": {
@@ -61,7 +60,7 @@ fn system_container(name: &str, path: Option<&str>, time: &str, now: Instant) ->
             "pageFaults": u.page_faults,
             "majorPageFaults": u.major_page_faults,
         },
-    }))
+    })
 }
 
 /// When the agent first reported its system containers: their start time (the cgroups' own
@@ -302,10 +301,16 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     if let Some(network) = network::node(&time) {
         summary["node"]["network"] = network;
     }
+    let paths: Vec<Option<&str>> = source
+        .system_containers
+        .iter()
+        .map(|(_, path)| path.as_deref())
+        .collect();
     summary["node"]["systemContainers"] = source
         .system_containers
         .iter()
-        .filter_map(|(name, path)| system_container(name, path.as_deref(), &time, now))
+        .zip(crate::cgroups::usages(&paths))
+        .filter_map(|((name, _), usage)| Some(system_container(name, usage?, &time, now)))
         .collect();
     Ok(summary)
 }
