@@ -554,12 +554,13 @@ impl Manager {
     }
 
     /// A kernel notification, as an eventfd, of the node's memory working set crossing
-    /// `working_set` bytes; `None` where the kernel has none (the memory controller on the
-    /// unified hierarchy, which only notifies about limits).
+    /// `working_set` bytes, and whether it was past them already once armed; `None` where the
+    /// kernel has none (the memory controller on the unified hierarchy, which only notifies
+    /// about limits).
     pub fn node_memory_threshold(
         &self,
         working_set: u64,
-    ) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+    ) -> Option<std::io::Result<(std::os::fd::OwnedFd, bool)>> {
         let mount = self.memory.as_ref().filter(|m| !m.v2)?;
         Some(usage::arm_threshold(&mount.point, working_set))
     }

@@ -107,8 +107,12 @@ pub(super) fn working_set(dir: &Path, v2: bool) -> Option<u64> {
 /// becomes readable when the cgroup's working set crosses `working_set` bytes, either way. The
 /// kernel compares memory.usage_in_bytes, so the inactive file pages of now are added (upstream's
 /// memcg notifier does the same and re-arms after each observation). Closing the eventfd
-/// removes the notification.
-pub(super) fn arm_threshold(dir: &Path, working_set: u64) -> std::io::Result<std::os::fd::OwnedFd> {
+/// removes the notification. The kernel reports crossings only, so the second value says whether
+/// the usage was already past the mark once it was armed (the rise then went unreported).
+pub(super) fn arm_threshold(
+    dir: &Path,
+    working_set: u64,
+) -> std::io::Result<(std::os::fd::OwnedFd, bool)> {
     use std::os::fd::{AsRawFd, FromRawFd};
     let inactive = stat_field(dir, "total_inactive_file").unwrap_or(0);
     let usage = std::fs::File::open(dir.join("memory.usage_in_bytes"))?;
@@ -119,14 +123,11 @@ pub(super) fn arm_threshold(dir: &Path, working_set: u64) -> std::io::Result<std
     }
     // SAFETY: `raw` was just returned by eventfd and nothing else owns it.
     let event = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
-    let line = format!(
-        "{} {} {}",
-        event.as_raw_fd(),
-        usage.as_raw_fd(),
-        working_set.saturating_add(inactive)
-    );
+    let mark = working_set.saturating_add(inactive);
+    let line = format!("{} {} {mark}", event.as_raw_fd(), usage.as_raw_fd());
     std::fs::write(dir.join("cgroup.event_control"), line)?;
-    Ok(event)
+    let past = read_u64(&dir.join("memory.usage_in_bytes")).is_some_and(|now| now >= mark);
+    Ok((event, past))
 }
 
 /// What a cgroup used, as /stats/summary reports a system container.

@@ -27,6 +27,9 @@ pub(super) struct Alarms {
     enabled: bool,
     threshold: Option<AsyncFd<OwnedFd>>,
     psi: Option<AsyncFd<File>>,
+    /// The working set was past the threshold once armed: the kernel reports no crossing then,
+    /// so the next pass comes as soon as the alarms are no longer quiet.
+    past: bool,
     not_before: Instant,
     /// Whether arming the threshold has failed already (said once, not every pass).
     threshold_failed: bool,
@@ -57,6 +60,7 @@ impl Alarms {
             enabled,
             threshold: None,
             psi,
+            past: false,
             not_before: Instant::now(),
             threshold_failed: false,
         }
@@ -67,6 +71,7 @@ impl Alarms {
     pub fn arm(&mut self, cgroups: &cgroups::Manager, working_set: Option<u64>) {
         self.not_before = Instant::now() + QUIET;
         self.threshold = None;
+        self.past = false;
         let Some(armed) = working_set
             .filter(|_| self.enabled)
             .and_then(|w| cgroups.node_memory_threshold(w))
@@ -74,9 +79,16 @@ impl Alarms {
             return;
         };
         // SAFETY: the OwnedFd keeps its descriptor open until the AsyncFd drops it.
-        let registered = armed.and_then(|fd| unsafe { AsyncFd::register(fd) }.map_err(Into::into));
+        let registered = armed.and_then(|(fd, past)| {
+            unsafe { AsyncFd::register(fd) }
+                .map(|fd| (fd, past))
+                .map_err(Into::into)
+        });
         match registered {
-            Ok(fd) => self.threshold = Some(fd),
+            Ok((fd, past)) => {
+                self.threshold = Some(fd);
+                self.past = past;
+            }
             Err(e) if !self.threshold_failed => {
                 self.threshold_failed = true;
                 tracing::warn!(error = %e, "cannot arm the memory cgroup's threshold notification: memory pressure is seen by the eviction manager's poll only");
@@ -88,6 +100,9 @@ impl Alarms {
     /// Waits for an alarm; never returns when none is set. Cancel safe.
     pub async fn fired(&self) -> &'static str {
         tokio::time::sleep_until(self.not_before).await;
+        if self.past {
+            return "the memory threshold was already crossed";
+        }
         let threshold = async {
             match &self.threshold {
                 Some(fd) => {
