@@ -253,9 +253,21 @@ impl Core {
             ephemeral_storage: node.ephemeral_storage,
             pods: config.max_pods,
         };
+        // --reserved-cpus takes the place of the cpu in kube-reserved and system-reserved, as
+        // upstream: allocatable counts its CPUs as reserved.
+        let (kube_reserved, system_reserved) = match &config.reserved_cpus {
+            Some(cpus) => {
+                let mut kube = config.kube_reserved.clone();
+                kube.remove("cpu");
+                let mut system = config.system_reserved.clone();
+                system.insert("cpu".into(), cpus.len().to_string());
+                (kube, system)
+            }
+            None => (config.kube_reserved.clone(), config.system_reserved.clone()),
+        };
         let allocatable = crate::cgroups::allocatable(
             &capacity,
-            &[&config.kube_reserved, &config.system_reserved],
+            &[&kube_reserved, &system_reserved],
             &config.eviction_hard,
         );
         let cfs = crate::cgroups::Cfs {
@@ -386,6 +398,8 @@ impl Core {
             },
             recorder.clone(),
         );
+        let cpus = cpu_manager(config)?;
+        tracker.spawn(cpus.clone().run(runtime.clone(), cancel.clone()));
         let cache = crate::runtime::PodCache::default();
         let syncer = Arc::new(Syncer::new(
             runtime.clone(),
@@ -401,6 +415,7 @@ impl Core {
                 diagnoses: diagnoses.clone(),
                 cleanups: cleanups.clone(),
                 userns,
+                cpus: cpus.clone(),
             },
         ));
         let (pressure, pressure_rx) = tokio::sync::watch::channel(Pressure::default());
@@ -408,6 +423,7 @@ impl Core {
             resync: config.sync_frequency,
             allocatable: Some(allocatable),
             pressure: Some(pressure_rx),
+            cpus: Some(cpus),
             ..Default::default()
         };
         let sync_loop = SyncLoop::new(
@@ -898,6 +914,32 @@ fn cluster_config(
         lease_duration_seconds: config.node_lease_duration_seconds,
         static_sources: static_sources.into_iter().flatten().collect(),
     }
+}
+
+/// The CPU manager as configured, its state file read or begun in the root dir.
+fn cpu_manager(config: &Config) -> anyhow::Result<Arc<crate::cm::cpu::CpuManager>> {
+    use crate::cm::cpu::{CpuManager, Settings, Topology};
+    let reserved_cores = [&config.kube_reserved, &config.system_reserved]
+        .iter()
+        .filter_map(|m| m.get("cpu"))
+        .filter_map(|q| crate::pod::parse_quantity(q))
+        .sum();
+    let settings = Settings {
+        static_policy: config.cpu_manager_static,
+        reserved_cpus: config.reserved_cpus.clone(),
+        reserved_cores,
+        full_pcpus_only: config.cpu_manager_full_pcpus_only,
+        reconcile_period: config.cpu_manager_reconcile_period,
+    };
+    let topology = Topology::discover(std::path::Path::new("/sys/devices/system/cpu"))
+        .map_err(crate::cm::cpu::Error::Topology)
+        .context("the CPU manager (--cpu-manager-policy)")?;
+    let manager = CpuManager::start(&settings, &config.root_dir, topology)
+        .context("the CPU manager (--cpu-manager-policy)")?;
+    if settings.static_policy {
+        tracing::info!(shared = %manager.cpuset("", "").unwrap_or_default(), "CPU manager: static policy");
+    }
+    Ok(manager)
 }
 
 /// Limits the cgroups of the node's daemons and of the host's to their reserves, where

@@ -10,7 +10,7 @@
 //! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
 //! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
-//! `log_rotation` and `eviction` use `runtime`; `admission` (the admit handlers' stateless checks)
+//! `log_rotation`, `eviction` and `cm` (the CPU manager) use `runtime`; `admission` (the admit handlers' stateless checks)
 //! uses `pod`; `shutdown` (graceful node shutdown's stages and
 //! record) uses `config` and `pod`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
@@ -25,6 +25,7 @@ pub mod backoff;
 pub mod cgroups;
 pub mod cli;
 pub mod cluster;
+pub mod cm;
 pub mod config;
 pub mod events;
 pub mod eviction;

@@ -38,6 +38,8 @@ pub struct Config {
     /// The node's pressure conditions (from the eviction manager); new pods are refused under
     /// memory or disk pressure as upstream.
     pub pressure: Option<watch::Receiver<Pressure>>,
+    /// The CPU manager, which gives admitted pods their exclusive CPUs.
+    pub cpus: Option<Arc<crate::cm::cpu::CpuManager>>,
 }
 
 impl Default for Config {
@@ -48,6 +50,7 @@ impl Default for Config {
             resync: Duration::from_secs(60),
             allocatable: None,
             pressure: None,
+            cpus: None,
         }
     }
 }
@@ -363,6 +366,9 @@ impl<S: PodSyncer> SyncLoop<S> {
                 return Some(refusal);
             }
         }
+        if let Some(Err(refusal)) = self.config.cpus.as_ref().map(|c| c.allocate(pod)) {
+            return Some(refusal);
+        }
         self.started.insert(uid.clone(), Instant::now());
         self.admitted.insert(
             uid,
@@ -613,6 +619,17 @@ impl<S: PodSyncer> SyncLoop<S> {
         };
         let desired: std::collections::HashSet<PodUid> =
             self.mux.desired().map(|p| PodUid::of(p)).collect();
+        if let Some(cpus) = &self.config.cpus {
+            // A pod neither admitted nor left in the runtime has no CPUs to keep (an ending pod's
+            // are given back once its containers are stopped).
+            let keep = running
+                .iter()
+                .map(|p| PodUid::of(p))
+                .chain(self.admitted.keys().cloned())
+                .map(|uid| uid.0)
+                .collect();
+            cpus.retain(&keep);
+        }
         for pod in running {
             let uid = PodUid::of(&pod);
             if desired.contains(&uid) || self.workers.contains(&uid) {

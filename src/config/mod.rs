@@ -168,6 +168,12 @@ pub struct Config {
     pub cpu_cfs_quota_period: Duration,
     /// qosReserved's memory percentage, when the QOSReserved gate is on.
     pub qos_reserved_memory: Option<i64>,
+    /// The CPU manager: the static policy (cpuManagerPolicy), its full-pcpus-only option,
+    /// reservedSystemCPUs and the reconcile period.
+    pub cpu_manager_static: bool,
+    pub cpu_manager_full_pcpus_only: bool,
+    pub reserved_cpus: Option<crate::cm::cpuset::CpuSet>,
+    pub cpu_manager_reconcile_period: Duration,
     /// The cgroup the agent moves itself into (kubeletCgroups); `None`: where it was started.
     pub kubelet_cgroups: Option<String>,
     /// The runtime's and the host's other processes' cgroups, for the summary's system
@@ -338,6 +344,10 @@ impl Config {
             "cpuCFSQuota": self.cpu_cfs_quota,
             "qosReserved": self.qos_reserved_memory.map(|p| serde_json::json!({"memory": format!("{p}%")})).unwrap_or_default(),
             "cpuCFSQuotaPeriod": d(self.cpu_cfs_quota_period),
+            "cpuManagerPolicy": if self.cpu_manager_static { "static" } else { "none" },
+            "cpuManagerPolicyOptions": if self.cpu_manager_full_pcpus_only { serde_json::json!({"full-pcpus-only": "true"}) } else { serde_json::json!({}) },
+            "cpuManagerReconcilePeriod": d(self.cpu_manager_reconcile_period),
+            "reservedSystemCPUs": self.reserved_cpus.as_ref().map(ToString::to_string).unwrap_or_default(),
         });
         let more = serde_json::json!({
             "cgroupRoot": self.cgroup_root,
@@ -401,6 +411,26 @@ fn quantity(bytes: u64) -> String {
             || bytes.to_string(),
             |(unit, size)| format!("{}{unit}", bytes / size),
         )
+}
+
+/// cpuManagerPolicyOptions: full-pcpus-only, the one option nodelet has (upstream's others
+/// are refused by name).
+fn cpu_manager_options(r: &mut Reader<'_>) -> bool {
+    let mut full = false;
+    for (option, value) in r.map("cpuManagerPolicyOptions") {
+        let label = Reader::label("cpuManagerPolicyOptions");
+        match (option.as_str(), value.trim()) {
+            ("full-pcpus-only", "true" | "True") => full = true,
+            ("full-pcpus-only", "false" | "False") => full = false,
+            ("full-pcpus-only", other) => r.problems.push(format!(
+                "{label}: full-pcpus-only: {other:?} is not true or false"
+            )),
+            (other, _) => r
+                .problems
+                .push(format!("{label}: unsupported cpumanager option: {other:?}")),
+        }
+    }
+    full
 }
 
 /// qosReserved: only memory, as a percentage (upstream's ParseQOSReserved).
@@ -1006,6 +1036,17 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         system_cgroups: cgroup_name(&mut r, "systemCgroups"),
         cpu_cfs_quota: r.bool("cpuCFSQuota", true),
         qos_reserved_memory: qos_reserved(&mut r),
+        cpu_manager_static: r.parsed("cpuManagerPolicy", false, |s| match s {
+            "none" | "" => Ok(false),
+            "static" => Ok(true),
+            other => Err(format!("unknown policy: {other:?} (none or static)")),
+        }),
+        cpu_manager_full_pcpus_only: cpu_manager_options(&mut r),
+        reserved_cpus: r.parsed("reservedSystemCPUs", None, |s| {
+            crate::cm::cpuset::CpuSet::parse(s).map(|set| (!set.is_empty()).then_some(set))
+        }),
+        cpu_manager_reconcile_period: r
+            .positive_duration("cpuManagerReconcilePeriod", Duration::from_secs(10)),
         cpu_cfs_quota_period: r.parsed("cpuCFSQuotaPeriod", DEFAULT_CFS_PERIOD, duration::parse),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
         enforce_pods_allocatable: enforcement.0,

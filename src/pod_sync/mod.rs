@@ -202,6 +202,7 @@ pub struct Syncer {
     resized: std::sync::Mutex<HashMap<String, String>>,
     /// The ID ranges of `hostUsers: false` pods.
     userns: userns::Manager,
+    cpus: Arc<crate::cm::cpu::CpuManager>,
 }
 
 /// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
@@ -233,6 +234,8 @@ pub struct Parts {
     pub diagnoses: crate::status::Diagnoses,
     pub cleanups: crate::status::Cleanups,
     pub userns: userns::Manager,
+    /// Which CPUs each container runs on.
+    pub cpus: Arc<crate::cm::cpu::CpuManager>,
 }
 
 impl Syncer {
@@ -262,6 +265,7 @@ impl Syncer {
             refused: Default::default(),
             resized: Default::default(),
             userns: parts.userns,
+            cpus: parts.cpus,
         }
     }
 
@@ -1024,10 +1028,16 @@ impl Syncer {
         };
         let sub_paths = self.mount_sub_paths(&input)?;
         input.sub_paths = &sub_paths;
-        let config = convert::container_config(&input).map_err(|message| Error::Config {
+        let mut config = convert::container_config(&input).map_err(|message| Error::Config {
             container: start.name.clone(),
             message,
         })?;
+        if let (Some(cpus), Some(resources)) = (
+            self.cpus.cpuset(&PodUid::of(pod).0, &start.name),
+            config.linux.as_mut().and_then(|l| l.resources.as_mut()),
+        ) {
+            resources.cpuset_cpus = cpus;
+        }
         let log_dir = convert::pod_log_dir(&self.ctx, pod).join(&start.name);
         std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
             path: log_dir.clone(),
@@ -1123,7 +1133,6 @@ impl Syncer {
         }
     }
 
-    /// Resizes a running container in place to its spec's resources.
     /// Resizes a container in place; returns its new resources digest.
     async fn resize(&self, pod: &Pod, r: &actions::Resize) -> Result<String, Error> {
         let Some(want) = crate::pod::all_containers(spec(pod)).find(|c| c.name == r.name) else {

@@ -364,3 +364,89 @@ async fn the_kube_reserve_is_enforced_on_its_cgroup() {
     nodelet::cgroups::remove_tree(daemons.trim_start_matches('/'))
         .expect("remove the daemons' cgroup");
 }
+
+/// The CPUs a container's process may run on, as its last log line says (the container prints
+/// its Cpus_allowed_list twice a second).
+fn allowed_cpus(node: &Node, pod: &str) -> Option<String> {
+    let prefix = format!("default_{}_", node.pod_name(pod));
+    let log = crate::bed::read_container_logs(&node.pod_logs(), &prefix, "c");
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("Cpus_allowed_list"))?;
+    Some(line.rsplit(['\t', ' ']).next()?.trim().to_string())
+}
+
+#[tokio::test]
+async fn the_static_cpu_manager_gives_a_guaranteed_container_a_cpu_of_its_own() {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online CPUs");
+    let all = nodelet::cm::cpuset::CpuSet::parse(&online).expect("a CPU list");
+    assert!(
+        all.len() >= 2,
+        "the test needs two CPUs, the machine has {all}"
+    );
+    let exclusive = nodelet::cm::cpuset::CpuSet::parse("1").expect("a CPU list");
+    let shared = all.difference(&exclusive).to_string();
+    let node = Node::start(
+        "cpumanager",
+        &[
+            "--cpu-manager-policy=static",
+            "--reserved-cpus=0",
+            "--cpu-manager-reconcile-period=1s",
+        ],
+    )
+    .await;
+    let report = "while true; do grep Cpus_allowed_list /proc/self/status; sleep 0.5; done";
+    let with = |name: &str, resources: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {resources}\n    command: [sh, -c, \"trap 'exit 0' TERM; {report}\"]\n"
+        )
+    };
+    let guaranteed = "{requests: {cpu: 1, memory: 64Mi}, limits: {cpu: 1, memory: 64Mi}}";
+    node.write_manifest("shared.yaml", &with("shared", "{}"));
+    let all_text = all.to_string();
+    eventually(
+        "the shared container on every CPU",
+        Duration::from_secs(60),
+        || async { (allowed_cpus(&node, "shared")? == all_text).then_some(()) },
+    )
+    .await;
+    node.write_manifest("excl.yaml", &with("excl", guaranteed));
+    eventually(
+        "the Guaranteed container on CPU 1 alone",
+        Duration::from_secs(60),
+        || async { (allowed_cpus(&node, "excl")? == "1").then_some(()) },
+    )
+    .await;
+    eventually(
+        "the shared container off CPU 1",
+        Duration::from_secs(30),
+        || async { (allowed_cpus(&node, "shared")? == shared).then_some(()) },
+    )
+    .await;
+    // The assignment is in upstream's state file, under the pod's UID.
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(node.path("root/cpu_manager_state")).expect("cpu_manager_state"),
+    )
+    .expect("JSON");
+    assert_eq!(state["policyName"], "static");
+    assert_eq!(state["defaultCpuSet"], shared.as_str());
+    let uid = node.wait_sandbox("excl").await.uid.0;
+    assert_eq!(state["entries"][uid.as_str()]["c"], "1", "{state}");
+    // No CPU is left for another Guaranteed container: allocatable holds one CPU fewer.
+    node.write_manifest("second.yaml", &with("second", guaranteed));
+    node.wait_status("second", "refused", |s| {
+        s.phase.as_deref() == Some("Failed")
+    })
+    .await;
+    node.remove_manifest("second.yaml");
+    // Once the exclusive container is gone its CPU goes back to the shared pool.
+    node.remove_manifest("excl.yaml");
+    eventually(
+        "the shared container on every CPU again",
+        Duration::from_secs(60),
+        || async { (allowed_cpus(&node, "shared")? == all_text).then_some(()) },
+    )
+    .await;
+    node.finish().await;
+}
