@@ -177,6 +177,10 @@ pub(crate) struct Core {
     /// What the node has, and what it gives to pods.
     capacity: crate::types::Allocatable,
     allocatable: crate::types::Allocatable,
+    /// The CPU manager, also read by the pod-resources API.
+    cpus: Arc<crate::cm::cpu::CpuManager>,
+    /// The device manager, served to device plugins and read by the pod-resources API.
+    devices: Arc<crate::cm::devices::DeviceManager>,
     /// The runtime's name and version, as it reports them.
     runtime_version: (String, String),
     /// The runtime handlers and their features, as the runtime's status names them.
@@ -400,6 +404,7 @@ impl Core {
         );
         let cpus = cpu_manager(config)?;
         tracker.spawn(cpus.clone().run(runtime.clone(), cancel.clone()));
+        let devices = crate::cm::devices::DeviceManager::start(&config.root_dir);
         let cache = crate::runtime::PodCache::default();
         let syncer = Arc::new(Syncer::new(
             runtime.clone(),
@@ -416,6 +421,7 @@ impl Core {
                 cleanups: cleanups.clone(),
                 userns,
                 cpus: cpus.clone(),
+                devices: devices.clone(),
             },
         ));
         let (pressure, pressure_rx) = tokio::sync::watch::channel(Pressure::default());
@@ -423,7 +429,8 @@ impl Core {
             resync: config.sync_frequency,
             allocatable: Some(allocatable),
             pressure: Some(pressure_rx),
-            cpus: Some(cpus),
+            cpus: Some(cpus.clone()),
+            devices: Some(devices.clone()),
             ..Default::default()
         };
         let sync_loop = SyncLoop::new(
@@ -473,6 +480,8 @@ impl Core {
             probes,
             runtime,
             capacity,
+            cpus: cpus.clone(),
+            devices,
             allocatable,
             runtime_version: (version.runtime_name, version.runtime_version),
             runtime_handlers,
@@ -609,6 +618,34 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         async move {
             if let Err(e) = server::admin::serve(listener, socket, handles, cancel).await {
                 tracing::error!(error = %e, "admin socket server stopped");
+            }
+        }
+    });
+    let socket = server::pod_resources::socket_path(&config.root_dir);
+    let listener = server::admin::bind(&socket).await?;
+    let handles = server::pod_resources::Handles {
+        statuses: core.status.clone(),
+        cpus: core.cpus.clone(),
+        devices: core.devices.clone(),
+    };
+    core.tracker.spawn({
+        let cancel = cancel.clone();
+        async move {
+            if let Err(e) = server::pod_resources::serve(listener, socket, handles, cancel).await {
+                tracing::error!(error = %e, "pod-resources socket server stopped");
+            }
+        }
+    });
+    let socket = core.devices.dir().join(crate::cm::devices::SOCKET);
+    let incoming = server::admin::admitted_connections(server::admin::bind(&socket).await?, socket);
+    core.tracker.spawn({
+        let (devices, tracker, cancel) =
+            (core.devices.clone(), core.tracker.clone(), cancel.clone());
+        async move {
+            let served =
+                crate::cm::devices::plugin::serve(devices, incoming, tracker, cancel).await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "device plugin registration socket server stopped");
             }
         }
     });
@@ -910,6 +947,7 @@ fn cluster_config(
                 &core.runtime_version.1,
             ),
             runtime_handlers: crate::cluster::node::runtime_handlers(&core.runtime_handlers),
+            devices: Some(core.devices.clone()),
         },
         lease_duration_seconds: config.node_lease_duration_seconds,
         static_sources: static_sources.into_iter().flatten().collect(),
@@ -931,9 +969,16 @@ fn cpu_manager(config: &Config) -> anyhow::Result<Arc<crate::cm::cpu::CpuManager
         full_pcpus_only: config.cpu_manager_full_pcpus_only,
         reconcile_period: config.cpu_manager_reconcile_period,
     };
-    let topology = Topology::discover(std::path::Path::new("/sys/devices/system/cpu"))
-        .map_err(crate::cm::cpu::Error::Topology)
-        .context("the CPU manager (--cpu-manager-policy)")?;
+    // The none policy places no container, so a machine whose topology cannot be read only
+    // matters to the static one.
+    let topology = match Topology::discover(std::path::Path::new("/sys/devices/system/cpu")) {
+        Ok(topology) => topology,
+        Err(_) if !settings.static_policy => Topology { cpus: Vec::new() },
+        Err(e) => {
+            return Err(crate::cm::cpu::Error::Topology(e))
+                .context("the CPU manager (--cpu-manager-policy)");
+        }
+    };
     let manager = CpuManager::start(&settings, &config.root_dir, topology)
         .context("the CPU manager (--cpu-manager-policy)")?;
     if settings.static_policy {

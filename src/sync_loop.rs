@@ -19,7 +19,7 @@ use crate::pod::{ANNOTATION_CONFIG_SOURCE, ephemeral_storage_request, requests, 
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
 use crate::sources::Mux;
-use crate::types::{Allocatable, PodOperation, PodUid, Source, SourceSnapshot, full_name};
+use crate::types::{Allocatable, PodOperation, PodUid, Refusal, Source, SourceSnapshot, full_name};
 
 /// The grace period of a hard eviction (upstream's immediate eviction).
 const EVICTION_GRACE_SECONDS: i64 = 1;
@@ -40,6 +40,8 @@ pub struct Config {
     pub pressure: Option<watch::Receiver<Pressure>>,
     /// The CPU manager, which gives admitted pods their exclusive CPUs.
     pub cpus: Option<Arc<crate::cm::cpu::CpuManager>>,
+    /// The device manager, whose admission reserves a pod's devices.
+    pub devices: Option<Arc<crate::cm::devices::DeviceManager>>,
 }
 
 impl Default for Config {
@@ -51,6 +53,7 @@ impl Default for Config {
             allocatable: None,
             pressure: None,
             cpus: None,
+            devices: None,
         }
     }
 }
@@ -302,28 +305,28 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// Upstream's admission: a pod that does not fit what is left of allocatable (by requests)
     /// or beyond --max-pods does not run, nor any new pod while the node shuts down.
     /// `Some((reason, message))` when refused.
-    fn admit(&mut self, pod: &Pod) -> Option<(&'static str, String)> {
+    fn admit(&mut self, pod: &Pod) -> Option<Refusal> {
         let uid = PodUid::of(pod);
         if self.admitted.contains_key(&uid) {
             return None;
         }
         if self.shutdown.is_some() {
             let message = crate::shutdown::REFUSED_MESSAGE.to_string();
-            return Some((crate::shutdown::REFUSED_REASON, message));
+            return Some((crate::shutdown::REFUSED_REASON.into(), message));
         }
         let refusal = self.admission_refusal(pod)?;
         Some((refusal.0, format!("Pod was rejected: {}", refusal.1)))
     }
 
     /// Upstream's admit handlers' refusals (`None`: admitted, and the pod's share recorded).
-    fn admission_refusal(&mut self, pod: &Pod) -> Option<(&'static str, String)> {
+    fn admission_refusal(&mut self, pod: &Pod) -> Option<Refusal> {
         let uid = PodUid::of(pod);
-        if let Some(refusal) = os_refusal(pod) {
-            return Some(refusal);
+        if let Some((reason, message)) = os_refusal(pod) {
+            return Some((reason.into(), message));
         }
         if needs_apparmor(pod) && !host_has_apparmor() {
             return Some((
-                "AppArmor",
+                "AppArmor".into(),
                 "Cannot enforce AppArmor: AppArmor is not enabled on the host".into(),
             ));
         }
@@ -335,7 +338,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             .as_ref()
             .and_then(|p| p.borrow().refuses(pod))
         {
-            return Some(("Evicted", message));
+            return Some(("Evicted".into(), message));
         }
         if let Some(a) = self.config.allocatable {
             let used = |f: fn(&(f64, f64, f64)) -> f64| {
@@ -362,11 +365,17 @@ impl<S: PodSyncer> SyncLoop<S> {
                     false,
                 ),
             ];
-            if let Some(refusal) = refusal.into_iter().flatten().next() {
-                return Some(refusal);
+            if let Some((reason, message)) = refusal.into_iter().flatten().next() {
+                return Some((reason.into(), message));
             }
         }
+        if let Some(Err(refusal)) = self.config.devices.as_ref().map(|d| d.admit(pod)) {
+            return Some(refusal);
+        }
         if let Some(Err(refusal)) = self.config.cpus.as_ref().map(|c| c.allocate(pod)) {
+            if let Some(devices) = &self.config.devices {
+                devices.release(&uid.0);
+            }
             return Some(refusal);
         }
         self.started.insert(uid.clone(), Instant::now());
@@ -483,7 +492,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 let syncer = self.syncer.clone();
                 let pod = pod.clone();
                 self.tracker
-                    .spawn(async move { syncer.reject_pod(pod, reason, &message).await });
+                    .spawn(async move { syncer.reject_pod(pod, &reason, &message).await });
                 continue;
             }
             if terminate {
@@ -619,16 +628,19 @@ impl<S: PodSyncer> SyncLoop<S> {
         };
         let desired: std::collections::HashSet<PodUid> =
             self.mux.desired().map(|p| PodUid::of(p)).collect();
+        // A pod neither admitted nor left in the runtime has no CPUs or devices to keep (an
+        // ending pod's are given back once its containers are stopped).
+        let keep = running
+            .iter()
+            .map(|p| PodUid::of(p))
+            .chain(self.admitted.keys().cloned())
+            .map(|uid| uid.0)
+            .collect();
         if let Some(cpus) = &self.config.cpus {
-            // A pod neither admitted nor left in the runtime has no CPUs to keep (an ending pod's
-            // are given back once its containers are stopped).
-            let keep = running
-                .iter()
-                .map(|p| PodUid::of(p))
-                .chain(self.admitted.keys().cloned())
-                .map(|uid| uid.0)
-                .collect();
             cpus.retain(&keep);
+        }
+        if let Some(devices) = &self.config.devices {
+            devices.retain(&keep);
         }
         for pod in running {
             let uid = PodUid::of(&pod);

@@ -177,6 +177,10 @@ pub fn full_name(pod: &Pod) -> String {
     )
 }
 
+/// An admit handler's refusal of a pod: the reason (upstream's, such as `OutOfcpu`) and the
+/// message.
+pub type Refusal = (std::borrow::Cow<'static, str>, String);
+
 /// An error with its causes, each once: `outer: cause: root cause`.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();

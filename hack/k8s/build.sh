@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build the upstream control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, the kubelet, kubeadm, and the addons kubeadm installs: kube-proxy and
-# CoreDNS) and upstream's conformance tests (e2e.test, the ginkgo runner and the
-# test image programs agnhost and nnp) from upstream's Go modules, cached by version outside the
-# checkout.
+# CoreDNS) and upstream's conformance tests (e2e.test, the ginkgo runner, the test image
+# programs agnhost and nnp, and the sample device plugin) from upstream's Go modules, cached by
+# version outside the checkout.
 #
 #   hack/k8s/build.sh bin      print the directory holding the control plane, building what is missing
 #   hack/k8s/build.sh e2e      the same for the conformance tests (same directory)
@@ -32,7 +32,8 @@ kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
 e2e_test_pkg=k8s.io/kubernetes/test/e2e
 e2e_node_pkg=k8s.io/kubernetes/test/e2e_node
 e2e_tools=(ginkgo=github.com/onsi/ginkgo/v2/ginkgo agnhost=k8s.io/kubernetes/test/images/agnhost
-    nnp=k8s.io/kubernetes/test/images/nonewprivs)
+    nnp=k8s.io/kubernetes/test/images/nonewprivs
+    sample-device-plugin=k8s.io/kubernetes/test/images/sample-device-plugin)
 
 log() { echo "k8s: $*" >&2; }
 
@@ -157,8 +158,8 @@ build_test_binary() {
     log "$1 built in $((SECONDS - start)) s"
 }
 
-# e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program), nc and nmeter, beside the
-# control plane.
+# e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program), the sample device plugin, nc
+# and nmeter, beside the control plane.
 build_e2e() {
     local b name start
     export CGO_ENABLED=0 GOFLAGS=-mod=readonly

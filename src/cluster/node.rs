@@ -42,6 +42,8 @@ pub struct Config {
     pub info: NodeSystemInfo,
     /// `status.runtimeHandlers`: the runtime's handlers and what each supports.
     pub runtime_handlers: Vec<NodeRuntimeHandler>,
+    /// The device plugins' extended resources, counted in capacity and allocatable.
+    pub devices: Option<std::sync::Arc<crate::cm::devices::DeviceManager>>,
 }
 
 /// The runtime handlers as the Node's status lists them (the default one named `""`).
@@ -284,6 +286,13 @@ pub fn status(
             now,
         ),
     ];
+    let (mut capacity, mut allocatable) =
+        (resources(&config.capacity), resources(&config.allocatable));
+    let extended = config.devices.as_ref().map(|d| d.resources());
+    for (name, (all, healthy)) in extended.into_iter().flatten() {
+        capacity.insert(name.clone(), Quantity(all.to_string()));
+        allocatable.insert(name, Quantity(healthy.to_string()));
+    }
     let mut addresses = Vec::new();
     if let Some(ip) = &config.internal_ip {
         addresses.push(NodeAddress {
@@ -297,8 +306,8 @@ pub fn status(
     });
     NodeStatus {
         addresses: Some(addresses),
-        capacity: Some(resources(&config.capacity)),
-        allocatable: Some(resources(&config.allocatable)),
+        capacity: Some(capacity),
+        allocatable: Some(allocatable),
         conditions: Some(conditions),
         daemon_endpoints: Some(NodeDaemonEndpoints {
             kubelet_endpoint: Some(DaemonEndpoint {
@@ -506,6 +515,7 @@ mod tests {
                     user_namespaces: true,
                 }),
             }]),
+            devices: None,
         }
     }
 

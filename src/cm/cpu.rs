@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cpuset::CpuSet;
 use crate::runtime::{ContainerState, RuntimeClient, cri};
+use crate::types::Refusal;
 
 /// The state file's name in the root dir, as upstream names it.
 pub const STATE_FILE: &str = "cpu_manager_state";
@@ -212,9 +213,6 @@ pub struct CpuManager {
     changed: Notify,
     reconcile_period: Duration,
 }
-
-/// An admission refusal: reason and message.
-pub type Refusal = (&'static str, String);
 
 /// The whole CPUs a container asks for exclusively: a Guaranteed pod's container with an
 /// integer cpu request (equal to its limit), else none.
@@ -449,7 +447,7 @@ impl CpuManager {
             }
             if policy.full_pcpus_only && !count.is_multiple_of(policy.topology.cpus_per_core()) {
                 result = Err((
-                    "SMTAlignmentError",
+                    "SMTAlignmentError".into(),
                     format!(
                         "SMT Alignment Error: requested {count} cpus not multiple cpus per core = {}",
                         policy.topology.cpus_per_core()
@@ -460,7 +458,7 @@ impl CpuManager {
             let available = state.default.difference(&policy.reserved).union(&reusable);
             let Some(taken) = policy.topology.take(&available, count) else {
                 result = Err((
-                    "UnexpectedAdmissionError",
+                    "UnexpectedAdmissionError".into(),
                     format!(
                         "Allocate failed due to not enough cpus available to satisfy request: requested={count}, available={}, which is unexpected",
                         available.len()
@@ -528,6 +526,26 @@ impl CpuManager {
             .and_then(|p| p.get(container))
             .unwrap_or(&state.default);
         Some(set.to_string())
+    }
+
+    /// The CPUs a container holds for itself (none: it runs in the shared pool), for the
+    /// pod-resources API.
+    pub fn exclusive(&self, uid: &str, container: &str) -> Vec<i64> {
+        let state = self.lock();
+        let set = state.entries.get(uid).and_then(|p| p.get(container));
+        set.into_iter()
+            .flat_map(|s| s.iter())
+            .map(i64::from)
+            .collect()
+    }
+
+    /// The CPUs the policy may hand out: every CPU but the reserved ones under the static
+    /// policy, none under the none policy (upstream's GetAllocatableCPUs).
+    pub fn allocatable(&self) -> Vec<i64> {
+        self.policy.as_ref().map_or_else(Vec::new, |p| {
+            let all = p.topology.all();
+            all.difference(&p.reserved).iter().map(i64::from).collect()
+        })
     }
 
     /// The reconcile loop, until `cancel`: every running container of the node's pods gets its

@@ -652,6 +652,44 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
     })
 }
 
+/// Adds what the device plugins answered for a container to its CRI config, as upstream
+/// orders it: their environment and mounts before the container's own, their device nodes and
+/// CDI devices, and their annotations where the agent set none of that name.
+pub fn with_devices(
+    config: &mut cri::ContainerConfig,
+    devices: crate::cm::devices::proto::ContainerAllocateResponse,
+) {
+    let mut envs: Vec<(String, String)> = devices.envs.into_iter().collect();
+    envs.sort();
+    let envs = envs
+        .into_iter()
+        .map(|(key, value)| cri::KeyValue { key, value });
+    config.envs.splice(0..0, envs);
+    let mounts = devices.mounts.into_iter().map(|m| cri::Mount {
+        container_path: m.container_path,
+        host_path: m.host_path,
+        readonly: m.read_only,
+        ..Default::default()
+    });
+    config.mounts.splice(0..0, mounts);
+    config
+        .devices
+        .extend(devices.devices.into_iter().map(|d| cri::Device {
+            container_path: d.container_path,
+            host_path: d.host_path,
+            permissions: d.permissions,
+        }));
+    config.cdi_devices.extend(
+        devices
+            .cdi_devices
+            .into_iter()
+            .map(|d| cri::CdiDevice { name: d.name }),
+    );
+    for (key, value) in devices.annotations {
+        config.annotations.entry(key).or_insert(value);
+    }
+}
+
 fn seccomp(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri::SecurityProfile {
     use cri::security_profile::ProfileType;
     let (kind, localhost_ref) = match profile {

@@ -67,6 +67,12 @@ pub enum Error {
     },
     #[error("container {container:?}: CreateContainerConfigError: {message}")]
     Config { container: String, message: String },
+    #[error("container {container:?}: cannot have its devices")]
+    Devices {
+        container: String,
+        #[source]
+        source: crate::cm::devices::Error,
+    },
     #[error("container {container:?}: PostStartHook failed: {message}")]
     PostStart { container: String, message: String },
     #[error("cannot create the pod sandbox: {0}")]
@@ -84,7 +90,7 @@ impl Error {
     fn waiting_reason(&self) -> String {
         match self {
             Error::Image { reason, .. } => (*reason).into(),
-            Error::Config { .. } => "CreateContainerConfigError".into(),
+            Error::Config { .. } | Error::Devices { .. } => "CreateContainerConfigError".into(),
             Error::PostStart { .. } => "PostStartHookError".into(),
             Error::Runtime(e) if e.call() == "StartContainer" => "RunContainerError".into(),
             _ => "CreateContainerError".into(),
@@ -203,6 +209,7 @@ pub struct Syncer {
     /// The ID ranges of `hostUsers: false` pods.
     userns: userns::Manager,
     cpus: Arc<crate::cm::cpu::CpuManager>,
+    devices: Arc<crate::cm::devices::DeviceManager>,
 }
 
 /// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
@@ -236,6 +243,8 @@ pub struct Parts {
     pub userns: userns::Manager,
     /// Which CPUs each container runs on.
     pub cpus: Arc<crate::cm::cpu::CpuManager>,
+    /// Which devices each container gets, and how.
+    pub devices: Arc<crate::cm::devices::DeviceManager>,
 }
 
 impl Syncer {
@@ -266,6 +275,7 @@ impl Syncer {
             resized: Default::default(),
             userns: parts.userns,
             cpus: parts.cpus,
+            devices: parts.devices,
         }
     }
 
@@ -1037,6 +1047,14 @@ impl Syncer {
             config.linux.as_mut().and_then(|l| l.resources.as_mut()),
         ) {
             resources.cpuset_cpus = cpus;
+        }
+        let devices = self.devices.container_start(pod, container).await;
+        let devices = devices.map_err(|source| Error::Devices {
+            container: start.name.clone(),
+            source,
+        })?;
+        if let Some(devices) = devices {
+            convert::with_devices(&mut config, devices);
         }
         let log_dir = convert::pod_log_dir(&self.ctx, pod).join(&start.name);
         std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {

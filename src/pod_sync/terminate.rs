@@ -228,6 +228,7 @@ impl Syncer {
     pub(super) fn forget(&self, uid: &PodUid) {
         self.diagnoses.forget(uid);
         self.cpus.release(&uid.0);
+        self.devices.release(&uid.0);
         self.probes.remove_pod(uid);
         self.started
             .lock()

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 pub use cache::{Changing, PodCache};
 pub use content::Download;
 pub use k8s_cri::v1 as cri;
-pub use remote::{Error, Result, RuntimeClient, wait_for_runtime};
+pub use remote::{Error, Result, RuntimeClient, unix_channel, wait_for_runtime};
 
 use crate::types::{CgroupDriver, PodUid};
 

@@ -166,7 +166,9 @@ fn forget_unlisted<'a, V>(
     answers.retain(|id, (learnt, _)| kept.contains(id.as_str()) || *learnt >= asked);
 }
 
-fn channel(path: &Path) -> Channel {
+/// A gRPC channel to the unix socket at `path`, dialled on first use (and again after a
+/// dropped connection).
+pub fn unix_channel(path: &Path) -> Channel {
     let socket = path.to_path_buf();
     // The URI is a placeholder: the connector below always dials the unix socket.
     let endpoint = Endpoint::from_static("http://[::1]:50051");
@@ -181,8 +183,8 @@ impl RuntimeClient {
     /// A client of the runtime at `runtime` and the image service at `images` (unix socket paths).
     /// Connections are made lazily and re-made after the runtime restarts.
     pub fn new(runtime: &Path, images: &Path, timeout: Duration) -> Self {
-        let runtime = channel(runtime);
-        let images = channel(images);
+        let runtime = unix_channel(runtime);
+        let images = unix_channel(images);
         RuntimeClient {
             runtime: RuntimeServiceClient::new(runtime.clone()),
             images: ImageServiceClient::new(images.clone()),

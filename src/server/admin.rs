@@ -286,7 +286,7 @@ pub enum Error {
         .0.display()
     )]
     InUse(PathBuf),
-    #[error("cannot serve the admin socket {}: {source}", .path.display())]
+    #[error("cannot serve the socket {}: {source}", .path.display())]
     Io {
         path: PathBuf,
         #[source]
@@ -294,9 +294,9 @@ pub enum Error {
     },
 }
 
-/// Binds the admin socket (replacing a stale one left by a dead agent), mode 0660 in the
-/// root dir. It is bound in a directory only root may enter and moved into place once
-/// its mode is set: no one else can connect in between (no process-wide umask is changed).
+/// Binds a unix socket of the agent's (replacing a stale one left by a dead agent), mode 0660.
+/// It is bound in a directory only root may enter and moved into place once its mode is set:
+/// no one else can connect in between (no process-wide umask is changed).
 pub async fn bind(path: &Path) -> Result<UnixListener, Error> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
     let io = |source| Error::Io {
@@ -311,13 +311,16 @@ pub async fn bind(path: &Path) -> Result<UnixListener, Error> {
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(io)?;
-    let staging = dir.join(format!(".{SOCKET}.{}", std::process::id()));
+    let name = path
+        .file_name()
+        .map_or_else(|| SOCKET.into(), |n| n.to_string_lossy().into_owned());
+    let staging = dir.join(format!(".{name}.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&staging)
         .map_err(io)?;
-    let bound = staging.join(SOCKET);
+    let bound = staging.join(&name);
     let listener = UnixListener::bind(&bound)
         .and_then(|l| {
             std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o660))?;
@@ -340,6 +343,26 @@ fn admitted(stream: &tokio::net::UnixStream, path: &Path) -> bool {
     peer.uid() == 0 || std::fs::metadata(path).is_ok_and(|m| m.gid() == peer.gid())
 }
 
+/// The connections to the socket at `path` of root and of the socket's group, which Go's gRPC
+/// clients may use too (see [`super::unix_authority`]); others are refused with a warning.
+pub fn admitted_connections(
+    listener: UnixListener,
+    path: PathBuf,
+) -> impl Stream<Item = std::io::Result<super::unix_authority::LocalAuthority>> {
+    let admitted = UnixListenerStream::new(listener).filter(move |accepted| {
+        let pass = match accepted {
+            Ok(stream) if !admitted(stream, &path) => {
+                let peer = stream.peer_cred().ok();
+                tracing::warn!(uid = ?peer.map(|p| p.uid()), gid = ?peer.map(|p| p.gid()), socket = %path.display(), "refused a connection: neither root nor the socket's group");
+                false
+            }
+            _ => true,
+        };
+        std::future::ready(pass)
+    });
+    admitted.map(|accepted| accepted.map(super::unix_authority::LocalAuthority::new))
+}
+
 /// Serves the admin API on `listener` until `cancel`, then removes the socket file.
 pub async fn serve(
     listener: UnixListener,
@@ -347,18 +370,7 @@ pub async fn serve(
     handles: Handles,
     cancel: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let socket = path.clone();
-    let incoming = UnixListenerStream::new(listener).filter(move |accepted| {
-        let pass = match accepted {
-            Ok(stream) if !admitted(stream, &socket) => {
-                let peer = stream.peer_cred().ok();
-                tracing::warn!(uid = ?peer.map(|p| p.uid()), gid = ?peer.map(|p| p.gid()), socket = %socket.display(), "refused a connection to the admin socket: neither root nor the socket's group");
-                false
-            }
-            _ => true,
-        };
-        std::future::ready(pass)
-    });
+    let incoming = admitted_connections(listener, path.clone());
     let served = tonic::transport::Server::builder()
         .add_service(AdminServer::new(handles))
         .serve_with_incoming_shutdown(incoming, cancel.cancelled())

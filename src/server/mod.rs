@@ -7,6 +7,8 @@ pub mod exec;
 pub mod healthz;
 pub mod listen;
 pub mod logs;
+pub mod pod_resources;
 pub mod read_only;
 pub mod secure;
 pub mod stats;
+pub mod unix_authority;

@@ -476,6 +476,16 @@ impl Node {
             .expect("touch in the container");
     }
 
+    /// A client of the node's pod-resources socket.
+    pub async fn pod_resources(
+        &self,
+    ) -> nodelet::server::pod_resources::proto::pod_resources_lister_client::PodResourcesListerClient<
+        tonic::transport::Channel,
+    >{
+        let channel = nodelet::runtime::unix_channel(&self.path("root/pod-resources/kubelet.sock"));
+        nodelet::server::pod_resources::proto::pod_resources_lister_client::PodResourcesListerClient::new(channel)
+    }
+
     /// Starts the agent again after [`Node::stop_agent`], with the same node and dirs.
     pub async fn restart(&mut self, extra: &[&str]) {
         self.launch(extra).await;

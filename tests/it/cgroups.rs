@@ -4,6 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nodelet::server::pod_resources::proto::{
+    AllocatableResourcesRequest, GetPodResourcesRequest, ListPodResourcesRequest,
+};
+
 use crate::bed::{BUSYBOX, FOREVER, Node, cgroup_root, eventually};
 
 /// A cgroup file of the given controller (v1) or the unified hierarchy (v2).
@@ -378,7 +382,7 @@ fn allowed_cpus(node: &Node, pod: &str) -> Option<String> {
 }
 
 #[tokio::test]
-async fn the_static_cpu_manager_gives_a_guaranteed_container_a_cpu_of_its_own() {
+async fn the_static_cpu_manager_gives_a_guaranteed_container_a_cpu_of_its_own_and_says_so() {
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online CPUs");
     let all = nodelet::cm::cpuset::CpuSet::parse(&online).expect("a CPU list");
     assert!(
@@ -433,6 +437,45 @@ async fn the_static_cpu_manager_gives_a_guaranteed_container_a_cpu_of_its_own() 
     assert_eq!(state["defaultCpuSet"], shared.as_str());
     let uid = node.wait_sandbox("excl").await.uid.0;
     assert_eq!(state["entries"][uid.as_str()]["c"], "1", "{state}");
+    // The pod-resources API tells the same, as upstream's clients ask it.
+    let mut api = node.pod_resources().await;
+    let listed = api
+        .list(ListPodResourcesRequest {})
+        .await
+        .expect("List")
+        .into_inner();
+    let cpus_of = |pod: &str| -> Option<Vec<i64>> {
+        let name = node.pod_name(pod);
+        let p = listed.pod_resources.iter().find(|p| p.name == name)?;
+        Some(p.containers.iter().find(|c| c.name == "c")?.cpu_ids.clone())
+    };
+    assert_eq!(cpus_of("excl"), Some(vec![1]), "{listed:?}");
+    assert_eq!(cpus_of("shared"), Some(vec![]), "{listed:?}");
+    let allocatable = api
+        .get_allocatable_resources(AllocatableResourcesRequest {})
+        .await
+        .expect("GetAllocatableResources")
+        .into_inner();
+    let expected: Vec<i64> = all.iter().filter(|c| *c != 0).map(i64::from).collect();
+    assert_eq!(allocatable.cpu_ids, expected);
+    let one = api
+        .get(GetPodResourcesRequest {
+            pod_name: node.pod_name("excl"),
+            pod_namespace: "default".into(),
+        })
+        .await
+        .expect("Get")
+        .into_inner();
+    let containers = one.pod_resources.map(|p| p.containers).unwrap_or_default();
+    assert_eq!(containers.first().map(|c| c.cpu_ids.clone()), Some(vec![1]));
+    let missing = api
+        .get(GetPodResourcesRequest {
+            pod_name: "nope".into(),
+            pod_namespace: "default".into(),
+        })
+        .await
+        .expect_err("no such pod");
+    assert_eq!(missing.code(), tonic::Code::NotFound);
     // No CPU is left for another Guaranteed container: allocatable holds one CPU fewer.
     node.write_manifest("second.yaml", &with("second", guaranteed));
     node.wait_status("second", "refused", |s| {

@@ -1873,3 +1873,61 @@ async fn a_static_pod_edit_applies_while_every_api_request_hangs() {
     path.drop_path(false);
     node.finish().await;
 }
+
+/// A device plugin's resource shows in the Node's capacity and allocatable, follows its
+/// devices' health, and an API pod asking for it gets a device.
+#[tokio::test]
+async fn a_device_plugins_resource_shows_in_the_nodes_status_and_api_pods_get_its_devices() {
+    const RESOURCE: &str = "example.com/own";
+    let cp = ControlPlane::start("devapi", true).await;
+    let node = join(&cp, "devapi", &[]).await;
+    let (plugin, cancel) = crate::devices::own_plugin(&node, &[("a", true), ("b", true)]).await;
+    crate::devices::register_own(&node, RESOURCE, &["a", "b"]).await;
+    let counts = |n: &ApiNode| {
+        let status = n.status.as_ref()?;
+        let of = |m: Option<
+            &std::collections::BTreeMap<
+                String,
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+            >,
+        >| { m.and_then(|m| m.get(RESOURCE)).map(|q| q.0.clone()) };
+        Some((
+            of(status.capacity.as_ref())?,
+            of(status.allocatable.as_ref())?,
+        ))
+    };
+    let nodes = cp.nodes();
+    eventually(
+        "the resource in the Node's status",
+        Duration::from_secs(30),
+        || async {
+            let n = nodes.get(&node.name).await.ok()?;
+            (counts(&n)? == ("2".to_string(), "2".to_string())).then_some(())
+        },
+    )
+    .await;
+    plugin.devices.send_replace(vec![
+        crate::devices::device("a", true),
+        crate::devices::device("b", false),
+    ]);
+    eventually(
+        "an unhealthy device out of allocatable",
+        Duration::from_secs(30),
+        || async {
+            let n = nodes.get(&node.name).await.ok()?;
+            (counts(&n)? == ("2".to_string(), "1".to_string())).then_some(())
+        },
+    )
+    .await;
+    let yaml = crate::devices::pod("dev", RESOURCE, 1, "echo env=$OWN_DEVICES; sleep 3600");
+    let yaml = yaml.replace("spec:\n", "spec:\n  automountServiceAccountToken: false\n");
+    cp.pods("default")
+        .create(&PostParams::default(), &bound_pod(&yaml, &node.name))
+        .await
+        .expect("create the pod");
+    cp.wait_pod("default", "dev", "Running", |p| phase(p) == "Running")
+        .await;
+    assert_eq!(crate::devices::held(&node, "dev", RESOURCE).await, ["a"]);
+    cancel.cancel();
+    node.finish().await;
+}

@@ -11,6 +11,7 @@ mod config_data;
 mod conformance;
 mod control_plane;
 mod cri;
+mod devices;
 mod eviction;
 mod healthz;
 mod http_source;

@@ -212,6 +212,8 @@ tool k8s.io/kubernetes/test/images/agnhost
 
 tool k8s.io/kubernetes/test/images/nonewprivs
 
+tool k8s.io/kubernetes/test/images/sample-device-plugin
+
 replace (
 	k8s.io/api => k8s.io/api v0.36.3
 	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.36.3

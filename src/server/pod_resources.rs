@@ -1,0 +1,151 @@
+//! The kubelet's pod-resources API (v1) on `<root-dir>/pod-resources/kubelet.sock`: the CPUs
+//! and devices each container holds for itself, and those the node can hand out, for
+//! monitoring agents and device tools. Root and the socket's group only, as the admin socket.
+//! nodelet has no memory manager yet, so memory is always empty.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::cm::cpu::CpuManager;
+use crate::cm::devices::DeviceManager;
+use crate::status;
+use crate::types::PodUid;
+
+/// The generated messages, server and client.
+pub mod proto {
+    tonic::include_proto!("v1");
+}
+
+use proto::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
+
+/// The socket of the agent using `root_dir`, where upstream's kubelet has it.
+pub fn socket_path(root_dir: &Path) -> PathBuf {
+    root_dir.join("pod-resources").join("kubelet.sock")
+}
+
+/// What the API reads.
+#[derive(Clone)]
+pub struct Handles {
+    pub statuses: status::Reader,
+    pub cpus: Arc<CpuManager>,
+    pub devices: Arc<DeviceManager>,
+}
+
+/// Devices in the API's form.
+fn devices(resource: String, ids: Vec<String>, numa: Vec<i64>) -> proto::ContainerDevices {
+    let topology = (!numa.is_empty()).then(|| proto::TopologyInfo {
+        nodes: numa.into_iter().map(|id| proto::NumaNode { id }).collect(),
+    });
+    proto::ContainerDevices {
+        resource_name: resource,
+        device_ids: ids,
+        topology,
+    }
+}
+
+impl Handles {
+    /// A pod's containers (and sidecars) with the CPUs each holds for itself.
+    fn resources(&self, pod: &Pod) -> proto::PodResources {
+        let uid = PodUid::of(pod);
+        let spec = crate::pod::spec(pod);
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| crate::pod::is_sidecar(c))
+            .chain(&spec.containers)
+            .map(|c| proto::ContainerResources {
+                name: c.name.clone(),
+                cpu_ids: self.cpus.exclusive(&uid.0, &c.name),
+                devices: self
+                    .devices
+                    .container_devices(&uid.0, &c.name)
+                    .into_iter()
+                    .map(|(resource, ids, numa)| devices(resource, ids, numa))
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        proto::PodResources {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            namespace: crate::types::namespace(pod).to_string(),
+            containers,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for Handles {
+    async fn list(
+        &self,
+        _: Request<proto::ListPodResourcesRequest>,
+    ) -> Result<Response<proto::ListPodResourcesResponse>, Status> {
+        let pod_resources = self
+            .statuses
+            .list()
+            .iter()
+            .map(|e| self.resources(&e.pod))
+            .collect();
+        Ok(Response::new(proto::ListPodResourcesResponse {
+            pod_resources,
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<proto::AllocatableResourcesRequest>,
+    ) -> Result<Response<proto::AllocatableResourcesResponse>, Status> {
+        let allocatable = self.devices.allocatable_devices().into_iter();
+        let devices = allocatable.flat_map(|(resource, list)| {
+            list.into_iter()
+                .map(move |(id, numa)| devices(resource.clone(), vec![id], numa))
+        });
+        Ok(Response::new(proto::AllocatableResourcesResponse {
+            cpu_ids: self.cpus.allocatable(),
+            devices: devices.collect(),
+            ..Default::default()
+        }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<proto::GetPodResourcesRequest>,
+    ) -> Result<Response<proto::GetPodResourcesResponse>, Status> {
+        let r = request.into_inner();
+        let namespace = if r.pod_namespace.is_empty() {
+            "default"
+        } else {
+            r.pod_namespace.as_str()
+        };
+        let Some(entry) = self.statuses.by_name(namespace, &r.pod_name) else {
+            return Err(Status::not_found(format!(
+                "pod {} in namespace {namespace} not found",
+                r.pod_name
+            )));
+        };
+        Ok(Response::new(proto::GetPodResourcesResponse {
+            pod_resources: Some(self.resources(&entry.pod)),
+        }))
+    }
+}
+
+/// Serves the API on `listener` until `cancel`, then removes the socket file.
+pub async fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    handles: Handles,
+    cancel: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = super::admin::admitted_connections(listener, path.clone());
+    let served = tonic::transport::Server::builder()
+        .add_service(PodResourcesListerServer::new(handles))
+        .serve_with_incoming_shutdown(incoming, cancel.cancelled())
+        .await;
+    let _ = std::fs::remove_file(&path);
+    served
+}
