@@ -16,9 +16,10 @@ use crate::config::{Config, detect_node_ip};
 use crate::eviction::{self, Pressure};
 use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
+use crate::sources::SourceSnapshot;
 use crate::sources::{file, http};
 use crate::sync_loop::{self, SyncLoop};
-use crate::types::{Source, SourceSnapshot};
+use crate::types::Source;
 use crate::{pleg, probe, server, status};
 
 /// How long nodelet waits for the runtime at start.
@@ -613,14 +614,8 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         runtime: core.runtime.clone(),
         debugger: core.sync_loop.debugger(),
     };
-    core.tracker.spawn({
-        let cancel = cancel.clone();
-        async move {
-            if let Err(e) = server::admin::serve(listener, socket, handles, cancel).await {
-                tracing::error!(error = %e, "admin socket server stopped");
-            }
-        }
-    });
+    let served = server::admin::serve(listener, socket, handles, cancel.clone());
+    spawn_server(&core.tracker, "admin socket server", served);
     let socket = server::pod_resources::socket_path(&config.root_dir);
     let listener = server::admin::bind(&socket).await?;
     let handles = server::pod_resources::Handles {
@@ -628,27 +623,25 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         cpus: core.cpus.clone(),
         devices: core.devices.clone(),
     };
-    core.tracker.spawn({
-        let cancel = cancel.clone();
-        async move {
-            if let Err(e) = server::pod_resources::serve(listener, socket, handles, cancel).await {
-                tracing::error!(error = %e, "pod-resources socket server stopped");
-            }
-        }
-    });
+    let served = server::pod_resources::serve(listener, socket, handles, cancel.clone());
+    spawn_server(&core.tracker, "pod-resources socket server", served);
     let socket = core.devices.dir().join(crate::cm::devices::SOCKET);
     let incoming = server::admin::admitted_connections(server::admin::bind(&socket).await?, socket);
-    core.tracker.spawn({
-        let (devices, tracker, cancel) =
-            (core.devices.clone(), core.tracker.clone(), cancel.clone());
-        async move {
-            let served =
-                crate::cm::devices::plugin::serve(devices, incoming, tracker, cancel).await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "device plugin registration socket server stopped");
-            }
-        }
-    });
+    let served = crate::cm::devices::plugin::serve(
+        core.devices.clone(),
+        incoming,
+        core.tracker.clone(),
+        cancel.clone(),
+    );
+    spawn_server(
+        &core.tracker,
+        "device plugin registration socket server",
+        served,
+    );
+    let checks = server::healthz::Checks {
+        sync_loop: core.sync_loop.heartbeat(),
+        pleg: core.pleg_health.clone(),
+    };
 
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
@@ -656,16 +649,8 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             format!("cannot listen on {addr} for healthz (--healthz-port, --healthz-bind-address)")
         })?;
         tracing::info!(%addr, "serving healthz");
-        let checks = server::healthz::Checks {
-            sync_loop: core.sync_loop.heartbeat(),
-            pleg: core.pleg_health.clone(),
-        };
-        let cancel = cancel.clone();
-        core.tracker.spawn(async move {
-            if let Err(e) = server::healthz::serve(listener, checks, cancel).await {
-                tracing::error!(error = %e, "healthz server stopped");
-            }
-        });
+        let served = server::healthz::serve(listener, checks.clone(), cancel.clone());
+        spawn_server(&core.tracker, "healthz server", served);
     }
 
     if config.enable_server && config.port != 0 {
@@ -696,10 +681,7 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
         }
         let read_only = server::read_only::router(
             core.status.clone(),
-            server::healthz::Checks {
-                sync_loop: core.sync_loop.heartbeat(),
-                pleg: core.pleg_health.clone(),
-            },
+            checks.clone(),
             stats_source(&config, &core),
         );
         let handles = server::secure::Handles {
@@ -738,19 +720,10 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             format!("cannot listen on {addr} for the read-only API (--read-only-port, --address)")
         })?;
         tracing::info!(%addr, "serving the read-only API");
-        let checks = server::healthz::Checks {
-            sync_loop: core.sync_loop.heartbeat(),
-            pleg: core.pleg_health.clone(),
-        };
-        let reader = core.status.clone();
         let stats = stats_source(&config, &core);
-        let cancel = cancel.clone();
-        core.tracker.spawn(async move {
-            if let Err(e) = server::read_only::serve(listener, reader, checks, stats, cancel).await
-            {
-                tracing::error!(error = %e, "read-only server stopped");
-            }
-        });
+        let served =
+            server::read_only::serve(listener, core.status.clone(), checks, stats, cancel.clone());
+        spawn_server(&core.tracker, "read-only server", served);
     }
 
     let gc = crate::images::gc::ImageGc::new(
@@ -868,15 +841,23 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     }))
 }
 
+/// Runs a server on `tracker`; one that stops on an error says so, naming itself as `what`.
+fn spawn_server<E: std::fmt::Display>(
+    tracker: &TaskTracker,
+    what: &'static str,
+    served: impl Future<Output = Result<(), E>> + Send + 'static,
+) {
+    tracker.spawn(async move {
+        if let Err(e) = served.await {
+            tracing::error!(error = %e, "{what} stopped");
+        }
+    });
+}
+
 /// How often memory that the allocator holds free is handed back to the system.
 #[cfg(target_env = "gnu")]
 const TRIM_PERIOD: Duration = Duration::from_secs(30);
 
-/// glibc's malloc keeps the memory freed inside its per-thread arenas: after a burst of pods came
-/// and went the agent stayed at its peak (26.5 MiB idle with no pods left, against 16 MiB
-/// fresh). `malloc_trim` hands the free pages of every arena back; it costs well under a
-/// millisecond at this heap size.
-#[cfg(target_env = "gnu")]
 /// Raises the open-file limit to its hard limit, as Go programs (the kubelet among them) do at
 /// start: every connection to a server of the node, every log followed and every container's
 /// stream holds a descriptor.
@@ -897,6 +878,10 @@ fn raise_open_files_limit() {
     }
 }
 
+/// glibc's malloc keeps the memory freed inside its per-thread arenas, so after a burst of pods
+/// came and went the agent stayed at its peak. `malloc_trim` hands the free pages of every
+/// arena back, cheaply at this heap size.
+#[cfg(target_env = "gnu")]
 async fn return_freed_memory(cancel: CancellationToken) {
     let mut ticker = tokio::time::interval(TRIM_PERIOD);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -10,7 +10,8 @@
 //! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
 //! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
-//! `log_rotation`, `eviction` and `cm` (the CPU manager) use `runtime`; `admission` (the admit handlers' stateless checks)
+//! `log_rotation`, `eviction` and `cm` (the CPU manager, and the device manager with its
+//! plugins) use `runtime`; `admission` (the admit handlers' stateless checks)
 //! uses `pod`; `shutdown` (graceful node shutdown's stages and
 //! record) uses `config` and `pod`; `pod_workers` defines the `PodSyncer` trait and knows nothing of
 //! the runtime; `pod_sync` uses runtime, images, log_rotation, cgroups, volumes, probe and status
@@ -18,37 +19,40 @@
 //! only (the admin socket's `debug` hands its ephemeral containers to the sync loop); `agent` and `run_once` are the only places that wire everything together; `cli` is the
 //! client of the agent's admin socket; `cluster` (cluster mode: node registration, lease, the
 //! API pod source, status and mirror pods) holds read handles and feeds the mux like a source.
+//!
+//! Modules the binary, the tests and the examples do not use are `pub(crate)`, so the compiler
+//! reports what nobody calls.
 
-pub mod admission;
+pub(crate) mod admission;
 pub mod agent;
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod cgroups;
 pub mod cli;
-pub mod cluster;
+pub(crate) mod cluster;
 pub mod cm;
 pub mod config;
-pub mod events;
-pub mod eviction;
-pub mod host;
-pub mod images;
+pub(crate) mod events;
+pub(crate) mod eviction;
+pub(crate) mod host;
+pub(crate) mod images;
 pub mod lock;
-pub mod log_rotation;
+pub(crate) mod log_rotation;
 pub mod metrics;
-pub mod objects;
-pub mod oom;
-pub mod pleg;
+pub(crate) mod objects;
+pub(crate) mod oom;
+pub(crate) mod pleg;
 pub mod pod;
 pub mod pod_sync;
-pub mod pod_workers;
-pub mod probe;
+pub(crate) mod pod_workers;
+pub(crate) mod probe;
 pub mod run_once;
 pub mod runtime;
-pub mod runtime_state;
+pub(crate) mod runtime_state;
 pub mod server;
-pub mod service_links;
-pub mod shutdown;
+pub(crate) mod service_links;
+pub(crate) mod shutdown;
 pub mod sources;
 pub mod status;
-pub mod sync_loop;
+pub(crate) mod sync_loop;
 pub mod types;
-pub mod volumes;
+pub(crate) mod volumes;

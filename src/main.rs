@@ -70,28 +70,59 @@ fn protect_from_oom(adj: i32) {
     }
 }
 
+/// Why nodelet ends other than successfully; each maps to its exit code.
+enum Exit {
+    /// clap's own answer to the command line (help, or a usage error), with clap's code.
+    CommandLine(clap::Error),
+    /// The settings are invalid (2).
+    Config(String),
+    /// The agent could not start, or failed (1).
+    Failed(String),
+    /// Run-once: not every pod succeeded (1; the pods' results are already reported).
+    PodsFailed,
+}
+
+impl Exit {
+    /// Says why, where it has not been said, and gives the exit code.
+    fn report(self) -> ExitCode {
+        match self {
+            Exit::CommandLine(e) => {
+                let code = e.exit_code();
+                let _ = e.print();
+                ExitCode::from(u8::try_from(code).unwrap_or(2))
+            }
+            Exit::Config(message) => {
+                eprintln!("nodelet: {message}");
+                ExitCode::from(2)
+            }
+            Exit::Failed(message) => {
+                eprintln!("nodelet: {message}");
+                ExitCode::from(1)
+            }
+            Exit::PodsFailed => ExitCode::from(1),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if nodelet::cli::is_invocation(&args) {
         return ExitCode::from(nodelet::cli::main(args));
     }
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(exit) => exit.report(),
+    }
+}
+
+fn run(args: Vec<std::ffi::OsString>) -> Result<(), Exit> {
     let loaded = match config::from_args(args) {
-        Invocation::Exit(e) => {
-            let code = e.exit_code();
-            let _ = e.print();
-            return ExitCode::from(code as u8);
-        }
+        Invocation::Exit(e) => return Err(Exit::CommandLine(e)),
         Invocation::Version(line) => {
             println!("{line}");
-            return ExitCode::SUCCESS;
+            return Ok(());
         }
-        Invocation::Run(result) => match *result {
-            Ok(loaded) => loaded,
-            Err(e) => {
-                eprintln!("nodelet: {e}");
-                return ExitCode::from(2);
-            }
-        },
+        Invocation::Run(result) => (*result).map_err(|e| Exit::Config(e.to_string()))?,
     };
     init_tracing(loaded.config.verbosity, loaded.config.run_once);
     if let Some(kubeconfig) = &loaded.config.kubeconfig
@@ -115,32 +146,21 @@ fn main() -> ExitCode {
             .get("memory")
             .and_then(|q| nodelet::pod::parse_quantity(q))
             .map(|bytes| bytes as u64);
-        if let Err(e) = nodelet::cgroups::enter(cgroup, floor) {
-            eprintln!("nodelet: cannot move the agent into --kubelet-cgroups {cgroup}: {e}");
-            return ExitCode::from(1);
-        }
+        nodelet::cgroups::enter(cgroup, floor).map_err(|e| {
+            Exit::Failed(format!(
+                "cannot move the agent into --kubelet-cgroups {cgroup}: {e}"
+            ))
+        })?;
     }
     for field in &loaded.ignored_fields {
         tracing::warn!(field = %field, "config file field is accepted but not acted on yet");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("nodelet: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
+        .map_err(|e| Exit::Failed(format!("cannot start the async runtime: {e}")))?;
     let _lock = match &loaded.config.lock_file {
-        Some(path) => match nodelet::lock::acquire(path) {
-            Ok(lock) => Some(lock),
-            Err(e) => {
-                eprintln!("nodelet: {e}");
-                return ExitCode::from(1);
-            }
-        },
+        Some(path) => Some(nodelet::lock::acquire(path).map_err(|e| Exit::Failed(e.to_string()))?),
         None => None,
     };
     let result = runtime.block_on(async {
@@ -167,11 +187,8 @@ fn main() -> ExitCode {
         }
     });
     match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("nodelet: {e:#}");
-            ExitCode::from(1)
-        }
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Exit::PodsFailed),
+        Err(e) => Err(Exit::Failed(format!("{e:#}"))),
     }
 }

@@ -18,8 +18,9 @@ use crate::agent::{Core, file_config, http_config, stop_tasks};
 use crate::config::{Config, RunOnceOutput, format_duration};
 use crate::pod::spec;
 use crate::pod_workers::PodSyncer;
+use crate::sources::SourceSnapshot;
 use crate::sources::{file, http};
-use crate::types::{PodUid, SourceSnapshot, full_name, now};
+use crate::types::{PodUid, full_name, now};
 
 /// Where a pod of the batch stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

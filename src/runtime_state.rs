@@ -23,6 +23,7 @@ impl RuntimeState {
     }
 
     /// A state with the given reasons, for tests of its readers.
+    #[cfg(test)]
     pub fn fixed(errors: Vec<String>) -> RuntimeState {
         RuntimeState(watch::channel(errors).1)
     }

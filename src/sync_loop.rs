@@ -18,8 +18,8 @@ use crate::pleg::{Event, EventKind};
 use crate::pod::{ANNOTATION_CONFIG_SOURCE, ephemeral_storage_request, requests, resize};
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
-use crate::sources::Mux;
-use crate::types::{Allocatable, PodOperation, PodUid, Refusal, Source, SourceSnapshot, full_name};
+use crate::sources::{Mux, SourceSnapshot};
+use crate::types::{Allocatable, PodOperation, PodUid, Refusal, Source, full_name};
 
 /// The grace period of a hard eviction (upstream's immediate eviction).
 const EVICTION_GRACE_SECONDS: i64 = 1;

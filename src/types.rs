@@ -154,15 +154,6 @@ pub struct PodUpdate {
     pub pods: Vec<Arc<Pod>>,
 }
 
-/// A source's complete current state: every pod it wants on this node, and the ConfigMaps and
-/// Secrets it offers them.
-#[derive(Clone, Debug)]
-pub struct SourceSnapshot {
-    pub source: Source,
-    pub pods: Vec<Pod>,
-    pub objects: Vec<crate::objects::Object>,
-}
-
 /// A pod's namespace; `default` when it names none, as the API server defaults it.
 pub fn namespace(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or("default")

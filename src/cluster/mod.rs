@@ -21,8 +21,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::sources::SourceSnapshot;
 use crate::sync_loop::Desired;
-use crate::types::{Source, SourceSnapshot};
+use crate::types::Source;
 
 /// Deletes the pod `namespace/name` with this UID at once (grace 0, the UID as precondition), as
 /// the kubelet deletes what is finished on its node. A pod of that name with another UID, or

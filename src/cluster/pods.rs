@@ -19,7 +19,8 @@ use tokio_util::task::TaskTracker;
 use super::objects::Referenced;
 
 use crate::pod::{ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN, ANNOTATION_CONFIG_SOURCE};
-use crate::types::{Source, SourceSnapshot};
+use crate::sources::SourceSnapshot;
+use crate::types::Source;
 
 /// The pods bound to this node as the API server has them, mirror pods included; and a counter
 /// bumped whenever the store changed.

@@ -12,9 +12,10 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::SourceSnapshot;
 use super::{MAX_MANIFEST_BYTES, Manifest, manifest};
 use crate::pod::StaticOrigin;
-use crate::types::{Source, SourceSnapshot, full_name};
+use crate::types::{Source, full_name};
 
 /// A change that may be the first of several (a create, a write, a chmod) is read this long
 /// after it, or sooner when a change that finishes a write comes, so an editor's save is read

@@ -13,9 +13,10 @@ use tokio::sync::mpsc;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 
+use super::SourceSnapshot;
 use super::{MAX_MANIFEST_BYTES, Manifest, manifest};
 use crate::pod::StaticOrigin;
-use crate::types::{Source, SourceSnapshot};
+use crate::types::Source;
 
 /// Time allowed for one GET, body included (upstream: 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

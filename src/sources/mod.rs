@@ -12,6 +12,15 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::objects::{self, Object};
 use crate::pod::{StaticOrigin, apply_defaults, decode_manifest, make_static, validate};
 
+/// A source's complete current state: every pod it wants on this node, and the ConfigMaps and
+/// Secrets it offers them.
+#[derive(Clone, Debug)]
+pub struct SourceSnapshot {
+    pub source: crate::types::Source,
+    pub pods: Vec<Pod>,
+    pub objects: Vec<Object>,
+}
+
 /// Largest manifest (file or URL body) accepted, as upstream.
 pub const MAX_MANIFEST_BYTES: u64 = 10 * 1024 * 1024;
 

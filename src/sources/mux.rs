@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::SourceSnapshot;
 use crate::pod::{ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN, ANNOTATION_CONFIG_SOURCE};
-use crate::types::{PodOperation, PodUid, PodUpdate, Source, SourceSnapshot, full_name};
+use crate::types::{PodOperation, PodUid, PodUpdate, Source, full_name};
 
 /// Pod state per source. A source is ready once it delivered its first snapshot; sources never
 /// wait for each other.

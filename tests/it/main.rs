@@ -1,6 +1,10 @@
 //! The one integration test binary: every feature proven against the real containerd test bed
 //! that `make test` starts (see hack/testbed.sh).
 
+// The test helpers may unwrap too (clippy.toml allows it in the tests themselves): a panic is
+// the test failing, with its place.
+#![allow(clippy::unwrap_used)]
+
 mod admin;
 mod bed;
 mod bootstrap;
