@@ -904,3 +904,250 @@ fn fastrand_unit() -> f64 {
     h.write_u64(Instant::now().elapsed().as_nanos() as u64);
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A syncer that records what it is asked; terminations wait while `kills` is closed.
+    struct Fake {
+        calls: Mutex<Vec<String>>,
+        kills: watch::Sender<bool>,
+        runtime: Mutex<Vec<Arc<Pod>>>,
+    }
+
+    fn name_uid(pod: &Pod) -> String {
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        format!("{name} {}", PodUid::of(pod).0)
+    }
+
+    impl Fake {
+        fn record(&self, call: String) {
+            self.calls.lock().unwrap().push(call);
+        }
+
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl PodSyncer for Fake {
+        async fn sync_pod(&self, pod: Arc<Pod>) -> Result<Option<Duration>, String> {
+            self.record(format!("sync {}", name_uid(&pod)));
+            Ok(None)
+        }
+        async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
+            self.record(format!("kill {}", name_uid(&pod)));
+            let mut open = self.kills.subscribe();
+            let _ = open.wait_for(|open| *open).await;
+            Ok(())
+        }
+        async fn reject_pod(&self, pod: Arc<Pod>, reason: &str, message: &str) {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            self.record(format!("reject {name} {reason}: {message}"));
+        }
+        async fn forget_pod(&self, _pod: Arc<Pod>) {}
+        async fn housekeep(&self, _desired: Vec<Arc<Pod>>) {}
+        async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {
+            Ok(self.runtime.lock().unwrap().clone())
+        }
+    }
+
+    /// A running loop over a fake syncer, and its inputs.
+    struct Bed {
+        fake: Arc<Fake>,
+        snapshots: mpsc::Sender<SourceSnapshot>,
+        evictions: mpsc::Sender<Eviction>,
+        cancel: CancellationToken,
+    }
+
+    impl Bed {
+        fn start(config: Config) -> Bed {
+            let fake = Arc::new(Fake {
+                calls: Mutex::default(),
+                kills: watch::channel(true).0,
+                runtime: Mutex::default(),
+            });
+            let (objects, _) = objects::store(false, crate::service_links::Store::standalone());
+            let cancel = CancellationToken::new();
+            let sync_loop = SyncLoop::new(
+                config,
+                fake.clone(),
+                objects,
+                TaskTracker::new(),
+                cancel.clone(),
+            );
+            let (evictions, _) = sync_loop.eviction_handles();
+            let (snapshots, rx) = mpsc::channel(8);
+            let (_, events) = mpsc::channel(1);
+            let (_, probes) = mpsc::unbounded_channel();
+            tokio::spawn(sync_loop.run(rx, events, probes, cancel.clone()));
+            Bed {
+                fake,
+                snapshots,
+                evictions,
+                cancel,
+            }
+        }
+
+        async fn send(&self, source: Source, pods: Vec<Pod>) {
+            let snapshot = SourceSnapshot {
+                source,
+                pods,
+                objects: Vec::new(),
+            };
+            self.snapshots.send(snapshot).await.unwrap();
+        }
+
+        /// Waits (in paused time) until a call starting with `prefix` was made; its index.
+        async fn until(&self, prefix: &str) -> usize {
+            for _ in 0..1000 {
+                if let Some(i) = self.fake.calls().iter().position(|c| c.starts_with(prefix)) {
+                    return i;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("no call {prefix:?} in {:?}", self.fake.calls());
+        }
+
+        /// Lets `secs` of paused time pass with the loop running.
+        async fn idle(&self, secs: u64) {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+        }
+
+        fn made(&self, prefix: &str) -> bool {
+            self.fake.calls().iter().any(|c| c.starts_with(prefix))
+        }
+    }
+
+    impl Drop for Bed {
+        fn drop(&mut self) {
+            self.cancel.cancel();
+        }
+    }
+
+    /// A pod of `source` asking for `cpu` cores, created at `created` (seconds).
+    fn pod(name: &str, uid: &str, source: Source, cpu: &str, created: i64) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "uid": uid,
+                "creationTimestamp": k8s_openapi::jiff::Timestamp::from_second(created).unwrap().to_string(),
+                "annotations": {ANNOTATION_CONFIG_SOURCE: source.as_str()},
+            },
+            "spec": {"containers": [{
+                "name": "c",
+                "image": "i",
+                "resources": {"requests": {"cpu": cpu}},
+            }]},
+        }))
+        .unwrap()
+    }
+
+    fn one_cpu() -> Config {
+        Config {
+            allocatable: Some(Allocatable {
+                cpu: 1.0,
+                memory: 1e9,
+                ephemeral_storage: 1e12,
+                pods: 110,
+            }),
+            ..Config::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_edited_pod_starts_only_after_the_old_one_is_gone() {
+        let bed = Bed::start(Config::default());
+        bed.send(Source::File, vec![pod("web", "u1", Source::File, "0", 1)])
+            .await;
+        bed.until("sync web u1").await;
+        bed.fake.kills.send_replace(false);
+        bed.send(Source::File, vec![pod("web", "u2", Source::File, "0", 2)])
+            .await;
+        let killed = bed.until("kill web u1").await;
+        bed.idle(30).await;
+        assert!(!bed.made("sync web u2"), "{:?}", bed.fake.calls());
+        bed.fake.kills.send_replace(true);
+        assert!(bed.until("sync web u2").await > killed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_pod_stays_refused() {
+        let bed = Bed::start(one_cpu());
+        let big = pod("big", "u1", Source::File, "2", 1);
+        bed.send(Source::File, vec![big.clone()]).await;
+        bed.until("reject big OutOfcpu: Pod was rejected: Node didn't have enough resource: cpu, requested: 2000, used: 0, capacity: 1000").await;
+        let mut edited = big;
+        edited.metadata.labels = Some([("edited".to_string(), "yes".to_string())].into());
+        bed.send(Source::File, vec![edited]).await;
+        bed.idle(120).await;
+        assert!(!bed.made("sync big"), "{:?}", bed.fake.calls());
+        let rejections = bed
+            .fake
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("reject big"))
+            .count();
+        assert_eq!(rejections, 1, "{:?}", bed.fake.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn housekeeping_never_kills_pods_of_a_source_that_is_not_ready() {
+        let bed = Bed::start(Config::default());
+        *bed.fake.runtime.lock().unwrap() = vec![
+            Arc::new(pod("from-api", "u9", Source::Api, "0", 1)),
+            Arc::new(pod("from-file", "u8", Source::File, "0", 1)),
+        ];
+        bed.send(Source::File, Vec::new()).await;
+        bed.until("kill from-file u8").await;
+        bed.idle(30).await;
+        assert!(!bed.made("kill from-api"), "{:?}", bed.fake.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_pod_ends_failed_with_the_eviction_message() {
+        let bed = Bed::start(Config::default());
+        bed.send(
+            Source::File,
+            vec![pod("victim", "u1", Source::File, "0", 1)],
+        )
+        .await;
+        bed.until("sync victim u1").await;
+        let eviction = Eviction {
+            uid: PodUid("u1".into()),
+            message: "The node was low on resource: memory.".into(),
+        };
+        bed.evictions.send(eviction).await.unwrap();
+        let killed = bed.until("kill victim u1").await;
+        let failed = bed
+            .until("reject victim Evicted: The node was low on resource: memory.")
+            .await;
+        assert!(failed > killed);
+        bed.idle(120).await;
+        let syncs = bed
+            .fake
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("sync victim"))
+            .count();
+        assert_eq!(syncs, 1, "never started again: {:?}", bed.fake.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pods_are_admitted_oldest_first() {
+        let bed = Bed::start(one_cpu());
+        bed.send(
+            Source::File,
+            vec![
+                pod("young", "u2", Source::File, "1", 200),
+                pod("old", "u1", Source::File, "1", 100),
+            ],
+        )
+        .await;
+        bed.until("sync old u1").await;
+        bed.until("reject young OutOfcpu").await;
+    }
+}

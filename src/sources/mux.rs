@@ -107,6 +107,8 @@ impl Mux {
             };
             new.insert(uid, kept);
         }
+        // New pods are admitted oldest first, as upstream's HandlePodAdditions sorts them.
+        adds.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
         let removes: Vec<Arc<Pod>> = old
             .iter()
             .filter(|(uid, _)| !new.contains_key(*uid))
