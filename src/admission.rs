@@ -1,6 +1,6 @@
 //! Upstream's admit handlers' checks that keep no state: a pod for another OS, a pod asking
-//! for AppArmor on a host without it, and the resource fit against what is left of the node's
-//! allocatable. The sync loop keeps what admitted pods hold and asks these in turn.
+//! for AppArmor on a host without it, forbidden sysctls, and the resource fit against what is
+//! left of the node's allocatable. The sync loop keeps what admitted pods hold and asks these in turn.
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -95,4 +95,94 @@ pub fn exceeds(
             show(capacity)
         ),
     ))
+}
+
+/// Sysctls any pod may set (upstream's safe set).
+const SAFE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_wmem",
+];
+
+fn allowed_by(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+/// Upstream's sysctl admit handler: a pod asking for an unsafe sysctl that
+/// `--allowed-unsafe-sysctls` does not allow, or a namespaced sysctl of a namespace it shares
+/// with the host, is refused (SysctlForbidden).
+pub fn sysctl_refusal(pod: &Pod, allowed_unsafe: &[String]) -> Option<(&'static str, String)> {
+    let s = crate::pod::spec(pod);
+    let sysctls = s
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.sysctls.as_ref())?;
+    let mut problems = Vec::new();
+    for sysctl in sysctls {
+        let name = sysctl.name.replace('/', ".");
+        let safe = SAFE_SYSCTLS.contains(&name.as_str());
+        if !safe && !allowed_unsafe.iter().any(|p| allowed_by(p, &name)) {
+            problems.push(format!(
+                "{name} is unsafe and not allowed by --allowed-unsafe-sysctls"
+            ));
+        } else if name.starts_with("net.") && s.host_network.unwrap_or(false) {
+            problems.push(format!("{name} is not allowed on the host network"));
+        } else if name.starts_with("kernel.")
+            && s.host_ipc.unwrap_or(false)
+            && !name.starts_with("kernel.shm_rmid")
+        {
+            problems.push(format!("{name} is not allowed with host IPC"));
+        }
+    }
+    (!problems.is_empty()).then(|| {
+        let message = format!("forbidden sysctl: {}", problems.join("; "));
+        ("SysctlForbidden", message)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        let mut spec = spec;
+        spec["containers"] = serde_json::json!([{"name": "c", "image": "i"}]);
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn sysctls_are_safe_allowed_or_forbidden() {
+        let p = |name: &str, host_network: bool| {
+            pod(
+                serde_json::json!({"hostNetwork": host_network, "securityContext": {"sysctls": [{"name": name, "value": "1"}]}}),
+            )
+        };
+        assert_eq!(
+            sysctl_refusal(&p("net.ipv4.tcp_syncookies", false), &[]),
+            None
+        );
+        assert!(
+            sysctl_refusal(&p("net.core.somaxconn", false), &[])
+                .is_some_and(|(reason, message)| reason == "SysctlForbidden"
+                    && message.contains("net.core.somaxconn"))
+        );
+        assert_eq!(
+            sysctl_refusal(&p("net.core.somaxconn", false), &["net.core.*".into()]),
+            None
+        );
+        assert!(sysctl_refusal(&p("net.ipv4.tcp_syncookies", true), &[]).is_some());
+    }
 }

@@ -357,7 +357,6 @@ impl Core {
                 servers: config.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
                 domain: config.cluster_domain.clone(),
             },
-            allowed_unsafe_sysctls: config.allowed_unsafe_sysctls.clone(),
         };
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();
@@ -432,6 +431,7 @@ impl Core {
             pressure: Some(pressure_rx),
             cpus: Some(cpus.clone()),
             devices: Some(devices.clone()),
+            allowed_unsafe_sysctls: config.allowed_unsafe_sysctls.clone(),
             ..Default::default()
         };
         let sync_loop = SyncLoop::new(
@@ -626,7 +626,9 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     let served = server::pod_resources::serve(listener, socket, handles, cancel.clone());
     spawn_server(&core.tracker, "pod-resources socket server", served);
     let socket = core.devices.dir().join(crate::cm::devices::SOCKET);
-    let incoming = server::admin::admitted_connections(server::admin::bind(&socket).await?, socket);
+    let listener = server::admin::bind(&socket).await?;
+    let what = "the device plugin registration socket";
+    let incoming = server::admin::admitted_connections(listener, socket, what);
     let served = crate::cm::devices::plugin::serve(
         core.devices.clone(),
         incoming,

@@ -148,6 +148,15 @@ impl Backoff {
     }
 }
 
+/// A number in [0, 1), different each call: jitter for retry delays (not for anything that
+/// needs real randomness).
+pub fn random_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,11 +11,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::{exceeds, host_has_apparmor, needs_apparmor, os_refusal};
+use crate::admission::{exceeds, host_has_apparmor, needs_apparmor, os_refusal, sysctl_refusal};
 use crate::eviction::{Eviction, Pressure};
 use crate::objects;
 use crate::pleg::{Event, EventKind};
-use crate::pod::{ANNOTATION_CONFIG_SOURCE, ephemeral_storage_request, requests, resize};
+use crate::pod::{ANNOTATION_CONFIG_SOURCE, Requests, requests, resize};
 use crate::pod_workers::{PodSyncer, PodWorkers, Work};
 use crate::probe;
 use crate::sources::{Mux, SourceSnapshot};
@@ -42,6 +42,8 @@ pub struct Config {
     pub cpus: Option<Arc<crate::cm::cpu::CpuManager>>,
     /// The device manager, whose admission reserves a pod's devices.
     pub devices: Option<Arc<crate::cm::devices::DeviceManager>>,
+    /// allowedUnsafeSysctls: the unsafe sysctls pods may ask for.
+    pub allowed_unsafe_sysctls: Vec<String>,
 }
 
 impl Default for Config {
@@ -54,6 +56,7 @@ impl Default for Config {
             pressure: None,
             cpus: None,
             devices: None,
+            allowed_unsafe_sysctls: Vec::new(),
         }
     }
 }
@@ -69,8 +72,7 @@ pub struct Desired {
 
 /// What an admitted pod holds of the node (upstream's allocation).
 struct Admitted {
-    /// Requests: cpu, memory, ephemeral storage.
-    requests: (f64, f64, f64),
+    requests: Requests,
     /// Its containers' resources; a resize changes them once it fits.
     allocation: resize::Allocation,
     /// Why the spec's newer resources wait, while they do.
@@ -298,7 +300,7 @@ impl<S: PodSyncer> SyncLoop<S> {
 
     fn schedule_resync(&mut self, uid: PodUid) {
         let base = self.config.resync;
-        let jitter = base.mul_f64(fastrand_unit() * 0.5);
+        let jitter = base.mul_f64(crate::backoff::random_unit() * 0.5);
         self.next_resync.insert(uid, Instant::now() + base + jitter);
     }
 
@@ -330,8 +332,10 @@ impl<S: PodSyncer> SyncLoop<S> {
                 "Cannot enforce AppArmor: AppArmor is not enabled on the host".into(),
             ));
         }
-        let (cpu, memory) = requests(pod);
-        let wanted = (cpu, memory, ephemeral_storage_request(pod));
+        if let Some((reason, message)) = sysctl_refusal(pod, &self.config.allowed_unsafe_sysctls) {
+            return Some((reason.into(), message));
+        }
+        let wanted = requests(pod);
         if let Some(message) = self
             .config
             .pressure
@@ -341,26 +345,26 @@ impl<S: PodSyncer> SyncLoop<S> {
             return Some(("Evicted".into(), message));
         }
         if let Some(a) = self.config.allocatable {
-            let used = |f: fn(&(f64, f64, f64)) -> f64| {
+            let used = |f: fn(&Requests) -> f64| {
                 self.admitted.values().map(|p| f(&p.requests)).sum::<f64>()
             };
             let count = self.admitted.len() as f64;
             let refusal = [
                 exceeds("OutOfpods", "pods", 1.0, count, f64::from(a.pods), false),
-                exceeds("OutOfcpu", "cpu", wanted.0, used(|r| r.0), a.cpu, true),
+                exceeds("OutOfcpu", "cpu", wanted.cpu, used(|r| r.cpu), a.cpu, true),
                 exceeds(
                     "OutOfmemory",
                     "memory",
-                    wanted.1,
-                    used(|r| r.1),
+                    wanted.memory,
+                    used(|r| r.memory),
                     a.memory,
                     false,
                 ),
                 exceeds(
                     "OutOfephemeral-storage",
                     "ephemeral-storage",
-                    wanted.2,
-                    used(|r| r.2),
+                    wanted.ephemeral_storage,
+                    used(|r| r.ephemeral_storage),
                     a.ephemeral_storage,
                     false,
                 ),
@@ -416,9 +420,9 @@ impl<S: PodSyncer> SyncLoop<S> {
             }
             return pod.clone();
         }
-        let (cpu, memory) = requests(pod);
+        let wanted = requests(pod);
         let refusal = self.config.allocatable.and_then(|a| {
-            let used = |f: fn(&(f64, f64, f64)) -> f64| {
+            let used = |f: fn(&Requests) -> f64| {
                 self.admitted
                     .iter()
                     .filter(|(u, _)| **u != uid)
@@ -426,8 +430,15 @@ impl<S: PodSyncer> SyncLoop<S> {
                     .sum::<f64>()
             };
             [
-                exceeds("", "cpu", cpu, used(|r| r.0), a.cpu, true),
-                exceeds("", "memory", memory, used(|r| r.1), a.memory, false),
+                exceeds("", "cpu", wanted.cpu, used(|r| r.cpu), a.cpu, true),
+                exceeds(
+                    "",
+                    "memory",
+                    wanted.memory,
+                    used(|r| r.memory),
+                    a.memory,
+                    false,
+                ),
             ]
             .into_iter()
             .flatten()
@@ -439,7 +450,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         match refusal {
             None => {
                 tracing::info!(pod = %full_name(pod), "resize admitted");
-                mine.requests = (cpu, memory, ephemeral_storage_request(pod));
+                mine.requests = wanted;
                 mine.allocation = resize::allocation(pod);
                 mine.pending = None;
                 pod.clone()
@@ -895,14 +906,6 @@ fn is_finished(pod: &Pod) -> bool {
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
-}
-
-/// A number in [0, 1) for resync jitter; quality does not matter, only spread.
-fn fastrand_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -137,7 +137,7 @@ pub fn pod_limits(pod: &Pod, cfs: Cfs) -> PodLimits {
                     + overhead(pod, key)
             })
     };
-    let (cpu_request, _) = requests(pod);
+    let cpu_request = requests(pod).cpu;
     PodLimits {
         cpu_shares: if qos_class(pod) == "BestEffort" {
             2
@@ -494,7 +494,7 @@ impl Manager {
         let burstable: f64 = pods
             .iter()
             .filter(|p| qos_dir(p) == Some("burstable"))
-            .map(|p| requests(p).0)
+            .map(|p| requests(p).cpu)
             .sum();
         let path = self.relative(&["kubepods", "burstable"]);
         CgroupBuilder::new(&path)
@@ -507,7 +507,7 @@ impl Manager {
             let requested = |class: &str| -> i64 {
                 pods.iter()
                     .filter(|p| qos_class(p) == class)
-                    .map(|p| requests(p).1 as i64)
+                    .map(|p| requests(p).memory as i64)
                     .sum()
             };
             let (burstable, besteffort) =
@@ -930,6 +930,9 @@ mod tests {
             json!({"name": "i", "image": "i", "resources": {"requests": {"cpu": "2", "memory": "1Mi"}}}),
         )
         .unwrap()]);
-        assert_eq!(requests(&p), (2.0, 10.0 * 1024.0 * 1024.0));
+        assert_eq!(
+            (requests(&p).cpu, requests(&p).memory),
+            (2.0, 10.0 * 1024.0 * 1024.0)
+        );
     }
 }

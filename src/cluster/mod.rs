@@ -14,6 +14,7 @@ pub mod pods;
 pub mod review;
 pub mod services;
 pub mod status;
+mod watch_backoff;
 
 use std::path::PathBuf;
 

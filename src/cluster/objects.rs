@@ -235,7 +235,9 @@ async fn watch_one<K>(
     K::DynamicType: Default,
 {
     let (kind, namespace, name) = key.clone();
-    let mut stream = watch_object(api, &name).default_backoff().boxed();
+    let mut stream = watch_object(api, &name)
+        .backoff(super::watch_backoff::watch_backoff())
+        .boxed();
     loop {
         let next = tokio::select! {
             _ = stop.cancelled() => return,

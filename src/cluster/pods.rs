@@ -57,7 +57,7 @@ pub fn watch(
     let reader = store.clone();
     let task = async move {
         let mut stream = watcher(api, config)
-            .default_backoff()
+            .backoff(super::watch_backoff::watch_backoff())
             .modify(slim)
             .reflect(writer)
             .ready_chunks(BATCH)

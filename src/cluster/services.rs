@@ -27,7 +27,7 @@ fn key(s: &Service) -> Key {
 pub async fn run(client: kube::Client, store: Store, cancel: CancellationToken) {
     let api: Api<Service> = Api::all(client);
     let mut stream = watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(super::watch_backoff::watch_backoff())
         .boxed();
     let mut current: BTreeMap<Key, service_links::Service> = BTreeMap::new();
     let mut relisting: BTreeMap<Key, service_links::Service> = BTreeMap::new();

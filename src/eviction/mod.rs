@@ -358,12 +358,12 @@ impl Manager {
                 let (usage, request) = match signal {
                     Signal::MemoryAvailable => (
                         self.cgroups.pod_memory_working_set(&pod).unwrap_or(0) as f64,
-                        requests(&pod).1,
+                        requests(&pod).memory,
                     ),
                     Signal::PidAvailable => (self.cgroups.pod_pids(&pod).unwrap_or(0) as f64, 0.0),
                     _ => (
                         disk.get(&PodUid::of(&pod)).copied().unwrap_or(0.0),
-                        crate::pod::ephemeral_storage_request(&pod),
+                        crate::pod::requests(&pod).ephemeral_storage,
                     ),
                 };
                 Candidate {

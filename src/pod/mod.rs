@@ -17,8 +17,7 @@ pub use defaults::{apply_defaults, image_has_tag_or_digest};
 pub use hash::changed as container_changed;
 pub use hash::{container_digest, container_hash};
 pub use qos::{
-    SYSTEM_CRITICAL_PRIORITY, ephemeral_storage_request, is_critical, overhead, priority,
-    qos_class, requests,
+    Requests, SYSTEM_CRITICAL_PRIORITY, is_critical, overhead, priority, qos_class, requests,
 };
 pub use quantity::{container_quantity, parse_quantity};
 pub use signal::{cri_signal, signal_number};

@@ -38,9 +38,20 @@ pub fn overhead(pod: &Pod, key: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A pod's requests (cpu cores, memory bytes): the larger of its app containers' sum and its
-/// largest init container, plus the pod overhead, as upstream's admission counts them.
-pub fn requests(pod: &Pod) -> (f64, f64) {
+/// What a pod asks of the node, as upstream's admission counts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Requests {
+    /// Cores.
+    pub cpu: f64,
+    /// Bytes.
+    pub memory: f64,
+    /// Bytes.
+    pub ephemeral_storage: f64,
+}
+
+/// A pod's requests: cpu and memory the larger of its app containers' sum and its largest init
+/// container, plus the pod overhead; ephemeral storage the app containers' sum.
+pub fn requests(pod: &Pod) -> Requests {
     let request = |c: &k8s_openapi::api::core::v1::Container, key: &str| {
         container_quantity(c, false, key).unwrap_or(0.0)
     };
@@ -53,19 +64,11 @@ pub fn requests(pod: &Pod) -> (f64, f64) {
             .map(|c| request(c, key))
             .fold(0.0, f64::max)
     };
-    (
-        sum("cpu").max(init_max("cpu")) + overhead(pod, "cpu"),
-        sum("memory").max(init_max("memory")) + overhead(pod, "memory"),
-    )
-}
-
-/// The sum of the app containers' ephemeral-storage requests, in bytes.
-pub fn ephemeral_storage_request(pod: &Pod) -> f64 {
-    spec(pod)
-        .containers
-        .iter()
-        .filter_map(|c| container_quantity(c, false, "ephemeral-storage"))
-        .sum()
+    Requests {
+        cpu: sum("cpu").max(init_max("cpu")) + overhead(pod, "cpu"),
+        memory: sum("memory").max(init_max("memory")) + overhead(pod, "memory"),
+        ephemeral_storage: sum("ephemeral-storage"),
+    }
 }
 
 /// Lowest priority that makes a pod critical (upstream's SystemCriticalPriority).

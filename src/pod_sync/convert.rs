@@ -38,8 +38,6 @@ pub struct Context {
     /// First delay of the container restart backoff (10 s; shorter only in tests).
     pub restart_backoff_initial: std::time::Duration,
     pub cluster_dns: super::network::ClusterDns,
-    /// --allowed-unsafe-sysctls patterns (`name` or `prefix*`).
-    pub allowed_unsafe_sysctls: Vec<String>,
     /// The runtime handlers that support recursive read-only mounts (`""`: the default one),
     /// as the runtime's status says.
     pub rro_handlers: Vec<String>,
@@ -883,7 +881,7 @@ fn sandbox_resources(
             .fold(sum, f64::max);
         (pod > 0.0).then_some(pod)
     };
-    let cpu_request = crate::pod::requests(pod).0 - overhead("cpu");
+    let cpu_request = crate::pod::requests(pod).cpu - overhead("cpu");
     let has_request =
         crate::pod::all_containers(s).any(|c| container_quantity(c, false, "cpu").is_some());
     let own = limits_of(
@@ -1106,7 +1104,6 @@ mod tests {
             },
             restart_backoff_initial: std::time::Duration::from_secs(10),
             cluster_dns: Default::default(),
-            allowed_unsafe_sysctls: Vec::new(),
         }
     }
 

@@ -579,23 +579,6 @@ impl Syncer {
         Ok(())
     }
 
-    /// Admission: a pod that asks for forbidden sysctls is rejected (Failed, SysctlForbidden)
-    /// before anything of it runs, as upstream.
-    fn rejected(&self, pod: &Pod, rt: &PodRuntime) -> bool {
-        if !rt.sandboxes.is_empty() {
-            return false;
-        }
-        let Some(message) = network::forbidden_sysctls(pod, &self.ctx.allowed_unsafe_sysctls)
-        else {
-            return false;
-        };
-        let message = format!("Pod was rejected: {message}");
-        self.events
-            .warning(Target::pod(pod), "SysctlForbidden", message.clone());
-        self.status.set(pod, rejection("SysctlForbidden", &message));
-        true
-    }
-
     /// The pod's runtime state: the PLEG's latest reading when it is current, else listed.
     async fn read(&self, pod: &Pod) -> runtime::Result<PodRuntime> {
         self.details(self.cache.get(&PodUid::of(pod)), pod).await
@@ -624,9 +607,6 @@ impl Syncer {
         // sync reads (the status of what the last one started), never a start of its own.
         let listed = self.cache.newer(&uid, RELIST_WAIT).await;
         let mut rt = self.details(listed, pod).await?;
-        if self.rejected(pod, &rt) {
-            return Ok(None);
-        }
         {
             let resized = self.resized.lock().unwrap_or_else(|e| e.into_inner());
             for c in &mut rt.containers {
@@ -1252,11 +1232,6 @@ fn all_started(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> bool {
                     .iter()
                     .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
         })
-}
-
-/// The status of a pod refused at admission, as upstream: Failed with the reason.
-fn rejection(reason: &str, message: &str) -> k8s_openapi::api::core::v1::PodStatus {
-    failure(None, reason, message)
 }
 
 /// The status of a pod the node refused or stopped for good, from its last one (what is known

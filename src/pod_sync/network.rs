@@ -226,56 +226,6 @@ pub fn etc_hosts(pod: &Pod, pod_ips: &[String], cluster_domain: &str, node_hosts
     out
 }
 
-/// Sysctls any pod may set (upstream's safe set).
-const SAFE_SYSCTLS: &[&str] = &[
-    "kernel.shm_rmid_forced",
-    "net.ipv4.ip_local_port_range",
-    "net.ipv4.tcp_syncookies",
-    "net.ipv4.ping_group_range",
-    "net.ipv4.ip_unprivileged_port_start",
-    "net.ipv4.ip_local_reserved_ports",
-    "net.ipv4.tcp_keepalive_time",
-    "net.ipv4.tcp_fin_timeout",
-    "net.ipv4.tcp_keepalive_intvl",
-    "net.ipv4.tcp_keepalive_probes",
-    "net.ipv4.tcp_rmem",
-    "net.ipv4.tcp_wmem",
-];
-
-fn allowed_by(pattern: &str, name: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => pattern == name,
-    }
-}
-
-/// Why the pod's sysctls cannot be set (SysctlForbidden), if they cannot.
-pub fn forbidden_sysctls(pod: &Pod, allowed_unsafe: &[String]) -> Option<String> {
-    let s = spec(pod);
-    let sysctls = s
-        .security_context
-        .as_ref()
-        .and_then(|sc| sc.sysctls.as_ref())?;
-    let mut problems = Vec::new();
-    for sysctl in sysctls {
-        let name = sysctl.name.replace('/', ".");
-        let safe = SAFE_SYSCTLS.contains(&name.as_str());
-        if !safe && !allowed_unsafe.iter().any(|p| allowed_by(p, &name)) {
-            problems.push(format!(
-                "{name} is unsafe and not allowed by --allowed-unsafe-sysctls"
-            ));
-        } else if name.starts_with("net.") && s.host_network.unwrap_or(false) {
-            problems.push(format!("{name} is not allowed on the host network"));
-        } else if name.starts_with("kernel.")
-            && s.host_ipc.unwrap_or(false)
-            && !name.starts_with("kernel.shm_rmid")
-        {
-            problems.push(format!("{name} is not allowed with host IPC"));
-        }
-    }
-    (!problems.is_empty()).then(|| format!("forbidden sysctl: {}", problems.join("; ")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,28 +384,5 @@ mod tests {
             "a".repeat(62),
             "cut at 63, trailing '-' dropped"
         );
-    }
-
-    #[test]
-    fn sysctls_are_safe_allowed_or_forbidden() {
-        let p = |name: &str, host_network: bool| {
-            pod(
-                serde_json::json!({"hostNetwork": host_network, "securityContext": {"sysctls": [{"name": name, "value": "1"}]}}),
-            )
-        };
-        assert_eq!(
-            forbidden_sysctls(&p("net.ipv4.tcp_syncookies", false), &[]),
-            None
-        );
-        assert!(
-            forbidden_sysctls(&p("net.core.somaxconn", false), &[])
-                .unwrap()
-                .contains("net.core.somaxconn")
-        );
-        assert_eq!(
-            forbidden_sysctls(&p("net.core.somaxconn", false), &["net.core.*".into()]),
-            None
-        );
-        assert!(forbidden_sysctls(&p("net.ipv4.tcp_syncookies", true), &[]).is_some());
     }
 }

@@ -343,17 +343,19 @@ fn admitted(stream: &tokio::net::UnixStream, path: &Path) -> bool {
     peer.uid() == 0 || std::fs::metadata(path).is_ok_and(|m| m.gid() == peer.gid())
 }
 
-/// The connections to the socket at `path` of root and of the socket's group, which Go's gRPC
-/// clients may use too (see [`super::unix_authority`]); others are refused with a warning.
+/// The connections to `what`, the socket at `path`, of root and of the socket's group, which
+/// Go's gRPC clients may use too (see [`super::unix_authority`]); others are refused with a
+/// warning.
 pub fn admitted_connections(
     listener: UnixListener,
     path: PathBuf,
+    what: &'static str,
 ) -> impl Stream<Item = std::io::Result<super::unix_authority::LocalAuthority>> {
     let admitted = UnixListenerStream::new(listener).filter(move |accepted| {
         let pass = match accepted {
             Ok(stream) if !admitted(stream, &path) => {
                 let peer = stream.peer_cred().ok();
-                tracing::warn!(uid = ?peer.map(|p| p.uid()), gid = ?peer.map(|p| p.gid()), socket = %path.display(), "refused a connection: neither root nor the socket's group");
+                tracing::warn!(uid = ?peer.map(|p| p.uid()), gid = ?peer.map(|p| p.gid()), socket = %path.display(), "refused a connection to {what}: neither root nor the socket's group");
                 false
             }
             _ => true,
@@ -370,7 +372,7 @@ pub async fn serve(
     handles: Handles,
     cancel: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = admitted_connections(listener, path.clone());
+    let incoming = admitted_connections(listener, path.clone(), "the admin socket");
     let served = tonic::transport::Server::builder()
         .add_service(AdminServer::new(handles))
         .serve_with_incoming_shutdown(incoming, cancel.cancelled())

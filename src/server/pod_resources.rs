@@ -141,7 +141,8 @@ pub async fn serve(
     handles: Handles,
     cancel: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = super::admin::admitted_connections(listener, path.clone());
+    let incoming =
+        super::admin::admitted_connections(listener, path.clone(), "the pod-resources socket");
     let served = tonic::transport::Server::builder()
         .add_service(PodResourcesListerServer::new(handles))
         .serve_with_incoming_shutdown(incoming, cancel.cancelled())

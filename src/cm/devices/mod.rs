@@ -228,14 +228,17 @@ impl DeviceManager {
     }
 
     /// The extended resources the node has: name -> (capacity, allocatable). A resource whose
-    /// plugin went away more than five minutes ago is no longer listed.
+    /// plugin went away more than five minutes ago counts zero, as upstream reports a resource
+    /// it removed (the Node's status is merged, so a resource left out would stay as it was).
     pub fn resources(&self) -> BTreeMap<String, (usize, usize)> {
         let state = self.lock();
         state
             .resources
             .iter()
-            .filter(|(_, r)| r.stopped.is_none_or(|at| at.elapsed() < STOP_GRACE))
             .map(|(name, r)| {
+                if r.stopped.is_some_and(|at| at.elapsed() >= STOP_GRACE) {
+                    return (name.clone(), (0, 0));
+                }
                 let healthy = r.devices.values().filter(|d| d.healthy).count();
                 (name.clone(), (r.devices.len(), healthy))
             })
