@@ -39,7 +39,7 @@ help:
 	@echo "make bootstrap     kubeadm init with nodelet as the node agent, in a machine of its own, in the foreground"
 	@echo "make conformance   upstream's node conformance tests against nodelet (long; target/conformance)"
 	@echo "make conformance-node  upstream's node e2e suite against a running nodelet node (target/conformance-node)"
-	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench)"
+	@echo "make bench         pod start-up/teardown vs the runtime floor, and footprint (target/bench; BENCH_ARGS=--full for all of it)"
 	@echo "make fuzz          run the cargo-fuzz target over manifest decoding (FUZZ_SECONDS, default 300)"
 	@echo "make clean         cargo clean"
 
@@ -154,7 +154,8 @@ conformance-node: deps k8s runtime-up images registries e2e-images build
 	@status=0; bash hack/k8s/conformance.sh node $(CURDIR)/target/conformance-node || status=$$?; \
 	$(TESTBED) down || true; exit $$status
 
-# BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60".
+# BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60";
+# "--full" adds cluster mode, the PLEG and kubeadm (about an hour; the default is minutes).
 bench: deps k8s runtime-up images registries control-plane-images
 	cargo build --release --locked --bin nodelet --example bench
 	@status=0; $(TARGET_DIR)/release/examples/bench \

@@ -1,15 +1,17 @@
 //! `make bench`: pod start-up and teardown through nodelet against the runtime's own floor (the
 //! same CRI calls made directly), and nodelet's footprint. Floor and nodelet run in pairs in one
-//! invocation; only ratios are meant to be compared across runs.
+//! invocation; only ratios are meant to be compared across runs. By default that is all, over
+//! CNI only, with 3 pairs and 20 s footprints: a run short enough for every change to a hot path.
 //!
-//! Then cluster mode (`cluster.rs`): pods through the API beside static pods, API requests per
-//! pod, and the footprint joined to a control plane. Then the PLEG following the runtime's
-//! container events against relisting every second. Last (`bootstrap.rs`), `kubeadm init` with
-//! nodelet as the node agent against the same with the upstream kubelet.
+//! With `--full` (5 pairs and 60 s footprints unless given, the host's network too), then
+//! cluster mode (`cluster.rs`): pods through the API beside static pods, API requests per pod,
+//! and the footprint joined to a control plane. Then the PLEG following the runtime's container
+//! events against relisting every second. Last (`bootstrap.rs`), `kubeadm init` with nodelet as
+//! the node agent against the same with the upstream kubelet.
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
 //!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
-//!              [--only footprint|pleg|bootstrap|status]
+//!              [--full | --only footprint|pleg|bootstrap|status]
 
 mod bootstrap;
 mod cluster;
@@ -64,6 +66,8 @@ struct Args {
     bootstrap_only: bool,
     /// Only the status latency in cluster mode (`--only status`).
     status_only: bool,
+    /// Every part, cluster mode, the PLEG and kubeadm included (`--full`): about an hour.
+    full: bool,
 }
 
 fn args() -> Result<Args> {
@@ -71,8 +75,8 @@ fn args() -> Result<Args> {
         endpoint: PathBuf::from("/var/lib/nodelet-testbed/containerd.sock"),
         nodelet: PathBuf::from("target/release/nodelet"),
         out: PathBuf::from("target/bench"),
-        pairs: 5,
-        footprint: Duration::from_secs(60),
+        pairs: 0,
+        footprint: Duration::ZERO,
         containerd_pid: None,
         sizes: (30, 110),
         work_dir: std::env::temp_dir(),
@@ -80,9 +84,14 @@ fn args() -> Result<Args> {
         pleg_only: false,
         bootstrap_only: false,
         status_only: false,
+        full: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--full" {
+            a.full = true;
+            continue;
+        }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--endpoint" => a.endpoint = PathBuf::from(value.trim_start_matches("unix://")),
@@ -102,6 +111,13 @@ fn args() -> Result<Args> {
             "--only" if value == "status" => a.status_only = true,
             other => bail!("unknown flag {other} {value}"),
         }
+    }
+    let (pairs, footprint) = if a.full { (5, 60) } else { (3, 20) };
+    if a.pairs == 0 {
+        a.pairs = pairs;
+    }
+    if a.footprint.is_zero() {
+        a.footprint = Duration::from_secs(footprint);
     }
     Ok(a)
 }
@@ -668,8 +684,10 @@ async fn main() -> Result<()> {
     let mut rows = Vec::new();
     let networks: &[bool] = if a.footprint_only {
         &[]
-    } else {
+    } else if a.full {
         &[false, true]
+    } else {
+        &[false]
     };
     for &host_network in networks {
         let net = if host_network { "hostNetwork" } else { "cni" };
@@ -732,21 +750,6 @@ async fn main() -> Result<()> {
     drop(agent);
     let _ = nodelet::cgroups::remove_tree(CGROUP_ROOT);
     let _ = nodelet::cgroups::remove_tree(FLOOR_CGROUP_ROOT);
-    let in_cluster = cluster::run(
-        &a.nodelet,
-        &a.endpoint,
-        work.path(),
-        a.sizes,
-        (a.pairs, a.footprint),
-        if a.footprint_only {
-            cluster::Part::Footprint
-        } else {
-            cluster::Part::All
-        },
-    )
-    .await?;
-    report.insert("cluster", in_cluster.clone());
-
     println!(
         "{:<12} {:<12} {:>8} {:>9} {:>7} {:>12} {:>11} {:>11} {:>9}",
         "network",
@@ -792,6 +795,24 @@ async fn main() -> Result<()> {
             u["containerd"]["rss_mib"].as_f64().unwrap_or(0.0)
         );
     }
+    if !(a.full || a.footprint_only) {
+        return write_report(&a, report);
+    }
+    let in_cluster = cluster::run(
+        &a.nodelet,
+        &a.endpoint,
+        work.path(),
+        a.sizes,
+        (a.pairs, a.footprint),
+        if a.footprint_only {
+            cluster::Part::Footprint
+        } else {
+            cluster::Part::All
+        },
+    )
+    .await?;
+    report.insert("cluster", in_cluster.clone());
+
     println!(
         "\ncluster mode: {:<12} {:>12} {:>12} {:>10} {:>14}",
         "scenario", "API s", "static s", "API/static", "API req/pod"
