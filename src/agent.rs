@@ -2,6 +2,7 @@
 //! channels, runs them until shutdown, and stops every task it started. Run-once mode
 //! (`run_once.rs`) builds the same core and feeds it one snapshot per source.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -178,10 +179,9 @@ pub(crate) struct Core {
     /// What the node has, and what it gives to pods.
     capacity: crate::types::Allocatable,
     allocatable: crate::types::Allocatable,
-    /// The CPU manager, also read by the pod-resources API.
-    cpus: Arc<crate::cm::cpu::CpuManager>,
-    /// The device manager, served to device plugins and read by the pod-resources API.
-    devices: Arc<crate::cm::devices::DeviceManager>,
+    /// The CPU, memory, device and topology managers; the device manager is served to
+    /// device plugins, and all are read by the pod-resources API.
+    resources: Arc<crate::cm::Resources>,
     /// The runtime's name and version, as it reports them.
     runtime_version: (String, String),
     /// The runtime handlers and their features, as the runtime's status names them.
@@ -402,9 +402,9 @@ impl Core {
             },
             recorder.clone(),
         );
-        let cpus = cpu_manager(config)?;
-        tracker.spawn(cpus.clone().run(runtime.clone(), cancel.clone()));
-        let devices = crate::cm::devices::DeviceManager::start(&config.root_dir);
+        let reservation = memory_reservation(config, &capacity, &allocatable);
+        let resources = resource_managers(config, reservation)?;
+        tracker.spawn(resources.cpus.clone().run(runtime.clone(), cancel.clone()));
         let cache = crate::runtime::PodCache::default();
         let syncer = Arc::new(Syncer::new(
             runtime.clone(),
@@ -420,8 +420,7 @@ impl Core {
                 diagnoses: diagnoses.clone(),
                 cleanups: cleanups.clone(),
                 userns,
-                cpus: cpus.clone(),
-                devices: devices.clone(),
+                resources: resources.clone(),
             },
         ));
         let (pressure, pressure_rx) = tokio::sync::watch::channel(Pressure::default());
@@ -429,8 +428,7 @@ impl Core {
             resync: config.sync_frequency,
             allocatable: Some(allocatable),
             pressure: Some(pressure_rx),
-            cpus: Some(cpus.clone()),
-            devices: Some(devices.clone()),
+            resources: Some(resources.clone()),
             allowed_unsafe_sysctls: config.allowed_unsafe_sysctls.clone(),
             ..Default::default()
         };
@@ -481,8 +479,7 @@ impl Core {
             probes,
             runtime,
             capacity,
-            cpus: cpus.clone(),
-            devices,
+            resources,
             allocatable,
             runtime_version: (version.runtime_name, version.runtime_version),
             runtime_handlers,
@@ -620,17 +617,20 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     let listener = server::admin::bind(&socket).await?;
     let handles = server::pod_resources::Handles {
         statuses: core.status.clone(),
-        cpus: core.cpus.clone(),
-        devices: core.devices.clone(),
+        resources: core.resources.clone(),
     };
     let served = server::pod_resources::serve(listener, socket, handles, cancel.clone());
     spawn_server(&core.tracker, "pod-resources socket server", served);
-    let socket = core.devices.dir().join(crate::cm::devices::SOCKET);
+    let socket = core
+        .resources
+        .devices
+        .dir()
+        .join(crate::cm::devices::SOCKET);
     let listener = server::admin::bind(&socket).await?;
     let what = "the device plugin registration socket";
     let incoming = server::admin::admitted_connections(listener, socket, what);
     let served = crate::cm::devices::plugin::serve(
-        core.devices.clone(),
+        core.resources.devices.clone(),
         incoming,
         core.tracker.clone(),
         cancel.clone(),
@@ -934,44 +934,107 @@ fn cluster_config(
                 &core.runtime_version.1,
             ),
             runtime_handlers: crate::cluster::node::runtime_handlers(&core.runtime_handlers),
-            devices: Some(core.devices.clone()),
+            devices: Some(core.resources.devices.clone()),
         },
         lease_duration_seconds: config.node_lease_duration_seconds,
         static_sources: static_sources.into_iter().flatten().collect(),
     }
 }
 
-/// The CPU manager as configured, its state file read or begun in the root dir.
-fn cpu_manager(config: &Config) -> anyhow::Result<Arc<crate::cm::cpu::CpuManager>> {
-    use crate::cm::cpu::{CpuManager, Settings, Topology};
+/// The CPU, memory, device and topology managers as configured, their state files read or
+/// begun in the root dir. `reservation` is what node allocatable keeps back of each memory
+/// type, which --reserved-memory must add up to.
+fn resource_managers(
+    config: &Config,
+    reservation: BTreeMap<String, u64>,
+) -> anyhow::Result<Arc<crate::cm::Resources>> {
+    use crate::cm::{cpu, memory, numa, topology};
     let reserved_cores = [&config.kube_reserved, &config.system_reserved]
         .iter()
         .filter_map(|m| m.get("cpu"))
         .filter_map(|q| crate::pod::parse_quantity(q))
         .sum();
-    let settings = Settings {
+    let settings = cpu::Settings {
         static_policy: config.cpu_manager_static,
         reserved_cpus: config.reserved_cpus.clone(),
         reserved_cores,
         full_pcpus_only: config.cpu_manager_full_pcpus_only,
         reconcile_period: config.cpu_manager_reconcile_period,
     };
-    // The none policy places no container, so a machine whose topology cannot be read only
-    // matters to the static one.
-    let topology = match Topology::discover(std::path::Path::new("/sys/devices/system/cpu")) {
-        Ok(topology) => topology,
-        Err(_) if !settings.static_policy => Topology { cpus: Vec::new() },
+    // Under the none policies nothing is placed, so a machine whose topology cannot be read
+    // only matters to the others.
+    let placing = settings.static_policy
+        || config.memory_manager_static
+        || config.topology_manager_policy != topology::Policy::None;
+    let cpus = match cpu::Topology::discover(Path::new("/sys/devices/system/cpu")) {
+        Ok(t) => t,
+        Err(_) if !placing => cpu::Topology { cpus: Vec::new() },
         Err(e) => {
-            return Err(crate::cm::cpu::Error::Topology(e))
-                .context("the CPU manager (--cpu-manager-policy)");
+            return Err(cpu::Error::Topology(e)).context("the CPU manager (--cpu-manager-policy)");
         }
     };
-    let manager = CpuManager::start(&settings, &config.root_dir, topology)
+    let online: crate::cm::cpuset::CpuSet = cpus.cpus.iter().map(|c| c.id).collect();
+    let machine = match numa::Machine::discover(Path::new("/sys/devices/system/node"), &online) {
+        Ok(m) => m,
+        Err(_) if !placing => numa::Machine::default(),
+        Err(e) => {
+            return Err(e)
+                .context("cannot read the machine's NUMA nodes under /sys/devices/system/node");
+        }
+    };
+    let cpu_manager = cpu::CpuManager::start(&settings, &config.root_dir, cpus)
         .context("the CPU manager (--cpu-manager-policy)")?;
     if settings.static_policy {
-        tracing::info!(shared = %manager.cpuset("", "").unwrap_or_default(), "CPU manager: static policy");
+        tracing::info!(shared = %cpu_manager.cpuset("", "").unwrap_or_default(), "CPU manager: static policy");
     }
-    Ok(manager)
+    let memory_settings = memory::Settings {
+        static_policy: config.memory_manager_static,
+        reserved: config.reserved_memory.clone(),
+        node_reservation: reservation,
+    };
+    let memory_manager = memory::MemoryManager::start(&memory_settings, &config.root_dir, &machine)
+        .context("the memory manager (--memory-manager-policy)")?;
+    let topology_manager = topology::TopologyManager::new(
+        config.topology_manager_policy,
+        config.topology_manager_scope,
+        machine.ids(),
+    )
+    .map_err(|e| anyhow::anyhow!("the topology manager (--topology-manager-policy): {e}"))?;
+    if placing {
+        tracing::info!(
+            numa_nodes = %machine.ids().iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            memory_manager = if config.memory_manager_static { "Static" } else { "None" },
+            topology_manager = config.topology_manager_policy.name(),
+            scope = config.topology_manager_scope.name(),
+            "resource managers"
+        );
+    }
+    Ok(Arc::new(crate::cm::Resources {
+        cpus: cpu_manager,
+        memory: Arc::new(memory_manager),
+        devices: crate::cm::devices::DeviceManager::start(&config.root_dir),
+        topology: topology_manager,
+    }))
+}
+
+/// What node allocatable keeps back of each memory type: memory by kube-reserved,
+/// system-reserved and the hard eviction threshold, huge pages by the reserves.
+fn memory_reservation(
+    config: &Config,
+    capacity: &crate::types::Allocatable,
+    allocatable: &crate::types::Allocatable,
+) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::from([(
+        "memory".to_string(),
+        (capacity.memory - allocatable.memory).max(0.0).round() as u64,
+    )]);
+    for reserve in [&config.kube_reserved, &config.system_reserved] {
+        for (name, q) in reserve.iter().filter(|(n, _)| n.starts_with("hugepages-")) {
+            let bytes = crate::pod::parse_quantity(q).unwrap_or(0.0).max(0.0);
+            *out.entry(name.clone()).or_default() += bytes.round() as u64;
+        }
+    }
+    out
 }
 
 /// Limits the cgroups of the node's daemons and of the host's to their reserves, where

@@ -38,10 +38,8 @@ pub struct Config {
     /// The node's pressure conditions (from the eviction manager); new pods are refused under
     /// memory or disk pressure as upstream.
     pub pressure: Option<watch::Receiver<Pressure>>,
-    /// The CPU manager, which gives admitted pods their exclusive CPUs.
-    pub cpus: Option<Arc<crate::cm::cpu::CpuManager>>,
-    /// The device manager, whose admission reserves a pod's devices.
-    pub devices: Option<Arc<crate::cm::devices::DeviceManager>>,
+    /// The CPU, memory and device managers, which admission gives pods their share of.
+    pub resources: Option<Arc<crate::cm::Resources>>,
     /// allowedUnsafeSysctls: the unsafe sysctls pods may ask for.
     pub allowed_unsafe_sysctls: Vec<String>,
 }
@@ -54,8 +52,7 @@ impl Default for Config {
             resync: Duration::from_secs(60),
             allocatable: None,
             pressure: None,
-            cpus: None,
-            devices: None,
+            resources: None,
             allowed_unsafe_sysctls: Vec::new(),
         }
     }
@@ -373,13 +370,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 return Some((reason.into(), message));
             }
         }
-        if let Some(Err(refusal)) = self.config.devices.as_ref().map(|d| d.admit(pod)) {
-            return Some(refusal);
-        }
-        if let Some(Err(refusal)) = self.config.cpus.as_ref().map(|c| c.allocate(pod)) {
-            if let Some(devices) = &self.config.devices {
-                devices.release(&uid.0);
-            }
+        if let Some(Err(refusal)) = self.config.resources.as_ref().map(|r| r.admit(pod)) {
             return Some(refusal);
         }
         self.started.insert(uid.clone(), Instant::now());
@@ -647,11 +638,8 @@ impl<S: PodSyncer> SyncLoop<S> {
             .chain(self.admitted.keys().cloned())
             .map(|uid| uid.0)
             .collect();
-        if let Some(cpus) = &self.config.cpus {
-            cpus.retain(&keep);
-        }
-        if let Some(devices) = &self.config.devices {
-            devices.retain(&keep);
+        if let Some(resources) = &self.config.resources {
+            resources.retain(&keep);
         }
         for pod in running {
             let uid = PodUid::of(&pod);

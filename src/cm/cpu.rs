@@ -16,6 +16,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::cpuset::CpuSet;
+use super::numa::NumaMask;
+use super::topology::{HintProvider, Hints};
 use crate::runtime::{ContainerState, RuntimeClient, cri};
 use crate::types::Refusal;
 
@@ -61,6 +63,8 @@ pub struct Cpu {
     pub id: u32,
     pub core: u32,
     pub socket: u32,
+    /// Its NUMA node.
+    pub node: u32,
 }
 
 /// The machine's CPUs (sysfs, or a fixture in tests).
@@ -87,9 +91,21 @@ impl Topology {
                 id,
                 core: read("core_id"),
                 socket: read("physical_package_id"),
+                node: numa_node(&sys.join(format!("cpu{id}"))),
             });
         }
         Ok(Topology { cpus })
+    }
+
+    /// The NUMA node of a CPU (0 for one the machine does not list).
+    fn node_of(&self, id: u32) -> u32 {
+        self.cpus.iter().find(|c| c.id == id).map_or(0, |c| c.node)
+    }
+
+    /// The NUMA nodes that have CPUs, lowest first.
+    fn nodes(&self) -> Vec<u32> {
+        let nodes: std::collections::BTreeSet<u32> = self.cpus.iter().map(|c| c.node).collect();
+        nodes.into_iter().collect()
     }
 
     fn all(&self) -> CpuSet {
@@ -145,6 +161,17 @@ impl Topology {
         let wanted = count - taken.len();
         Some(taken.union(&rest.into_iter().take(wanted).collect()))
     }
+}
+
+/// A CPU's NUMA node: the `nodeN` link in its sysfs dir (0 on a kernel without NUMA).
+fn numa_node(dir: &Path) -> u32 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .find_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The state file in upstream's v2 format.
@@ -415,80 +442,187 @@ impl CpuManager {
         self.changed.notify_one();
     }
 
-    /// Upstream's Allocate at admission, for each container of the pod (init containers first,
-    /// whose CPUs the app containers may reuse). A pod that cannot have its CPUs gets none.
-    pub fn allocate(&self, pod: &Pod) -> Result<(), Refusal> {
-        let Some(policy) = &self.policy else {
-            return Ok(());
+    /// The CPUs the pod's containers before `name` leave for it to reuse: those of its regular
+    /// init containers (which have ended by then) not taken on by a later container.
+    fn reusable(&self, state: &State, pod: &Pod, name: &str) -> CpuSet {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let Some(mine) = state.entries.get(uid) else {
+            return CpuSet::default();
         };
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
         let spec = crate::pod::spec(pod);
-        let guaranteed = crate::pod::qos_class(pod) == "Guaranteed";
-        let mut state = self.lock();
-        let before = state.entries.get(&uid).cloned();
-        let mut reusable = CpuSet::default();
-        let mut result = Ok(());
         let containers = spec
             .init_containers
             .iter()
             .flatten()
             .map(|c| (c, !crate::pod::is_sidecar(c)))
-            .chain(spec.containers.iter().map(|c| (c, false)));
-        for (c, reusable_after) in containers {
-            let count = exclusive_cpus(guaranteed, c);
-            if count == 0 {
-                continue;
+            .chain(spec.containers.iter().map(|c| (c, false)))
+            .take_while(|(c, _)| c.name != name);
+        let mut reusable = CpuSet::default();
+        for (c, regular_init) in containers {
+            if let Some(cpus) = mine.get(&c.name) {
+                reusable = if regular_init {
+                    reusable.union(cpus)
+                } else {
+                    reusable.difference(cpus)
+                };
             }
-            if let Some(mine) = state.entries.get(&uid).and_then(|p| p.get(&c.name)) {
-                if reusable_after {
-                    reusable = reusable.union(mine);
-                }
-                continue;
-            }
-            if policy.full_pcpus_only && !count.is_multiple_of(policy.topology.cpus_per_core()) {
-                result = Err((
-                    "SMTAlignmentError".into(),
-                    format!(
-                        "SMT Alignment Error: requested {count} cpus not multiple cpus per core = {}",
-                        policy.topology.cpus_per_core()
-                    ),
-                ));
-                break;
-            }
-            let available = state.default.difference(&policy.reserved).union(&reusable);
-            let Some(taken) = policy.topology.take(&available, count) else {
-                result = Err((
-                    "UnexpectedAdmissionError".into(),
-                    format!(
-                        "Allocate failed due to not enough cpus available to satisfy request: requested={count}, available={}, which is unexpected",
-                        available.len()
-                    ),
-                ));
-                break;
-            };
-            state.default = state.default.difference(&taken);
-            reusable = if reusable_after {
-                reusable.union(&taken)
-            } else {
-                reusable.difference(&taken)
-            };
-            state
-                .entries
-                .entry(uid.clone())
-                .or_default()
-                .insert(c.name.clone(), taken);
         }
-        let changed = state.entries.get(&uid) != before.as_ref();
-        if result.is_err() {
-            restore_pod(&mut state, &uid, before);
-        }
-        drop(state);
-        if changed {
-            self.changed();
-        }
-        result
+        reusable
     }
 
+    /// The NUMA nodes of a set of CPUs, one entry per CPU.
+    fn nodes_of(topology: &Topology, cpus: &CpuSet) -> Vec<Vec<u32>> {
+        cpus.iter().map(|id| vec![topology.node_of(id)]).collect()
+    }
+
+    fn hints_for(&self, policy: &Static, kept: &CpuSet, free: &CpuSet, count: usize) -> Hints {
+        let t = &policy.topology;
+        let hints = super::topology::unit_hints(
+            &t.nodes(),
+            &Self::nodes_of(t, &t.all()),
+            &Self::nodes_of(t, kept),
+            &Self::nodes_of(t, free),
+            count,
+        );
+        Hints::from([("cpu".to_string(), Some(hints))])
+    }
+}
+
+impl HintProvider for CpuManager {
+    /// Upstream's GetTopologyHints: the NUMA nodes with enough free CPUs for the container's
+    /// exclusive ones, or where it holds them already.
+    fn hints(&self, _: &[u32], pod: &Pod, c: &Container) -> Hints {
+        let Some(policy) = &self.policy else {
+            return Hints::new();
+        };
+        let count = exclusive_cpus(crate::pod::qos_class(pod) == "Guaranteed", c);
+        if count == 0 {
+            return Hints::new();
+        }
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let state = self.lock();
+        if let Some(mine) = state.entries.get(uid).and_then(|p| p.get(&c.name)) {
+            if mine.len() != count {
+                return Hints::from([("cpu".to_string(), Some(Vec::new()))]);
+            }
+            return self.hints_for(policy, &CpuSet::default(), mine, count);
+        }
+        let available = state.default.difference(&policy.reserved);
+        let reusable = self.reusable(&state, pod, &c.name);
+        self.hints_for(policy, &reusable, &available, count)
+    }
+
+    /// The pod scope's hints: the NUMA nodes with enough free CPUs for all of the pod's
+    /// exclusive ones (its app containers together, or its largest init container).
+    fn pod_hints(&self, _: &[u32], pod: &Pod) -> Hints {
+        let Some(policy) = &self.policy else {
+            return Hints::new();
+        };
+        let guaranteed = crate::pod::qos_class(pod) == "Guaranteed";
+        let spec = crate::pod::spec(pod);
+        let inits = spec.init_containers.iter().flatten();
+        let apps: usize = inits
+            .clone()
+            .filter(|c| crate::pod::is_sidecar(c))
+            .chain(&spec.containers)
+            .map(|c| exclusive_cpus(guaranteed, c))
+            .sum();
+        let count = inits
+            .filter(|c| !crate::pod::is_sidecar(c))
+            .map(|c| exclusive_cpus(guaranteed, c))
+            .fold(apps, usize::max);
+        if count == 0 {
+            return Hints::new();
+        }
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let state = self.lock();
+        if let Some(mine) = state.entries.get(uid) {
+            let held = mine.values().fold(CpuSet::default(), |acc, s| acc.union(s));
+            if held.len() != count {
+                return Hints::from([("cpu".to_string(), Some(Vec::new()))]);
+            }
+            return self.hints_for(policy, &CpuSet::default(), &held, count);
+        }
+        let available = state.default.difference(&policy.reserved);
+        self.hints_for(policy, &CpuSet::default(), &available, count)
+    }
+
+    /// Upstream's Allocate: a Guaranteed container with whole CPUs gets them out of the shared
+    /// pool (after what earlier init containers leave it), from `affinity`'s nodes first.
+    fn allocate(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        affinity: Option<NumaMask>,
+    ) -> Result<(), Refusal> {
+        let Some(policy) = &self.policy else {
+            return Ok(());
+        };
+        let count = exclusive_cpus(crate::pod::qos_class(pod) == "Guaranteed", c);
+        if count == 0 {
+            return Ok(());
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut state = self.lock();
+        if state
+            .entries
+            .get(&uid)
+            .is_some_and(|p| p.contains_key(&c.name))
+        {
+            return Ok(());
+        }
+        if policy.full_pcpus_only && !count.is_multiple_of(policy.topology.cpus_per_core()) {
+            return Err((
+                "SMTAlignmentError".into(),
+                format!(
+                    "SMT Alignment Error: requested {count} cpus not multiple cpus per core = {}",
+                    policy.topology.cpus_per_core()
+                ),
+            ));
+        }
+        let available = state
+            .default
+            .difference(&policy.reserved)
+            .union(&self.reusable(&state, pod, &c.name));
+        let t = &policy.topology;
+        let aligned: CpuSet = match affinity {
+            Some(mask) => available
+                .iter()
+                .filter(|id| mask.contains(t.node_of(*id)))
+                .collect(),
+            None => CpuSet::default(),
+        };
+        let first = t.take(&aligned, count.min(aligned.len()));
+        let taken = first.and_then(|first| {
+            let rest = t.take(&available.difference(&first), count - first.len())?;
+            Some(first.union(&rest))
+        });
+        let Some(taken) = taken else {
+            return Err((
+                "UnexpectedAdmissionError".into(),
+                format!(
+                    "Allocate failed due to not enough cpus available to satisfy request: requested={count}, available={}, which is unexpected",
+                    available.len()
+                ),
+            ));
+        };
+        state.default = state.default.difference(&taken);
+        state
+            .entries
+            .entry(uid)
+            .or_default()
+            .insert(c.name.clone(), taken);
+        drop(state);
+        self.changed();
+        Ok(())
+    }
+
+    fn release(&self, uid: &str) {
+        CpuManager::release(self, uid);
+    }
+}
+
+impl CpuManager {
     /// Gives a pod's exclusive CPUs back to the shared pool (its containers are gone).
     pub fn release(&self, uid: &str) {
         let mut state = self.lock();
@@ -641,6 +775,7 @@ mod tests {
                 id,
                 core: id % cores,
                 socket: 0,
+                node: 0,
             })
             .collect();
         Topology { cpus }
@@ -667,6 +802,13 @@ mod tests {
             "spec": {"initContainers": init, "containers": [{"name": "app", "resources": resources(cpu)}]}
         }))
         .unwrap()
+    }
+
+    /// Admission as the topology manager's none policy makes it.
+    fn admit(m: &CpuManager, pod: &Pod) -> Result<(), Refusal> {
+        use super::super::topology::{Policy, Scope, TopologyManager};
+        let manager = TopologyManager::new(Policy::None, Scope::Container, vec![0]).unwrap();
+        manager.admit(pod, &[m as &dyn HintProvider])
     }
 
     #[test]
@@ -720,15 +862,15 @@ mod tests {
     fn guaranteed_integer_containers_get_cpus_of_their_own_and_give_them_back() {
         let dir = tempfile::tempdir().unwrap();
         let m = CpuManager::start(&settings("0"), dir.path(), topology(4, 1)).unwrap();
-        m.allocate(&pod("a", Some("2"), "1")).unwrap();
+        admit(&m, &pod("a", Some("2"), "1")).unwrap();
         // The init container's CPUs are reused by the app container.
         assert_eq!(m.cpuset("a", "init").unwrap(), "1-2");
         assert_eq!(m.cpuset("a", "app").unwrap(), "1");
         assert_eq!(m.cpuset("other", "c").unwrap(), "0,3");
         let fractional = pod("f", None, "1500m");
-        m.allocate(&fractional).unwrap();
+        admit(&m, &fractional).unwrap();
         assert_eq!(m.cpuset("f", "app").unwrap(), "0,3");
-        let refused = m.allocate(&pod("b", None, "2")).unwrap_err();
+        let refused = admit(&m, &pod("b", None, "2")).unwrap_err();
         assert_eq!(refused.0, "UnexpectedAdmissionError");
         assert!(
             refused.1.contains("requested=2, available=1"),
@@ -751,7 +893,7 @@ mod tests {
         );
         m.release("a");
         assert_eq!(m.cpuset("other", "c").unwrap(), "0-3");
-        m.allocate(&pod("b", None, "2")).unwrap();
+        admit(&m, &pod("b", None, "2")).unwrap();
         m.retain(&HashSet::new());
         assert_eq!(m.cpuset("b", "app").unwrap(), "0-3");
     }
@@ -760,7 +902,7 @@ mod tests {
     fn a_state_file_that_does_not_fit_the_machine_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let m = CpuManager::start(&settings("0"), dir.path(), topology(4, 1)).unwrap();
-        m.allocate(&pod("a", None, "1")).unwrap();
+        admit(&m, &pod("a", None, "1")).unwrap();
         let err = CpuManager::start(&settings("0"), dir.path(), topology(2, 1)).unwrap_err();
         assert!(
             err.to_string().contains("doesn't match with CPUs in state"),
@@ -781,9 +923,9 @@ mod tests {
         let mut s = settings("0,4");
         s.full_pcpus_only = true;
         let m = CpuManager::start(&s, dir.path(), topology(4, 2)).unwrap();
-        let refused = m.allocate(&pod("a", None, "1")).unwrap_err();
+        let refused = admit(&m, &pod("a", None, "1")).unwrap_err();
         assert_eq!(refused.0, "SMTAlignmentError");
-        m.allocate(&pod("b", None, "2")).unwrap();
+        admit(&m, &pod("b", None, "2")).unwrap();
         assert_eq!(m.cpuset("b", "app").unwrap(), "1,5");
         let mut unreserved = settings("");
         unreserved.reserved_cpus = None;
@@ -791,7 +933,44 @@ mod tests {
         assert!(CpuManager::start(&unreserved, other.path(), topology(4, 1)).is_err());
         unreserved.reserved_cores = 0.5;
         let m = CpuManager::start(&unreserved, other.path(), topology(4, 1)).unwrap();
-        m.allocate(&pod("c", None, "3")).unwrap();
+        admit(&m, &pod("c", None, "3")).unwrap();
         assert_eq!(m.cpuset("c", "app").unwrap(), "1-3");
+    }
+
+    #[test]
+    fn hints_name_the_numa_nodes_with_room_and_cpus_follow_the_affinity() {
+        use super::super::topology::Hint;
+        // Two NUMA nodes of two CPUs each; CPU 0 is reserved.
+        let mut t = topology(4, 1);
+        for c in &mut t.cpus {
+            c.node = c.id / 2;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let m = CpuManager::start(&settings("0"), dir.path(), t).unwrap();
+        let p = pod("a", None, "2");
+        let c = &crate::pod::spec(&p).containers[0];
+        let hint = |nodes: &[u32], preferred| Hint {
+            affinity: Some(NumaMask::of(nodes.iter().copied())),
+            preferred,
+        };
+        assert_eq!(
+            m.hints(&[0, 1], &p, c)["cpu"],
+            Some(vec![hint(&[1], true), hint(&[0, 1], false)])
+        );
+        m.allocate(&p, c, Some(NumaMask::of([1]))).unwrap();
+        assert_eq!(m.cpuset("a", "app").unwrap(), "2-3");
+        // Held CPUs give their own hints back; a one-CPU pod fits only across what is left.
+        assert_eq!(
+            m.hints(&[0, 1], &p, c)["cpu"],
+            Some(vec![hint(&[1], true), hint(&[0, 1], false)])
+        );
+        let q = pod("b", None, "1");
+        let qc = &crate::pod::spec(&q).containers[0];
+        assert_eq!(
+            m.hints(&[0, 1], &q, qc)["cpu"],
+            Some(vec![hint(&[0], true), hint(&[0, 1], false)])
+        );
+        m.allocate(&q, qc, Some(NumaMask::of([1]))).unwrap();
+        assert_eq!(m.cpuset("b", "app").unwrap(), "1");
     }
 }

@@ -16,6 +16,9 @@ pub enum Kind {
     List,
     /// Repeatable `Key:Value` on the command line, a map of string lists in the file.
     Headers,
+    /// Repeatable on the command line, entries separated by `;` (each may hold commas); a list
+    /// of objects in the file (reservedMemory's `{numaNode, limits}`).
+    Records,
 }
 
 /// One knob of the agent.
@@ -465,6 +468,34 @@ pub const FIELDS: &[Field] = &[
         "CPUs kept for the system and nodelet (0-1,3); the static CPU manager policy gives them to no container for itself",
     ),
     field(
+        "memoryManagerPolicy",
+        "memory-manager-policy",
+        true,
+        Scalar,
+        "The memory manager policy: None, or Static (Guaranteed pods' memory pinned to NUMA nodes; needs --reserved-memory) [default None]",
+    ),
+    field(
+        "reservedMemory",
+        "reserved-memory",
+        true,
+        Records,
+        "Memory kept for the system per NUMA node, as <node>:memory=<quantity>[,hugepages-<size>=<quantity>]; repeatable or joined by ';'. The Static memory manager policy needs it to add up to kube-reserved + system-reserved + the hard eviction threshold",
+    ),
+    field(
+        "topologyManagerPolicy",
+        "topology-manager-policy",
+        true,
+        Scalar,
+        "The topology manager policy: none, best-effort, restricted or single-numa-node [default none]",
+    ),
+    field(
+        "topologyManagerScope",
+        "topology-manager-scope",
+        true,
+        Scalar,
+        "What the topology manager aligns: each container, or the whole pod (container or pod) [default container]",
+    ),
+    field(
         "qosReserved",
         "qos-reserved",
         true,
@@ -796,7 +827,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "logging",
     "makeIPTablesUtilChains",
     "maxOpenFiles",
-    "memoryManagerPolicy",
     "memoryReservationPolicy",
     "memorySwap",
     "memoryThrottlingFactor",
@@ -806,7 +836,6 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "podsPerCore",
     "preloadedImagesVerificationAllowlist",
     "providerID",
-    "reservedMemory",
     "rotateCertificates",
     "seccompDefault",
     "serverTLSBootstrap",
@@ -816,9 +845,7 @@ pub const ACCEPTED_UPSTREAM_FIELDS: &[&str] = &[
     "tlsCipherSuites",
     "tlsCurvePreferences",
     "tlsMinVersion",
-    "topologyManagerPolicy",
     "topologyManagerPolicyOptions",
-    "topologyManagerScope",
     "tracing",
     "volumePluginDir",
     "volumeStatsAggPeriod",

@@ -91,6 +91,7 @@ fn parse(text: &str, origin: &str, out: &mut FileKnobs) {
             Kind::Map => string_map(value).map(RawValue::Map),
             Kind::List => string_list(value).map(RawValue::List),
             Kind::Headers => header_map(value).map(RawValue::Map),
+            Kind::Records => reservations(value).map(RawValue::List),
         };
         match converted {
             Ok(v) => {
@@ -210,6 +211,31 @@ fn list_item(v: &Value) -> Result<String, String> {
             "expected a value or a taint {{key, value, effect}}, found {v}"
         )),
     }
+}
+
+/// reservedMemory's `[{numaNode, limits: {type: quantity}}]`, each as its flag text
+/// `node:type=quantity,...`.
+fn reservations(v: &Value) -> Result<Vec<String>, String> {
+    let Value::Array(items) = v else {
+        return Err(format!(
+            "expected a list of {{numaNode, limits}}, found {v}"
+        ));
+    };
+    items
+        .iter()
+        .map(|item| {
+            let node = item.get("numaNode").and_then(Value::as_u64);
+            let limits = item.get("limits").and_then(Value::as_object);
+            let (Some(node), Some(limits)) = (node, limits) else {
+                return Err(format!("expected {{numaNode, limits}}, found {item}"));
+            };
+            let limits = limits
+                .iter()
+                .map(|(k, q)| Ok(format!("{k}={}", scalar(q)?)))
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(format!("{node}:{}", limits.join(",")))
+        })
+        .collect()
 }
 
 fn string_map(v: &Value) -> Result<BTreeMap<String, Vec<String>>, String> {

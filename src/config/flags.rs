@@ -31,7 +31,7 @@ pub fn command() -> Command {
                 .require_equals(true)
                 .default_missing_value("true")
                 .value_parser(["true", "false"]),
-            Kind::Map | Kind::List => arg.num_args(1).action(ArgAction::Append),
+            Kind::Map | Kind::List | Kind::Records => arg.num_args(1).action(ArgAction::Append),
             Kind::Headers => arg
                 .num_args(1)
                 .action(ArgAction::Append)
@@ -67,6 +67,14 @@ pub fn to_raw(matches: &ArgMatches, errors: &mut Vec<String>) -> Raw {
                 values
                     .iter()
                     .flat_map(|v| v.split(','))
+                    .map(|v| v.trim().to_string())
+                    .filter(|v| !v.is_empty())
+                    .collect(),
+            ),
+            Kind::Records => RawValue::List(
+                values
+                    .iter()
+                    .flat_map(|v| v.split(';'))
                     .map(|v| v.trim().to_string())
                     .filter(|v| !v.is_empty())
                     .collect(),

@@ -174,6 +174,13 @@ pub struct Config {
     pub cpu_manager_full_pcpus_only: bool,
     pub reserved_cpus: Option<crate::cm::cpuset::CpuSet>,
     pub cpu_manager_reconcile_period: Duration,
+    /// The memory manager: the Static policy (memoryManagerPolicy), and reservedMemory as NUMA
+    /// node -> memory type -> bytes.
+    pub memory_manager_static: bool,
+    pub reserved_memory: BTreeMap<u32, BTreeMap<String, u64>>,
+    /// The topology manager's policy and scope.
+    pub topology_manager_policy: crate::cm::topology::Policy,
+    pub topology_manager_scope: crate::cm::topology::Scope,
     /// The cgroup the agent moves itself into (kubeletCgroups); `None`: where it was started.
     pub kubelet_cgroups: Option<String>,
     /// The runtime's and the host's other processes' cgroups, for the summary's system
@@ -348,6 +355,13 @@ impl Config {
             "cpuManagerPolicyOptions": if self.cpu_manager_full_pcpus_only { serde_json::json!({"full-pcpus-only": "true"}) } else { serde_json::json!({}) },
             "cpuManagerReconcilePeriod": d(self.cpu_manager_reconcile_period),
             "reservedSystemCPUs": self.reserved_cpus.as_ref().map(ToString::to_string).unwrap_or_default(),
+            "memoryManagerPolicy": if self.memory_manager_static { "Static" } else { "None" },
+            "reservedMemory": self.reserved_memory.iter().map(|(node, limits)| serde_json::json!({
+                "numaNode": node,
+                "limits": limits.iter().map(|(k, v)| (k.clone(), quantity(*v))).collect::<BTreeMap<_, _>>(),
+            })).collect::<Vec<_>>(),
+            "topologyManagerPolicy": self.topology_manager_policy.name(),
+            "topologyManagerScope": self.topology_manager_scope.name(),
         });
         let more = serde_json::json!({
             "cgroupRoot": self.cgroup_root,
@@ -431,6 +445,16 @@ fn cpu_manager_options(r: &mut Reader<'_>) -> bool {
         }
     }
     full
+}
+
+/// reservedMemory (--reserved-memory): `<NUMA node>:<type>=<quantity>,...` entries.
+fn reserved_memory(r: &mut Reader<'_>) -> BTreeMap<u32, BTreeMap<String, u64>> {
+    let entries = r.list("reservedMemory");
+    crate::cm::memory::parse_reserved(&entries).unwrap_or_else(|e| {
+        let label = Reader::label("reservedMemory");
+        r.problems.push(format!("{label}: {e}"));
+        BTreeMap::new()
+    })
 }
 
 /// qosReserved: only memory, as a percentage (upstream's ParseQOSReserved).
@@ -1047,6 +1071,22 @@ fn validate(raw: &Raw) -> Result<Config, Vec<String>> {
         }),
         cpu_manager_reconcile_period: r
             .positive_duration("cpuManagerReconcilePeriod", Duration::from_secs(10)),
+        memory_manager_static: r.parsed("memoryManagerPolicy", false, |s| match s {
+            "None" | "" => Ok(false),
+            "Static" => Ok(true),
+            other => Err(format!("unknown policy: {other:?} (None or Static)")),
+        }),
+        reserved_memory: reserved_memory(&mut r),
+        topology_manager_policy: r.parsed(
+            "topologyManagerPolicy",
+            crate::cm::topology::Policy::None,
+            crate::cm::topology::Policy::parse,
+        ),
+        topology_manager_scope: r.parsed(
+            "topologyManagerScope",
+            crate::cm::topology::Scope::Container,
+            crate::cm::topology::Scope::parse,
+        ),
         cpu_cfs_quota_period: r.parsed("cpuCFSQuotaPeriod", DEFAULT_CFS_PERIOD, duration::parse),
         cgroups_per_qos: r.bool("cgroupsPerQOS", true),
         enforce_pods_allocatable: enforcement.0,
@@ -1362,6 +1402,48 @@ mod tests {
             err.problems[0].contains("cannot be specified together"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn memory_and_topology_managers_read_from_flags_and_the_file() {
+        use crate::cm::topology::{Policy, Scope};
+        let c = run(&[
+            "--hostname-override=n",
+            "--memory-manager-policy=Static",
+            "--reserved-memory=0:memory=100Mi,hugepages-2Mi=2Mi",
+            "--reserved-memory=1:memory=1Gi;2:memory=1Mi",
+            "--topology-manager-policy=single-numa-node",
+            "--topology-manager-scope=pod",
+        ])
+        .unwrap()
+        .config;
+        assert!(c.memory_manager_static);
+        assert_eq!(c.reserved_memory[&0]["hugepages-2Mi"], 2 << 20);
+        assert_eq!(c.reserved_memory[&1]["memory"], 1 << 30);
+        assert_eq!(c.reserved_memory[&2]["memory"], 1 << 20);
+        assert_eq!(c.topology_manager_policy, Policy::SingleNumaNode);
+        assert_eq!(c.topology_manager_scope, Scope::Pod);
+        let configz = c.kubelet_configuration();
+        assert_eq!(configz["reservedMemory"][0]["limits"]["memory"], "100Mi");
+        assert_eq!(configz["topologyManagerScope"], "pod");
+        let err = run(&[
+            "--memory-manager-policy=static",
+            "--topology-manager-policy=strict",
+            "--reserved-memory=0:cpu=1",
+        ])
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 3, "{:?}", err.problems);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmemoryManagerPolicy: Static\nreservedMemory:\n- numaNode: 0\n  limits: {memory: 1100Mi}\ntopologyManagerPolicy: restricted\n",
+        )
+        .unwrap();
+        let c = run(&["--config", file.to_str().unwrap()]).unwrap().config;
+        assert_eq!(c.reserved_memory[&0]["memory"], 1100 << 20);
+        assert_eq!(c.topology_manager_policy, Policy::Restricted);
+        assert_eq!(c.topology_manager_scope, Scope::Container);
     }
 
     #[test]

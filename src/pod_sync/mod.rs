@@ -208,8 +208,7 @@ pub struct Syncer {
     resized: std::sync::Mutex<HashMap<String, String>>,
     /// The ID ranges of `hostUsers: false` pods.
     userns: userns::Manager,
-    cpus: Arc<crate::cm::cpu::CpuManager>,
-    devices: Arc<crate::cm::devices::DeviceManager>,
+    resources: Arc<crate::cm::Resources>,
 }
 
 /// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
@@ -241,10 +240,8 @@ pub struct Parts {
     pub diagnoses: crate::status::Diagnoses,
     pub cleanups: crate::status::Cleanups,
     pub userns: userns::Manager,
-    /// Which CPUs each container runs on.
-    pub cpus: Arc<crate::cm::cpu::CpuManager>,
-    /// Which devices each container gets, and how.
-    pub devices: Arc<crate::cm::devices::DeviceManager>,
+    /// Which CPUs, memory nodes and devices each container gets.
+    pub resources: Arc<crate::cm::Resources>,
 }
 
 impl Syncer {
@@ -274,8 +271,7 @@ impl Syncer {
             refused: Default::default(),
             resized: Default::default(),
             userns: parts.userns,
-            cpus: parts.cpus,
-            devices: parts.devices,
+            resources: parts.resources,
         }
     }
 
@@ -1022,13 +1018,16 @@ impl Syncer {
             container: start.name.clone(),
             message,
         })?;
-        if let (Some(cpus), Some(resources)) = (
-            self.cpus.cpuset(&PodUid::of(pod).0, &start.name),
-            config.linux.as_mut().and_then(|l| l.resources.as_mut()),
-        ) {
-            resources.cpuset_cpus = cpus;
+        if let Some(resources) = config.linux.as_mut().and_then(|l| l.resources.as_mut()) {
+            let uid = PodUid::of(pod);
+            if let Some(cpus) = self.resources.cpus.cpuset(&uid.0, &start.name) {
+                resources.cpuset_cpus = cpus;
+            }
+            if let Some(mems) = self.resources.memory.mems(&uid.0, &start.name) {
+                resources.cpuset_mems = mems;
+            }
         }
-        let devices = self.devices.container_start(pod, container).await;
+        let devices = self.resources.devices.container_start(pod, container).await;
         let devices = devices.map_err(|source| Error::Devices {
             container: start.name.clone(),
             source,

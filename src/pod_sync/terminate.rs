@@ -227,8 +227,7 @@ impl Syncer {
     /// Forgets what the syncer keeps of a pod that ended.
     pub(super) fn forget(&self, uid: &PodUid) {
         self.diagnoses.forget(uid);
-        self.cpus.release(&uid.0);
-        self.devices.release(&uid.0);
+        self.resources.release(&uid.0);
         self.probes.remove_pod(uid);
         self.started
             .lock()

@@ -1,7 +1,7 @@
-//! The kubelet's pod-resources API (v1) on `<root-dir>/pod-resources/kubelet.sock`: the CPUs
-//! and devices each container holds for itself, and those the node can hand out, for
-//! monitoring agents and device tools. Root and the socket's group only, as the admin socket.
-//! nodelet has no memory manager yet, so memory is always empty.
+//! The kubelet's pod-resources API (v1) on `<root-dir>/pod-resources/kubelet.sock`: the CPUs,
+//! NUMA-pinned memory and devices each container holds for itself, and those the node can hand
+//! out, for monitoring agents and device tools. Root and the socket's group only, as the admin
+//! socket.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::cm::cpu::CpuManager;
-use crate::cm::devices::DeviceManager;
+use crate::cm::Resources;
+use crate::cm::memory::Block;
 use crate::status;
 use crate::types::PodUid;
 
@@ -32,8 +32,7 @@ pub fn socket_path(root_dir: &Path) -> PathBuf {
 #[derive(Clone)]
 pub struct Handles {
     pub statuses: status::Reader,
-    pub cpus: Arc<CpuManager>,
-    pub devices: Arc<DeviceManager>,
+    pub resources: Arc<Resources>,
 }
 
 /// Devices in the API's form.
@@ -45,6 +44,18 @@ fn devices(resource: String, ids: Vec<String>, numa: Vec<i64>) -> proto::Contain
         resource_name: resource,
         device_ids: ids,
         topology,
+    }
+}
+
+/// Memory in the API's form.
+fn memory(block: Block) -> proto::ContainerMemory {
+    let nodes = block.numa_affinity.into_iter();
+    proto::ContainerMemory {
+        memory_type: block.kind,
+        size: block.size,
+        topology: Some(proto::TopologyInfo {
+            nodes: nodes.map(|id| proto::NumaNode { id: id.into() }).collect(),
+        }),
     }
 }
 
@@ -61,8 +72,13 @@ impl Handles {
             .chain(&spec.containers)
             .map(|c| proto::ContainerResources {
                 name: c.name.clone(),
-                cpu_ids: self.cpus.exclusive(&uid.0, &c.name),
+                cpu_ids: self.resources.cpus.exclusive(&uid.0, &c.name),
+                memory: (self.resources.memory.container_memory(&uid.0, &c.name))
+                    .into_iter()
+                    .map(memory)
+                    .collect(),
                 devices: self
+                    .resources
                     .devices
                     .container_devices(&uid.0, &c.name)
                     .into_iter()
@@ -100,15 +116,18 @@ impl PodResourcesLister for Handles {
         &self,
         _: Request<proto::AllocatableResourcesRequest>,
     ) -> Result<Response<proto::AllocatableResourcesResponse>, Status> {
-        let allocatable = self.devices.allocatable_devices().into_iter();
+        let allocatable = self.resources.devices.allocatable_devices().into_iter();
         let devices = allocatable.flat_map(|(resource, list)| {
             list.into_iter()
                 .map(move |(id, numa)| devices(resource.clone(), vec![id], numa))
         });
         Ok(Response::new(proto::AllocatableResourcesResponse {
-            cpu_ids: self.cpus.allocatable(),
+            cpu_ids: self.resources.cpus.allocatable(),
             devices: devices.collect(),
-            ..Default::default()
+            memory: (self.resources.memory.allocatable())
+                .into_iter()
+                .map(memory)
+                .collect(),
         }))
     }
 

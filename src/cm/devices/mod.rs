@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use super::numa::NumaMask;
+use super::topology::{HintProvider, Hints, unit_hints};
 use crate::types::Refusal;
 
 /// The generated messages, servers and clients of the device plugin API.
@@ -103,6 +105,8 @@ struct PodDevices {
     needs: BTreeMap<String, usize>,
     /// container -> resource -> devices.
     containers: BTreeMap<String, BTreeMap<String, Held>>,
+    /// container -> the NUMA nodes the topology manager aligned it to.
+    affinity: BTreeMap<String, NumaMask>,
 }
 
 impl PodDevices {
@@ -128,6 +132,112 @@ pub struct DeviceManager {
     state: Mutex<State>,
     /// Serializes the choice of devices with the plugin calls that make it.
     choosing: tokio::sync::Mutex<()>,
+}
+
+/// A device's NUMA nodes as ids.
+fn numa_nodes(numa: &[i64]) -> Vec<u32> {
+    numa.iter().filter_map(|n| u32::try_from(*n).ok()).collect()
+}
+
+impl DeviceManager {
+    /// Upstream's device topology hints: for each resource whose devices say where they sit,
+    /// the NUMA nodes with enough free devices (or those the container holds already).
+    fn hints_for(
+        &self,
+        pod: &Pod,
+        wanted: BTreeMap<String, usize>,
+        container: Option<&str>,
+    ) -> Hints {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let state = self.lock();
+        let mine = state.pods.get(uid);
+        wanted
+            .into_iter()
+            .map(|(resource, count)| {
+                let Some(r) = state.resources.get(&resource) else {
+                    return (resource, None);
+                };
+                let all: Vec<Vec<u32>> = r.devices.values().map(|d| numa_nodes(&d.numa)).collect();
+                let nodes: BTreeSet<u32> = all.iter().flatten().copied().collect();
+                if nodes.is_empty() {
+                    return (resource, None);
+                }
+                let nodes: Vec<u32> = nodes.into_iter().collect();
+                let where_ = |ids: &[String]| -> Vec<Vec<u32>> {
+                    ids.iter()
+                        .filter_map(|id| r.devices.get(id))
+                        .map(|d| numa_nodes(&d.numa))
+                        .collect()
+                };
+                let held: Vec<String> = match container {
+                    Some(name) => mine
+                        .and_then(|p| p.containers.get(name))
+                        .and_then(|c| c.get(&resource))
+                        .map(|h| h.ids.clone())
+                        .unwrap_or_default(),
+                    None => mine.map_or_else(Vec::new, |p| {
+                        p.held(&resource).into_iter().map(String::from).collect()
+                    }),
+                };
+                if !held.is_empty() {
+                    let hints = if held.len() == count {
+                        unit_hints(&nodes, &all, &[], &where_(&held), count)
+                    } else {
+                        Vec::new()
+                    };
+                    return (resource, Some(hints));
+                }
+                let reusable = match container {
+                    Some(_) => reusable_devices(pod, mine, &resource),
+                    None => Vec::new(),
+                };
+                let taken: HashSet<&str> = state
+                    .pods
+                    .values()
+                    .flat_map(|p| p.held(&resource))
+                    .collect();
+                let free: Vec<String> = r
+                    .devices
+                    .iter()
+                    .filter(|(id, d)| d.healthy && !taken.contains(id.as_str()))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let hints = unit_hints(&nodes, &all, &where_(&reusable), &where_(&free), count);
+                (resource, Some(hints))
+            })
+            .collect()
+    }
+}
+
+impl HintProvider for DeviceManager {
+    fn hints(&self, _: &[u32], pod: &Pod, c: &Container) -> Hints {
+        self.hints_for(pod, container_needs(c), Some(&c.name))
+    }
+
+    fn pod_hints(&self, _: &[u32], pod: &Pod) -> Hints {
+        self.hints_for(pod, pod_needs(pod), None)
+    }
+
+    /// Devices are chosen at the container's first start (choosing asks the plugin); the
+    /// affinity is kept until then, and aligned devices are chosen first.
+    fn allocate(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        affinity: Option<NumaMask>,
+    ) -> Result<(), Refusal> {
+        if let Some(mask) = affinity.filter(|_| !container_needs(c).is_empty()) {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let mut state = self.lock();
+            let mine = state.pods.entry(uid).or_default();
+            mine.affinity.insert(c.name.clone(), mask);
+        }
+        Ok(())
+    }
+
+    fn release(&self, uid: &str) {
+        DeviceManager::release(self, uid);
+    }
 }
 
 /// Is this an extended resource, one that device plugins (or the API) may serve: a name with a
@@ -413,7 +523,24 @@ impl DeviceManager {
                 .iter()
                 .filter(|(id, d)| d.healthy && !taken.contains(id.as_str()))
                 .map(|(id, _)| id.clone());
-            let candidates: Vec<String> = reusable.iter().cloned().chain(free).collect();
+            let mut candidates: Vec<String> = reusable.iter().cloned().chain(free).collect();
+            let affinity = state
+                .pods
+                .get(uid)
+                .and_then(|p| p.affinity.get(&container.name));
+            if let Some(mask) = affinity {
+                let aligned = |id: &String| {
+                    r.devices
+                        .get(id)
+                        .is_some_and(|d| mask.any_of(&numa_nodes(&d.numa)))
+                };
+                let (mut inside, outside): (Vec<String>, Vec<String>) =
+                    candidates.into_iter().partition(|id| aligned(id));
+                if inside.len() < count {
+                    inside.extend(outside);
+                }
+                candidates = inside;
+            }
             let client = r
                 .client
                 .clone()
