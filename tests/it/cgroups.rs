@@ -493,3 +493,163 @@ async fn the_static_cpu_manager_gives_a_guaranteed_container_a_cpu_of_its_own_an
     .await;
     node.finish().await;
 }
+
+/// The pod `pinned`'s sandbox and its running container `c`.
+async fn running_c(node: &Node) -> (nodelet::runtime::Sandbox, nodelet::runtime::Container) {
+    eventually("container c running", Duration::from_secs(60), || async {
+        let (sandbox, running) = node.wait_running("pinned", 1).await;
+        let c = running.into_iter().find(|c| c.name == "c")?;
+        Some((sandbox, c))
+    })
+    .await
+}
+
+/// The OCI spec the runtime made for a container.
+async fn oci_spec(node: &Node, container_id: &str) -> serde_json::Value {
+    let info = node
+        .runtime
+        .container_info(container_id)
+        .await
+        .expect("container info");
+    let info: serde_json::Value =
+        serde_json::from_str(info.get("info").map_or("{}", String::as_str)).expect("JSON");
+    info["runtimeSpec"].clone()
+}
+
+#[tokio::test]
+async fn the_static_memory_manager_pins_a_guaranteed_pod_to_its_numa_node_and_keeps_it() {
+    let flags = [
+        "--memory-manager-policy=Static",
+        "--reserved-memory=0:memory=100Mi",
+        "--topology-manager-policy=single-numa-node",
+        "--topology-manager-scope=pod",
+    ];
+    let mut node = Node::start("memorymanager", &flags).await;
+    let resources = |memory: &str| {
+        format!(
+            "{{requests: {{cpu: 100m, memory: {memory}}}, limits: {{cpu: 100m, memory: {memory}}}}}"
+        )
+    };
+    node.write_manifest(
+        "pinned.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: pinned}}\nspec:\n  terminationGracePeriodSeconds: 1\n  initContainers:\n  - {{name: init, image: {BUSYBOX}, command: [\"true\"], resources: {}}}\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, \"{FOREVER}\"], resources: {}}}\n",
+            resources("32Mi"),
+            resources("64Mi")
+        ),
+    );
+    node.write_manifest(
+        "loose.yaml",
+        &crate::bed::pod_yaml("loose", &[("c", FOREVER)], ""),
+    );
+    let (sandbox, c) = running_c(&node).await;
+    // The container's memory is pinned to NUMA node 0; a BestEffort one is not pinned.
+    let spec = oci_spec(&node, &c.id).await;
+    assert_eq!(spec["linux"]["resources"]["cpu"]["mems"], "0", "{spec}");
+    let (_, loose) = node.wait_running("loose", 1).await;
+    let spec = oci_spec(&node, &loose[0].id).await;
+    assert!(
+        spec["linux"]["resources"]["cpu"]["mems"]
+            .as_str()
+            .is_none_or(str::is_empty),
+        "{spec}"
+    );
+    // Upstream's state file holds the reservation; the init container's memory was reused by
+    // the app container, so its block is empty.
+    let state_file = node.path("root/memory_manager_state");
+    let state = || -> serde_json::Value {
+        let text = std::fs::read(&state_file).expect("state file");
+        serde_json::from_slice(&text).expect("JSON")
+    };
+    let uid = sandbox.uid.0.clone();
+    let s = state();
+    assert_eq!(s["policyName"], "Static");
+    let block =
+        |size: u64| serde_json::json!([{"numaAffinity": [0], "type": "memory", "size": size}]);
+    assert_eq!(s["entries"][&uid]["c"], block(64 << 20), "{s}");
+    assert_eq!(s["entries"][&uid]["init"], block(0), "{s}");
+    assert_eq!(
+        s["machineState"]["0"]["memoryMap"]["memory"]["reserved"],
+        64 << 20
+    );
+    let total = s["machineState"]["0"]["memoryMap"]["memory"]["total"]
+        .as_u64()
+        .expect("total");
+    // The pod-resources API reports the memory and where it is.
+    let mut api = node.pod_resources().await;
+    let one = api
+        .get(GetPodResourcesRequest {
+            pod_name: node.pod_name("pinned"),
+            pod_namespace: "default".into(),
+        })
+        .await
+        .expect("Get")
+        .into_inner();
+    let containers = one.pod_resources.map(|p| p.containers).unwrap_or_default();
+    let memory = &containers.iter().find(|c| c.name == "c").expect("c").memory;
+    assert_eq!(memory.len(), 1, "{memory:?}");
+    assert_eq!(
+        (memory[0].memory_type.as_str(), memory[0].size),
+        ("memory", 64 << 20)
+    );
+    let nodes = memory[0].topology.as_ref().map(|t| t.nodes.clone());
+    assert_eq!(
+        nodes.map(|n| n.iter().map(|n| n.id).collect::<Vec<_>>()),
+        Some(vec![0])
+    );
+    let allocatable = api
+        .get_allocatable_resources(AllocatableResourcesRequest {})
+        .await
+        .expect("GetAllocatableResources")
+        .into_inner();
+    assert_eq!(allocatable.memory.len(), 1, "{:?}", allocatable.memory);
+    assert_eq!(allocatable.memory[0].size, total - (100 << 20));
+    // A start with reserves that do not add up to node allocatable's, or that no longer match
+    // the state file, is refused with the reason, and the running pod is left alone.
+    node.stop_agent().await;
+    let (dir, name) = (node.path(""), node.name.clone());
+    let refused = |extra: &[&str]| {
+        let out = crate::bed::nodelet_command(&dir, &name)
+            .args(flags.iter().filter(|f| !f.starts_with("--reserved-memory")))
+            .args(extra)
+            .output()
+            .expect("nodelet runs");
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let stderr = refused(&["--reserved-memory=0:memory=50Mi"]);
+    assert!(
+        stderr.contains("reserved by --reserved-memory is not equal to the 104857600 bytes node allocatable keeps back"),
+        "{stderr}"
+    );
+    let stderr = refused(&[
+        "--kube-reserved=memory=100Mi",
+        "--reserved-memory=0:memory=200Mi",
+    ]);
+    assert!(
+        stderr.contains("the expected machine state is different from the real one")
+            && stderr.contains("memory_manager_state"),
+        "{stderr}"
+    );
+    node.restart(&flags).await;
+    let (_, c_again) = running_c(&node).await;
+    assert_eq!(
+        c_again.id, c.id,
+        "the pinned container is kept across the restart"
+    );
+    assert_eq!(state()["entries"][&uid]["c"], block(64 << 20));
+    // Once the pod is gone its memory is free again.
+    node.remove_manifest("pinned.yaml");
+    eventually(
+        "the pod's memory released",
+        Duration::from_secs(60),
+        || async {
+            let s = state();
+            (s["entries"].get(&uid).is_none()
+                && s["machineState"]["0"]["memoryMap"]["memory"]["reserved"] == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    node.finish().await;
+}
