@@ -534,47 +534,7 @@ impl HintProvider for MemoryManager {
         {
             return Ok(());
         }
-        let best_of = |hints: Vec<Hint>| {
-            hints.into_iter().reduce(|best, h| {
-                let narrower = match (h.affinity, best.affinity) {
-                    (Some(a), Some(b)) => a.is_narrower_than(b),
-                    _ => false,
-                };
-                if (h.preferred && !best.preferred) || (h.preferred == best.preferred && narrower) {
-                    h
-                } else {
-                    best
-                }
-            })
-        };
-        let memory_hints = |state: &State| {
-            calculate_hints(state, &uid, pod, &requested)
-                .remove("memory")
-                .unwrap_or_default()
-        };
-        let mut mask = match affinity {
-            Some(mask) => mask,
-            None => best_of(memory_hints(&state))
-                .and_then(|h| h.affinity)
-                .ok_or_else(|| {
-                    unexpected(
-                        "failed to get the default NUMA affinity, no NUMA nodes with enough memory is available",
-                    )
-                })?,
-        };
-        if !satisfies(&state.machine, mask, &requested) {
-            let wider = memory_hints(&state)
-                .into_iter()
-                .filter(|h| h.affinity.is_some_and(|a| mask.is_subset_of(a)));
-            mask = best_of(wider.collect())
-                .and_then(|h| h.affinity)
-                .ok_or_else(|| {
-                    unexpected("failed to find NUMA nodes to extend the current topology hint")
-                })?;
-        }
-        if violates_groups(&state.machine, mask) {
-            return Err(unexpected("preferred hint violates NUMA node allocation"));
-        }
+        let mask = placement(&state, &uid, pod, &requested, affinity)?;
         let nodes = mask.nodes();
         let mut blocks = Vec::new();
         for (kind, size) in &requested {
@@ -614,6 +574,58 @@ impl HintProvider for MemoryManager {
         drop(state);
         self.save_or_warn();
     }
+}
+
+/// Where a container's memory goes (upstream's Allocate): the topology manager's affinity, or
+/// the best of the container's own hints, widened when it cannot hold the request, and never
+/// breaking the rule that a node holds single-node or grouped reservations.
+fn placement(
+    state: &State,
+    uid: &str,
+    pod: &Pod,
+    requested: &BTreeMap<String, u64>,
+    affinity: Option<NumaMask>,
+) -> Result<NumaMask, Refusal> {
+    let best_of = |hints: Vec<Hint>| {
+        hints.into_iter().reduce(|best, h| {
+            let narrower = match (h.affinity, best.affinity) {
+                (Some(a), Some(b)) => a.is_narrower_than(b),
+                _ => false,
+            };
+            if (h.preferred && !best.preferred) || (h.preferred == best.preferred && narrower) {
+                h
+            } else {
+                best
+            }
+        })
+    };
+    let memory_hints = |state: &State| {
+        calculate_hints(state, uid, pod, requested)
+            .remove("memory")
+            .unwrap_or_default()
+    };
+    let no_room =
+        "failed to get the default NUMA affinity, no NUMA nodes with enough memory is available";
+    let mut mask = match affinity {
+        Some(mask) => mask,
+        None => best_of(memory_hints(state))
+            .and_then(|h| h.affinity)
+            .ok_or_else(|| unexpected(no_room))?,
+    };
+    if !satisfies(&state.machine, mask, requested) {
+        let wider = memory_hints(state)
+            .into_iter()
+            .filter(|h| h.affinity.is_some_and(|a| mask.is_subset_of(a)));
+        mask = best_of(wider.collect())
+            .and_then(|h| h.affinity)
+            .ok_or_else(|| {
+                unexpected("failed to find NUMA nodes to extend the current topology hint")
+            })?;
+    }
+    if violates_groups(&state.machine, mask) {
+        return Err(unexpected("preferred hint violates NUMA node allocation"));
+    }
+    Ok(mask)
 }
 
 /// Upstream's validateReservedMemory: every reservation names a node of the machine, and per
