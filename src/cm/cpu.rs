@@ -519,18 +519,7 @@ impl HintProvider for CpuManager {
             return Hints::new();
         };
         let guaranteed = crate::pod::qos_class(pod) == "Guaranteed";
-        let spec = crate::pod::spec(pod);
-        let inits = spec.init_containers.iter().flatten();
-        let apps: usize = inits
-            .clone()
-            .filter(|c| crate::pod::is_sidecar(c))
-            .chain(&spec.containers)
-            .map(|c| exclusive_cpus(guaranteed, c))
-            .sum();
-        let count = inits
-            .filter(|c| !crate::pod::is_sidecar(c))
-            .map(|c| exclusive_cpus(guaranteed, c))
-            .fold(apps, usize::max);
+        let count = super::pod_total(pod, |c| exclusive_cpus(guaranteed, c) as u64) as usize;
         if count == 0 {
             return Hints::new();
         }
@@ -619,6 +608,10 @@ impl HintProvider for CpuManager {
 
     fn release(&self, uid: &str) {
         CpuManager::release(self, uid);
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        self.lock().entries.contains_key(uid)
     }
 }
 

@@ -200,37 +200,26 @@ fn container_requests(pod: &Pod, c: &Container) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// The whole pod's requests, for the pod scope: per type, the larger of the biggest init
-/// container and the app containers (with sidecars) together.
+/// The whole pod's requests, for the pod scope, per type as upstream sums them.
 fn pod_requests(pod: &Pod) -> BTreeMap<String, u64> {
     let spec = crate::pod::spec(pod);
-    let mut init: BTreeMap<String, u64> = BTreeMap::new();
-    let mut apps: BTreeMap<String, u64> = BTreeMap::new();
-    for c in spec.init_containers.iter().flatten() {
-        let into = if crate::pod::is_sidecar(c) {
-            &mut apps
-        } else {
-            &mut init
-        };
-        for (kind, size) in container_requests(pod, c) {
-            let e = into.entry(kind).or_default();
-            *e = if crate::pod::is_sidecar(c) {
-                *e + size
-            } else {
-                (*e).max(size)
-            };
-        }
-    }
-    for c in &spec.containers {
-        for (kind, size) in container_requests(pod, c) {
-            *apps.entry(kind).or_default() += size;
-        }
-    }
-    for (kind, size) in init {
-        let e = apps.entry(kind).or_default();
-        *e = (*e).max(size);
-    }
-    apps
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers);
+    let kinds: BTreeSet<String> = containers
+        .flat_map(|c| container_requests(pod, c).into_keys())
+        .collect();
+    kinds
+        .into_iter()
+        .map(|kind| {
+            let total = super::pod_total(pod, |c| {
+                container_requests(pod, c).get(&kind).copied().unwrap_or(0)
+            });
+            (kind, total)
+        })
+        .collect()
 }
 
 fn is_regular_init(pod: &Pod, name: &str) -> bool {
@@ -563,6 +552,10 @@ impl HintProvider for MemoryManager {
         Ok(())
     }
 
+    fn holds(&self, uid: &str) -> bool {
+        self.lock().entries.contains_key(uid)
+    }
+
     fn release(&self, uid: &str) {
         let mut state = self.lock();
         let Some(containers) = state.entries.remove(uid) else {
@@ -640,7 +633,8 @@ fn check_reserves(settings: &Settings, machine: &Machine) -> Result<(), Error> {
             )));
         }
         for (kind, size) in limits {
-            *totals.entry(kind).or_default() += size;
+            let total = totals.entry(kind).or_default();
+            *total = total.saturating_add(*size);
         }
     }
     let kinds: BTreeSet<&str> = totals
@@ -678,8 +672,8 @@ fn empty_machine(machine: &Machine, reserved: &BTreeMap<u32, BTreeMap<String, u6
             let mut in_hugepages = 0;
             for (size, pages) in &n.hugepages {
                 let kind = hugepage_resource(*size);
-                let total = size * pages;
-                in_hugepages += total;
+                let total = size.saturating_mul(*pages);
+                in_hugepages = total.saturating_add(in_hugepages);
                 let allocatable = total.saturating_sub(kept(n.id, &kind));
                 memory.insert(kind.clone(), table(total, kept(n.id, &kind), allocatable));
             }
@@ -759,7 +753,7 @@ fn reusable(state: &State, uid: &str, pod: &Pod, mask: NumaMask, kind: &str) -> 
         .flat_map(|(_, blocks)| blocks)
         .filter(|b| b.kind == kind && NumaMask::of(b.numa_affinity.iter().copied()) == mask)
         .map(|b| b.size)
-        .sum()
+        .fold(0, u64::saturating_add)
 }
 
 /// Upstream's updateInitContainersMemoryBlocks: the memory a container reuses is taken off the
@@ -813,7 +807,7 @@ fn calculate_hints(
                 .iter()
                 .filter_map(|n| state.machine.get(n)?.memory.get(kind))
                 .map(f)
-                .sum()
+                .fold(0, u64::saturating_add)
         };
         if requested
             .iter()
@@ -836,7 +830,7 @@ fn calculate_hints(
             continue;
         }
         if requested.iter().any(|(kind, size)| {
-            sum(kind, |t| t.free) + reusable(state, uid, pod, mask, kind) < *size
+            sum(kind, |t| t.free).saturating_add(reusable(state, uid, pod, mask, kind)) < *size
         }) {
             continue;
         }
@@ -892,7 +886,7 @@ fn satisfies(machine: &Machines, mask: NumaMask, requested: &BTreeMap<String, u6
             .iter()
             .filter_map(|n| machine.get(n)?.memory.get(kind))
             .map(|t| t.free)
-            .sum();
+            .fold(0, u64::saturating_add);
         free >= *size
     })
 }
@@ -924,7 +918,7 @@ fn same_machine(a: &Machines, b: &Machines) -> bool {
                 .iter()
                 .filter_map(|n| m.get(n)?.memory.get(kind))
                 .map(f)
-                .sum()
+                .fold(0, u64::saturating_add)
         };
         x.assignments == y.assignments
             && same_group(&x.cells, &y.cells)
@@ -975,7 +969,7 @@ pub fn parse_reserved(entries: &[String]) -> Result<BTreeMap<u32, BTreeMap<Strin
                 .or_default()
                 .entry(kind.to_string())
                 .or_default();
-            *e += bytes.round() as u64;
+            *e = e.saturating_add(bytes.round() as u64);
         }
     }
     Ok(out)

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::types::Refusal;
 
@@ -14,6 +14,22 @@ pub mod devices;
 pub mod memory;
 pub mod numa;
 pub mod topology;
+
+/// A pod's total of one resource as upstream sums it: its app containers and sidecars together,
+/// or a regular init container with the sidecars started before it, whichever is more.
+pub fn pod_total(pod: &Pod, of: impl Fn(&Container) -> u64) -> u64 {
+    let spec = crate::pod::spec(pod);
+    let (mut sidecars, mut peak) = (0u64, 0u64);
+    for c in spec.init_containers.iter().flatten() {
+        if crate::pod::is_sidecar(c) {
+            sidecars = sidecars.saturating_add(of(c));
+        } else {
+            peak = peak.max(sidecars.saturating_add(of(c)));
+        }
+    }
+    let apps = (spec.containers.iter()).fold(sidecars, |acc, c| acc.saturating_add(of(c)));
+    peak.max(apps)
+}
 
 /// The managers that hand out CPUs, memory and devices to pods.
 #[derive(Debug)]
@@ -46,5 +62,27 @@ impl Resources {
         self.cpus.retain(keep);
         self.memory.retain(keep);
         self.devices.retain(keep);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_pods_total_counts_the_sidecars_started_before_each_init_container() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "side", "restartPolicy": "Always", "image": "2"},
+                    {"name": "init", "image": "3"},
+                ],
+                "containers": [{"name": "app", "image": "1"}],
+            }
+        }))
+        .unwrap();
+        let of = |c: &k8s_openapi::api::core::v1::Container| {
+            c.image.as_deref().and_then(|i| i.parse().ok()).unwrap_or(0)
+        };
+        assert_eq!(super::pod_total(&pod, of), 5);
     }
 }

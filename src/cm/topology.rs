@@ -38,6 +38,8 @@ pub trait HintProvider {
     ) -> Result<(), Refusal>;
     /// Gives back everything the pod holds (its admission failed, or it is gone).
     fn release(&self, uid: &str);
+    /// Whether the pod holds anything already (it was admitted before a restart).
+    fn holds(&self, uid: &str) -> bool;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,11 +134,13 @@ impl TopologyManager {
 
     /// Upstream's admit handler: each container in turn (init containers first), or the pod
     /// at once in the pod scope, is given the providers' merged affinity and its resources
-    /// allocated along it. A refused pod holds nothing afterwards.
+    /// allocated along it. A refused new pod holds nothing afterwards; a refused pod that held
+    /// resources before (its containers may still run) keeps them until its containers are gone.
     pub fn admit(&self, pod: &Pod, providers: &[&dyn HintProvider]) -> Result<(), Refusal> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let held_before = providers.iter().any(|p| p.holds(uid));
         let result = self.admit_containers(pod, providers);
-        if result.is_err() {
-            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if result.is_err() && !held_before {
             for p in providers {
                 p.release(uid);
             }
@@ -514,6 +518,9 @@ mod tests {
         }
         fn release(&self, uid: &str) {
             self.0.lock().unwrap().push(format!("release {uid}"));
+        }
+        fn holds(&self, _: &str) -> bool {
+            false
         }
     }
 

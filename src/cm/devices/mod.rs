@@ -140,14 +140,22 @@ fn numa_nodes(numa: &[i64]) -> Vec<u32> {
 }
 
 impl DeviceManager {
-    /// Upstream's device topology hints: for each resource whose devices say where they sit,
-    /// the NUMA nodes with enough free devices (or those the container holds already).
+    /// Upstream's device topology hints: for each resource whose devices say where they sit
+    /// (among the machine's NUMA nodes), the nodes with enough free devices (or those the
+    /// container holds already).
     fn hints_for(
         &self,
+        machine: &[u32],
         pod: &Pod,
         wanted: BTreeMap<String, usize>,
         container: Option<&str>,
     ) -> Hints {
+        let on_machine = |numa: &[i64]| -> Vec<u32> {
+            numa_nodes(numa)
+                .into_iter()
+                .filter(|n| machine.contains(n))
+                .collect()
+        };
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let state = self.lock();
         let mine = state.pods.get(uid);
@@ -157,7 +165,7 @@ impl DeviceManager {
                 let Some(r) = state.resources.get(&resource) else {
                     return (resource, None);
                 };
-                let all: Vec<Vec<u32>> = r.devices.values().map(|d| numa_nodes(&d.numa)).collect();
+                let all: Vec<Vec<u32>> = r.devices.values().map(|d| on_machine(&d.numa)).collect();
                 let nodes: BTreeSet<u32> = all.iter().flatten().copied().collect();
                 if nodes.is_empty() {
                     return (resource, None);
@@ -166,7 +174,7 @@ impl DeviceManager {
                 let where_ = |ids: &[String]| -> Vec<Vec<u32>> {
                     ids.iter()
                         .filter_map(|id| r.devices.get(id))
-                        .map(|d| numa_nodes(&d.numa))
+                        .map(|d| on_machine(&d.numa))
                         .collect()
                 };
                 let held: Vec<String> = match container {
@@ -210,12 +218,12 @@ impl DeviceManager {
 }
 
 impl HintProvider for DeviceManager {
-    fn hints(&self, _: &[u32], pod: &Pod, c: &Container) -> Hints {
-        self.hints_for(pod, container_needs(c), Some(&c.name))
+    fn hints(&self, nodes: &[u32], pod: &Pod, c: &Container) -> Hints {
+        self.hints_for(nodes, pod, container_needs(c), Some(&c.name))
     }
 
-    fn pod_hints(&self, _: &[u32], pod: &Pod) -> Hints {
-        self.hints_for(pod, pod_needs(pod), None)
+    fn pod_hints(&self, nodes: &[u32], pod: &Pod) -> Hints {
+        self.hints_for(nodes, pod, pod_needs(pod), None)
     }
 
     /// Devices are chosen at the container's first start (choosing asks the plugin); the
@@ -237,6 +245,14 @@ impl HintProvider for DeviceManager {
 
     fn release(&self, uid: &str) {
         DeviceManager::release(self, uid);
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        let state = self.lock();
+        state
+            .pods
+            .get(uid)
+            .is_some_and(|p| !p.containers.is_empty())
     }
 }
 
@@ -265,24 +281,23 @@ fn container_needs(c: &Container) -> BTreeMap<String, usize> {
 /// together, or the largest regular init container when that is more.
 pub fn pod_needs(pod: &Pod) -> BTreeMap<String, usize> {
     let spec = crate::pod::spec(pod);
-    let mut needs: BTreeMap<String, usize> = BTreeMap::new();
-    let init = spec.init_containers.iter().flatten();
-    for c in init
-        .clone()
-        .filter(|c| crate::pod::is_sidecar(c))
-        .chain(&spec.containers)
-    {
-        for (name, count) in container_needs(c) {
-            *needs.entry(name).or_default() += count;
-        }
-    }
-    for c in init.filter(|c| !crate::pod::is_sidecar(c)) {
-        for (name, count) in container_needs(c) {
-            let n = needs.entry(name).or_default();
-            *n = (*n).max(count);
-        }
-    }
-    needs
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers);
+    let names: BTreeSet<String> = containers
+        .flat_map(|c| container_needs(c).into_keys())
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let total = super::pod_total(pod, |c| {
+                container_needs(c).get(&name).map_or(0, |n| *n as u64)
+            });
+            (name, usize::try_from(total).unwrap_or(usize::MAX))
+        })
+        .collect()
 }
 
 impl DeviceManager {
