@@ -190,11 +190,7 @@ impl Record {
     pub fn store(&self, root_dir: &Path) {
         self.show();
         let path = record_path(root_dir);
-        let tmp = path.with_extension("tmp");
-        let written = serde_json::to_vec(self)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, &path));
+        let written = crate::types::replace_json(&path, self);
         if let Err(e) = written {
             tracing::warn!(path = %path.display(), error = %e, "cannot record the node shutdown");
         }

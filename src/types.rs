@@ -172,6 +172,14 @@ pub fn full_name(pod: &Pod) -> String {
 /// message.
 pub type Refusal = (std::borrow::Cow<'static, str>, String);
 
+/// Writes `value` as JSON to `path` through a temporary file renamed over it, so a crash
+/// leaves the old file or the new one, never half of one.
+pub fn replace_json(path: &std::path::Path, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(value)?)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// An error with its causes, each once: `outer: cause: root cause`.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();

@@ -422,12 +422,7 @@ impl CpuManager {
             }
         };
         checkpoint.checksum = checkpoint.checksum();
-        let write = |path: &Path| -> std::io::Result<()> {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&checkpoint)?)?;
-            std::fs::rename(&tmp, path)
-        };
-        write(&self.path).map_err(|source| Error::Write {
+        crate::types::replace_json(&self.path, &checkpoint).map_err(|source| Error::Write {
             path: self.path.clone(),
             source,
         })

@@ -160,13 +160,7 @@ impl Results {
         }
         kept.containers
             .retain(|_, k| k.ready.is_some() || k.started.is_some());
-        let written = serde_json::to_vec(&kept)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| {
-                let tmp = path.with_extension("tmp");
-                std::fs::write(&tmp, bytes)?;
-                std::fs::rename(&tmp, path.as_path())
-            });
+        let written = crate::types::replace_json(path, &kept);
         if let Err(e) = written {
             tracing::warn!(file = %path.display(), error = %e, "cannot write the probe results checkpoint; a restart will report the containers as not ready until probed");
         }
