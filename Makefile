@@ -83,9 +83,10 @@ check: deps
 	cargo clippy --all-targets --locked -- -D warnings
 	shellcheck hack/*.sh hack/k8s/*.sh hack/runtime/*.sh
 
-# The unit tests (pure logic; no runtime, no control plane).
+# The unit tests (pure logic; no runtime, no control plane), the test bed's parsers included.
 unit: nextest
 	cargo nextest run --locked --lib
+	python3 -B -m unittest discover -s hack -p 'test_*.py'
 
 # The tests that also run on containerd 1.6 after the whole suite ran on 2.x: those about the
 # runtime's own behaviour (CRI calls and features, images, stops and hooks, status, networking,
