@@ -1,154 +1,30 @@
-//! A pod's end: its containers stopped in upstream's order within the grace period, the
+//! A pod's end: its containers stopped (kill.rs) within the grace period, the
 //! termination reported within the grace period and a slack even when the runtime does not
 //! confirm the stop, its final status, and what it left on the node removed, in the background
 //! when it cannot be at once.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
-use super::{Error, Syncer, actions, convert, failure, hooks, ignore_not_found, watched};
+use super::record::failure;
+use super::{Error, Syncer, convert};
 use crate::events::Target;
-use crate::pod::{grace_period_seconds, spec};
-use crate::runtime::{self, ContainerState, PodRuntime};
-use crate::types::{PodUid, full_name};
+use crate::pod::grace_period_seconds;
+use crate::types::PodUid;
 use crate::volumes;
 
 impl Syncer {
-    /// Stops every running container of the pod: app containers in parallel, then sidecars in
-    /// reverse order, all within one grace period (preStop hooks first, then SIGTERM, then
-    /// SIGKILL at the deadline); then stops its sandboxes and removes them all.
-    pub(super) async fn kill_all(
-        &self,
-        pod: &Pod,
-        rt: &PodRuntime,
-        remove: bool,
-    ) -> Result<(), Error> {
-        let live: Vec<&runtime::Container> = rt
-            .containers
-            .iter()
-            .filter(|c| c.state == ContainerState::Running || c.state == ContainerState::Created)
-            .collect();
-        let grace_of = |c: &runtime::Container| {
-            Duration::from_secs(
-                if pod.spec.is_some() {
-                    grace_period_seconds(pod)
-                } else {
-                    c.grace_seconds.unwrap_or(30)
-                }
-                .max(0) as u64,
-            )
-        };
-        let host = self.hook_host(pod, rt).await;
-        // Upstream's termination order: every container's preStop hook runs at once; the app
-        // containers then get their stop signal, each sidecar only once the app containers and
-        // the sidecars after it have stopped (reverse order), within its own grace period.
-        let s = spec(pod);
-        let sidecars: Vec<&str> = s
-            .init_containers
-            .iter()
-            .flatten()
-            .filter(|c| actions::is_sidecar(c))
-            .map(|c| c.name.as_str())
-            .collect();
-        let stopped: HashMap<&str, CancellationToken> = live
-            .iter()
-            .map(|c| (c.name.as_str(), CancellationToken::new()))
-            .collect();
-        let apps: Vec<CancellationToken> = live
-            .iter()
-            .filter(|c| !sidecars.contains(&c.name.as_str()))
-            .filter_map(|c| stopped.get(c.name.as_str()).cloned())
-            .collect();
-        let mut stops = JoinSet::new();
-        for c in &live {
-            let name = c.name.as_str();
-            let turn = sidecars.iter().position(|s| *s == name).map(|i| {
-                let mut before: Vec<CancellationToken> = apps.clone();
-                before.extend(
-                    sidecars[i + 1..]
-                        .iter()
-                        .filter_map(|later| stopped.get(later).cloned()),
-                );
-                Box::pin(async move {
-                    for t in before {
-                        t.cancelled().await;
-                    }
-                }) as hooks::Turn
-            });
-            let done = stopped.get(name).cloned().unwrap_or_default();
-            let stop = self.stop(
-                pod,
-                &c.id,
-                name,
-                &host,
-                hooks::Grace {
-                    period: grace_of(c),
-                    turn,
-                },
-                format!("Stopping container {name}"),
-            );
-            stops.spawn(async move {
-                let result = stop.await;
-                done.cancel();
-                result
-            });
-        }
-        // Every stop runs to its end; the first failure is reported after all of them.
-        let mut first_error: Option<Error> = None;
-        while let Some(joined) = stops.join_next().await {
-            match joined {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    first_error.get_or_insert(e.into());
-                }
-                Err(e) => {
-                    first_error.get_or_insert(Error::Io {
-                        path: PathBuf::from(full_name(pod)),
-                        source: std::io::Error::other(e.to_string()),
-                    });
-                }
-            }
-        }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        for sb in &rt.sandboxes {
-            let stop = self.runtime.stop_pod_sandbox(&sb.id);
-            let what = format!("the stop of its sandbox {}", sb.id);
-            let target = Target::pod(pod);
-            let reporting = (&self.events, &self.diagnoses);
-            let stopped = watched(reporting, &target, &what, Duration::ZERO, stop).await;
-            ignore_not_found(stopped)?;
-        }
-        // A pod being replaced keeps its dead containers (their last state and logs) for the
-        // garbage collection of later syncs; a terminated pod leaves nothing behind.
-        if !remove {
-            return Ok(());
-        }
-        for c in &rt.containers {
-            self.remove_container(pod, rt, &c.id).await?;
-        }
-        for sb in &rt.sandboxes {
-            ignore_not_found(self.runtime.remove_pod_sandbox(&sb.id).await)?;
-        }
-        Ok(())
-    }
-
     pub(super) async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let _removing = self.cache.removing(&uid);
-        let began = *self
-            .terminations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(uid.clone())
-            .or_insert_with(tokio::time::Instant::now);
+        let began = self.book(&uid, |book| {
+            *book
+                .terminating_since
+                .get_or_insert_with(tokio::time::Instant::now)
+        });
         let grace = Duration::from_secs(grace_period_seconds(pod).max(0) as u64);
         let stop = async {
             let rt = self.read(pod).await?;
@@ -180,7 +56,8 @@ impl Syncer {
             self.status.terminated(&uid);
             self.forget(&uid);
         }
-        self.terminations
+        // The termination is over (its book, with when it began, goes).
+        self.books
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
@@ -229,16 +106,12 @@ impl Syncer {
         self.diagnoses.forget(uid);
         self.resources.release(&uid.0);
         self.probes.remove_pod(uid);
-        self.started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uid);
         self.backoff
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .forget_pod(&uid.0);
         self.images.forget_pod(uid);
-        self.waiting
+        self.books
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);
