@@ -2,7 +2,7 @@
 //! The latest update wins; a kill is never lost (syncs that arrive after it are ignored); a
 //! terminated worker reports back and is gone, so a terminated pod never restarts under it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,9 +34,32 @@ pub trait PodSyncer: Send + Sync + 'static {
     fn forget_pod(&self, pod: Arc<Pod>) -> impl Future<Output = ()> + Send;
     /// Periodic node-level upkeep for the desired pods (QoS cgroup shares).
     fn housekeep(&self, desired: Vec<Arc<Pod>>) -> impl Future<Output = ()> + Send;
-    /// The pods this node has in the runtime, as pods carrying only their metadata (name,
-    /// namespace, uid, annotations), for housekeeping.
-    fn runtime_pods(&self) -> impl Future<Output = Result<Vec<Arc<Pod>>, String>> + Send;
+    /// The pods this node has in the runtime, for housekeeping.
+    fn runtime_pods(&self) -> impl Future<Output = Result<Vec<RuntimePod>, String>> + Send;
+    /// Stops a pod only the runtime has, with its containers' own grace periods, and removes
+    /// everything it had on the node (upstream's SyncTerminatingRuntimePod).
+    fn terminate_runtime_pod(
+        &self,
+        pod: Arc<RuntimePod>,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// A pod the runtime holds for this node, as its sandbox describes it: no spec, only what
+/// names it. One that no source wants is terminated as it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimePod {
+    pub uid: PodUid,
+    pub name: String,
+    pub namespace: String,
+    /// Its sandbox's annotations (its config source among them).
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl RuntimePod {
+    /// `namespace/name`, as pods are named in logs.
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
 }
 
 /// The work a worker is asked to do next.
@@ -44,6 +67,21 @@ pub trait PodSyncer: Send + Sync + 'static {
 pub enum Work {
     Sync(Arc<Pod>),
     Terminate(Arc<Pod>),
+    /// The termination of a pod only the runtime has.
+    TerminateRuntime(Arc<RuntimePod>),
+}
+
+impl Work {
+    fn uid(&self) -> PodUid {
+        match self {
+            Work::Sync(p) | Work::Terminate(p) => PodUid::of(p),
+            Work::TerminateRuntime(p) => p.uid.clone(),
+        }
+    }
+
+    fn terminates(&self) -> bool {
+        !matches!(self, Work::Sync(_))
+    }
 }
 
 struct Worker {
@@ -85,11 +123,8 @@ impl<S: PodSyncer> PodWorkers<S> {
     /// Hands work to the pod's worker, starting one if needed. Returns false when the work was
     /// dropped because the pod is already terminating.
     pub fn update(&mut self, work: Work) -> bool {
-        let pod = match &work {
-            Work::Sync(p) | Work::Terminate(p) => p.clone(),
-        };
-        let uid = PodUid::of(&pod);
-        let terminate = matches!(work, Work::Terminate(_));
+        let uid = work.uid();
+        let terminate = work.terminates();
         if let Some(w) = self.workers.get_mut(&uid) {
             if w.terminating {
                 return false;
@@ -141,7 +176,7 @@ async fn run_worker<S: PodSyncer>(
     loop {
         let work = rx.borrow_and_update().clone();
         let started = std::time::Instant::now();
-        let (result, pod, terminating) = match work {
+        let (result, name, terminating) = match work {
             Work::Sync(pod) => {
                 // A termination asked for meanwhile ends the sync where it is (an image pull,
                 // a hook, a wait): the termination reads the runtime afresh and stops what the
@@ -150,14 +185,14 @@ async fn run_worker<S: PodSyncer>(
                 let mut watch = rx.clone();
                 let terminated = async move {
                     while watch.changed().await.is_ok() {
-                        if matches!(*watch.borrow(), Work::Terminate(_)) {
+                        if watch.borrow().terminates() {
                             return;
                         }
                     }
                     std::future::pending::<()>().await
                 };
                 tokio::select! {
-                    result = syncer.sync_pod(pod.clone()) => (result, pod, false),
+                    result = syncer.sync_pod(pod.clone()) => (result, full_name(&pod), false),
                     () = terminated => {
                         tracing::debug!(pod = %full_name(&pod), %uid, "sync given up for the pod's termination");
                         continue;
@@ -166,7 +201,15 @@ async fn run_worker<S: PodSyncer>(
             }
             Work::Terminate(pod) => (
                 syncer.terminate_pod(pod.clone()).await.map(|()| None),
-                pod,
+                full_name(&pod),
+                true,
+            ),
+            Work::TerminateRuntime(pod) => (
+                syncer
+                    .terminate_runtime_pod(pod.clone())
+                    .await
+                    .map(|()| None),
+                pod.full_name(),
                 true,
             ),
         };
@@ -187,7 +230,7 @@ async fn run_worker<S: PodSyncer>(
                 } else {
                     "syncing"
                 };
-                tracing::warn!(pod = %full_name(&pod), %uid, error = %e, retry_in = ?retry, "{what} pod failed; will retry");
+                tracing::warn!(pod = %name, %uid, error = %e, retry_in = ?retry, "{what} pod failed; will retry");
                 let wait = retry;
                 retry = (retry * 2).min(RETRY_MAX);
                 Some(wait)
@@ -248,8 +291,15 @@ mod tests {
         async fn reject_pod(&self, _pod: Arc<Pod>, _reason: &str, _message: &str) {}
         async fn forget_pod(&self, _pod: Arc<Pod>) {}
         async fn housekeep(&self, _desired: Vec<Arc<Pod>>) {}
-        async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {
+        async fn runtime_pods(&self) -> Result<Vec<RuntimePod>, String> {
             Ok(Vec::new())
+        }
+        async fn terminate_runtime_pod(&self, pod: Arc<RuntimePod>) -> Result<(), String> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("kill runtime {}", pod.name));
+            Ok(())
         }
     }
 

@@ -16,7 +16,7 @@ use crate::eviction::{Eviction, Pressure};
 use crate::objects;
 use crate::pleg::{Event, EventKind};
 use crate::pod::{ANNOTATION_CONFIG_SOURCE, Requests, requests, resize};
-use crate::pod_workers::{PodSyncer, PodWorkers, Work};
+use crate::pod_workers::{PodSyncer, PodWorkers, RuntimePod, Work};
 use crate::probe;
 use crate::sources::{Mux, SourceSnapshot};
 use crate::types::{Allocatable, PodOperation, PodUid, Refusal, Source, full_name};
@@ -634,7 +634,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         // ending pod's are given back once its containers are stopped).
         let keep = running
             .iter()
-            .map(|p| PodUid::of(p))
+            .map(|p| p.uid.clone())
             .chain(self.admitted.keys().cloned())
             .map(|uid| uid.0)
             .collect();
@@ -642,21 +642,32 @@ impl<S: PodSyncer> SyncLoop<S> {
             resources.retain(&keep);
         }
         for pod in running {
-            let uid = PodUid::of(&pod);
-            if desired.contains(&uid) || self.workers.contains(&uid) {
+            if desired.contains(&pod.uid) || self.workers.contains(&pod.uid) {
                 continue;
             }
             let source = pod
-                .metadata
                 .annotations
-                .as_ref()
-                .and_then(|a| a.get(ANNOTATION_CONFIG_SOURCE))
+                .get(ANNOTATION_CONFIG_SOURCE)
                 .and_then(|s| Source::parse(s));
             if source.is_some_and(|s| !self.mux.is_ready(s)) {
                 continue;
             }
-            tracing::info!(pod = %full_name(&pod), %uid, "terminating pod that no source wants");
-            self.dispatch(&[pod], true);
+            tracing::info!(pod = %pod.full_name(), uid = %pod.uid, "terminating pod that no source wants");
+            self.terminate_runtime_pod(pod);
+        }
+    }
+
+    /// Hands a pod only the runtime has to a worker to terminate; whatever the loop knew of
+    /// its UID goes.
+    fn terminate_runtime_pod(&mut self, pod: RuntimePod) {
+        let uid = pod.uid.clone();
+        self.admitted.remove(&uid);
+        self.ephemeral.remove(&uid);
+        self.rejected.remove(&uid);
+        self.next_resync.remove(&uid);
+        let name = pod.full_name();
+        if self.workers.update(Work::TerminateRuntime(Arc::new(pod))) {
+            self.terminating_names.insert(name, uid);
         }
     }
 
@@ -905,7 +916,7 @@ mod tests {
     struct Fake {
         calls: Mutex<Vec<String>>,
         kills: watch::Sender<bool>,
-        runtime: Mutex<Vec<Arc<Pod>>>,
+        runtime: Mutex<Vec<RuntimePod>>,
     }
 
     fn name_uid(pod: &Pod) -> String {
@@ -940,8 +951,12 @@ mod tests {
         }
         async fn forget_pod(&self, _pod: Arc<Pod>) {}
         async fn housekeep(&self, _desired: Vec<Arc<Pod>>) {}
-        async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {
+        async fn runtime_pods(&self) -> Result<Vec<RuntimePod>, String> {
             Ok(self.runtime.lock().unwrap().clone())
+        }
+        async fn terminate_runtime_pod(&self, pod: Arc<RuntimePod>) -> Result<(), String> {
+            self.record(format!("kill {} {}", pod.name, pod.uid));
+            Ok(())
         }
     }
 
@@ -1088,9 +1103,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn housekeeping_never_kills_pods_of_a_source_that_is_not_ready() {
         let bed = Bed::start(Config::default());
+        let in_runtime = |name: &str, uid: &str, source: Source| RuntimePod {
+            uid: PodUid(uid.into()),
+            name: name.into(),
+            namespace: "default".into(),
+            annotations: [(ANNOTATION_CONFIG_SOURCE.to_string(), source.to_string())].into(),
+        };
         *bed.fake.runtime.lock().unwrap() = vec![
-            Arc::new(pod("from-api", "u9", Source::Api, "0", 1)),
-            Arc::new(pod("from-file", "u8", Source::File, "0", 1)),
+            in_runtime("from-api", "u9", Source::Api),
+            in_runtime("from-file", "u8", Source::File),
         ];
         bed.send(Source::File, Vec::new()).await;
         bed.until("kill from-file u8").await;

@@ -15,6 +15,15 @@ use crate::pod::{grace_period_seconds, spec};
 use crate::runtime::{self, ContainerState, PodRuntime};
 use crate::types::{PodUid, full_name};
 
+/// Where the grace period of each container of a pod being stopped comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GraceFrom {
+    /// The pod's spec (its terminationGracePeriodSeconds).
+    Spec,
+    /// Each container's own, as recorded on it at its creation: for a pod only the runtime has.
+    Containers,
+}
+
 impl Syncer {
     /// Stops the containers the plan kills, each with its own grace period (a failed probe's
     /// or the pod's).
@@ -44,8 +53,9 @@ impl Syncer {
         pod: &Pod,
         rt: &PodRuntime,
         remove: bool,
+        grace_from: GraceFrom,
     ) -> Result<(), Error> {
-        self.stop_live(pod, rt).await?;
+        self.stop_live(pod, rt, grace_from).await?;
         for sb in &rt.sandboxes {
             let stop = self.runtime.stop_pod_sandbox(&sb.id);
             let what = format!("the stop of its sandbox {}", sb.id);
@@ -71,7 +81,12 @@ impl Syncer {
     /// Stops every running container of the pod: app containers in parallel, then sidecars in
     /// reverse order, all within one grace period (preStop hooks first, then SIGTERM, then
     /// SIGKILL at the deadline). Every stop runs to its end; the first failure is returned.
-    async fn stop_live(&self, pod: &Pod, rt: &PodRuntime) -> Result<(), Error> {
+    async fn stop_live(
+        &self,
+        pod: &Pod,
+        rt: &PodRuntime,
+        grace_from: GraceFrom,
+    ) -> Result<(), Error> {
         let live: Vec<&runtime::Container> = rt
             .containers
             .iter()
@@ -79,10 +94,9 @@ impl Syncer {
             .collect();
         let grace_of = |c: &runtime::Container| {
             Duration::from_secs(
-                if pod.spec.is_some() {
-                    grace_period_seconds(pod)
-                } else {
-                    c.grace_seconds.unwrap_or(30)
+                match grace_from {
+                    GraceFrom::Spec => grace_period_seconds(pod),
+                    GraceFrom::Containers => c.grace_seconds.unwrap_or(30),
                 }
                 .max(0) as u64,
             )

@@ -30,12 +30,13 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::events::Target;
-use crate::pod_workers::PodSyncer;
+use crate::pod_workers::{PodSyncer, RuntimePod};
 use crate::runtime::{self, PodCache, RuntimeClient};
 use crate::types::{PodUid, full_name, is_path_part};
 use crate::volumes;
 use crate::{images, probe};
 pub use convert::Context;
+use kill::GraceFrom;
 use record::failure;
 use start::Prepared;
 use terminate::Leftover;
@@ -261,7 +262,7 @@ impl Syncer {
             self.update_status(pod, &rt).await?;
         }
         if plan.kill_pod {
-            self.kill_all(pod, &rt, false).await?;
+            self.kill_all(pod, &rt, false, GraceFrom::Spec).await?;
         }
         if let Some(id) = &plan.stop_sandbox {
             tracing::info!(pod = %full_name(pod), "pod finished; stopping its sandbox");
@@ -341,15 +342,23 @@ impl PodSyncer for Syncer {
     }
 
     async fn terminate_pod(&self, pod: Arc<Pod>) -> Result<(), String> {
-        self.terminate(&pod).await.map_err(|e| {
-            let why = crate::types::error_chain(&e);
-            self.events.warning(
-                Target::pod(&pod),
-                "FailedKillPod",
-                format!("error killing pod: {why}"),
-            );
-            why
-        })
+        self.terminate_reported(&pod, GraceFrom::Spec).await
+    }
+
+    async fn terminate_runtime_pod(&self, pod: Arc<RuntimePod>) -> Result<(), String> {
+        // Its events, logs and directories are named by what the runtime knows of it.
+        let known = Pod {
+            metadata: ObjectMeta {
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: Some(pod.uid.0.clone()),
+                annotations: Some(pod.annotations.clone()),
+                ..Default::default()
+            },
+            spec: None,
+            status: None,
+        };
+        self.terminate_reported(&known, GraceFrom::Containers).await
     }
 
     async fn reject_pod(&self, pod: Arc<Pod>, reason: &str, message: &str) {
@@ -377,7 +386,7 @@ impl PodSyncer for Syncer {
         self.retry_leftovers(&desired);
     }
 
-    async fn runtime_pods(&self) -> Result<Vec<Arc<Pod>>, String> {
+    async fn runtime_pods(&self) -> Result<Vec<RuntimePod>, String> {
         let sandboxes = self
             .runtime
             .list_sandboxes(None)
@@ -391,18 +400,11 @@ impl PodSyncer for Syncer {
             .filter(|sb| sb.owned_by(&self.ctx.node_name))
             .filter(|sb| safe_identity(&self.refused, sb))
             .filter(|sb| seen.insert(sb.uid.clone()))
-            .map(|sb| {
-                Arc::new(Pod {
-                    metadata: ObjectMeta {
-                        name: Some(sb.name),
-                        namespace: Some(sb.namespace),
-                        uid: Some(sb.uid.0),
-                        annotations: Some(sb.annotations.into_iter().collect()),
-                        ..Default::default()
-                    },
-                    spec: None,
-                    status: None,
-                })
+            .map(|sb| RuntimePod {
+                uid: sb.uid,
+                name: sb.name,
+                namespace: sb.namespace,
+                annotations: sb.annotations.into_iter().collect(),
             })
             .collect())
     }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::kill::GraceFrom;
 use super::record::failure;
 use super::{Error, Syncer, convert};
 use crate::events::Target;
@@ -17,7 +18,26 @@ use crate::types::PodUid;
 use crate::volumes;
 
 impl Syncer {
-    pub(super) async fn terminate(&self, pod: &Pod) -> Result<(), Error> {
+    /// Terminates the pod (see [`Self::terminate`]); a failure is a FailedKillPod warning.
+    pub(super) async fn terminate_reported(
+        &self,
+        pod: &Pod,
+        grace: GraceFrom,
+    ) -> Result<(), String> {
+        self.terminate(pod, grace).await.map_err(|e| {
+            let why = crate::types::error_chain(&e);
+            self.events.warning(
+                Target::pod(pod),
+                "FailedKillPod",
+                format!("error killing pod: {why}"),
+            );
+            why
+        })
+    }
+
+    /// Stops the pod's containers and sandboxes, records its end, and removes what it had on
+    /// the node.
+    async fn terminate(&self, pod: &Pod, grace_from: GraceFrom) -> Result<(), Error> {
         let uid = PodUid::of(pod);
         let _removing = self.cache.removing(&uid);
         let began = self.book(&uid, |book| {
@@ -29,7 +49,7 @@ impl Syncer {
         let stop = async {
             let rt = self.read(pod).await?;
             if !rt.containers.is_empty() {
-                self.kill_all(pod, &rt, false).await?;
+                self.kill_all(pod, &rt, false, grace_from).await?;
             }
             Ok::<(), Error>(())
         };
@@ -62,7 +82,7 @@ impl Syncer {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
         let rt = self.runtime.pod_runtime(&uid).await?;
-        self.kill_all(pod, &rt, true).await?;
+        self.kill_all(pod, &rt, true, grace_from).await?;
         self.userns.release(&uid);
         let leftover = Leftover {
             pod: Target::pod(pod),
