@@ -45,12 +45,17 @@ impl Family {
     }
 
     fn render(&self, out: &mut String) {
+        let values = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        // As upstream's client: a labelled family shows only once it has a series.
+        if values.is_empty() && !self.labels.is_empty() {
+            return;
+        }
         let _ = writeln!(
             out,
             "# HELP {} {}\n# TYPE {} {}",
             self.name, self.help, self.name, self.kind
         );
-        for (values, v) in self.values.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for (values, v) in values.iter() {
             let _ = writeln!(
                 out,
                 "{}{} {}",
@@ -133,12 +138,16 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String) {
+        let values = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        if values.is_empty() && !self.labels.is_empty() {
+            return;
+        }
         let _ = writeln!(
             out,
             "# HELP {} {}\n# TYPE {} histogram",
             self.name, self.help, self.name
         );
-        for (values, data) in self.values.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for (values, data) in values.iter() {
             for (bound, count) in BUCKETS.iter().zip(&data.counts) {
                 let _ = writeln!(
                     out,

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{
     Container as SpecContainer, ContainerState as ApiState, ContainerStateRunning,
-    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition,
-    PodIP, PodStatus, VolumeMountStatus,
+    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, ContainerUser, HostIP,
+    LinuxContainerUser, Pod, PodCondition, PodIP, PodStatus, VolumeMountStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -159,8 +159,22 @@ fn container_status(
         resources: latest.map(|_| want.resources.clone().unwrap_or_default()),
         allocated_resources: latest.and_then(|_| want.resources.as_ref()?.requests.clone()),
         volume_mounts: latest.map(|_| volume_mounts(want, input.rro_supported)),
+        user: latest.and_then(|c| c.user.as_ref()).map(|u| ContainerUser {
+            linux: Some(LinuxContainerUser {
+                uid: u.uid,
+                gid: u.gid,
+                supplemental_groups: Some(u.supplemental_groups.clone()),
+            }),
+        }),
         ..Default::default()
     }
+}
+
+/// Statuses ordered by container name, as upstream orders app and ephemeral containers'
+/// (init containers' keep their spec's order).
+fn by_name(mut statuses: Vec<ContainerStatus>) -> Vec<ContainerStatus> {
+    statuses.sort_by(|a, b| a.name.cmp(&b.name));
+    statuses
 }
 
 /// The container's mounts as upstream reports them: a read-only one says whether it is
@@ -176,7 +190,7 @@ fn volume_mounts(want: &SpecContainer, rro_supported: bool) -> Vec<VolumeMountSt
             VolumeMountStatus {
                 name: m.name.clone(),
                 mount_path: m.mount_path.clone(),
-                read_only: Some(read_only),
+                read_only: read_only.then_some(true),
                 recursive_read_only: read_only
                     .then(|| if recursive { "Enabled" } else { "Disabled" }.to_string()),
             }
@@ -577,8 +591,8 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         start_time: Some(old.and_then(|o| o.start_time.clone()).unwrap_or(Time(*now))),
         qos_class: Some(qos_class(input.pod).into()),
         init_container_statuses: (!init.is_empty()).then_some(init),
-        container_statuses: Some(app),
-        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
+        container_statuses: Some(by_name(app)),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then(|| by_name(ephemeral)),
         observed_generation: generation,
         ..Default::default()
     }

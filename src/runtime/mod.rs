@@ -119,6 +119,17 @@ pub struct Container {
     pub grace_seconds: Option<i64>,
     /// The digest of the cgroup limits it was created with (empty when not recorded).
     pub resources: String,
+    /// The user its first process runs as, where the runtime reports it: uid, gid and
+    /// supplemental groups.
+    pub user: Option<LinuxUser>,
+}
+
+/// The identity a container's first process started with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinuxUser {
+    pub uid: i64,
+    pub gid: i64,
+    pub supplemental_groups: Vec<i64>,
 }
 
 /// Everything the runtime holds for one pod UID.
@@ -188,6 +199,7 @@ fn container_from_cri(c: cri::Container) -> Container {
         image: c.image.map(|i| i.image).unwrap_or_default(),
         image_ref: c.image_ref,
         termination_message_file: None,
+        user: None,
         termination_message_policy: c
             .annotations
             .get(ANNOTATION_TERMINATION_MESSAGE_POLICY)

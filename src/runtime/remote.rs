@@ -105,6 +105,7 @@ struct Details {
     image_ref: String,
     termination_message_file: Option<String>,
     log_path: String,
+    user: Option<super::LinuxUser>,
 }
 
 impl Details {
@@ -125,6 +126,11 @@ impl Details {
             image_ref: status.image_ref,
             termination_message_file,
             log_path: status.log_path,
+            user: status.user.and_then(|u| u.linux).map(|l| super::LinuxUser {
+                uid: l.uid,
+                gid: l.gid,
+                supplemental_groups: l.supplemental_groups,
+            }),
         }
     }
 
@@ -137,6 +143,7 @@ impl Details {
         c.message = self.message;
         c.image_ref = self.image_ref;
         c.termination_message_file = self.termination_message_file;
+        c.user = self.user;
     }
 }
 
