@@ -1,5 +1,6 @@
 //! The read-only server (--read-only-port on --address, off by default): /pods, /runningpods,
-//! /metrics, /metrics/probes, /stats/summary and /healthz, as the upstream kubelet serves them.
+//! /metrics, /metrics/probes, /metrics/resource, /stats/summary and /healthz, as the upstream
+//! kubelet serves them.
 
 use axum::Router;
 use axum::extract::State;
@@ -157,6 +158,23 @@ async fn stats_summary(State(source): State<super::stats::Source>) -> impl IntoR
     }
 }
 
+/// `/metrics/resource`, from the summary; a summary that cannot be read is a scrape error.
+async fn resource_metrics(State(source): State<super::stats::Source>) -> impl IntoResponse {
+    crate::metrics::get().http_request("GET", "metrics/resource", "readonly");
+    let summary = super::stats::summary(&source).await;
+    if let Err(e) = &summary {
+        tracing::warn!(error = %e, "cannot read the summary for /metrics/resource");
+    }
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        super::stats::resource::render(summary.as_ref().ok()),
+    )
+}
+
 /// The read-only router.
 pub fn router(
     reader: status::Reader,
@@ -165,6 +183,7 @@ pub fn router(
 ) -> Router {
     let summary = Router::new()
         .route("/stats/summary", get(stats_summary))
+        .route("/metrics/resource", get(resource_metrics))
         .with_state(stats);
     Router::new()
         .route("/pods", get(pods))

@@ -3,6 +3,7 @@
 //! and each pod's network, volumes and ephemeral storage (`network.rs`, `storage.rs`).
 
 mod network;
+pub mod resource;
 mod storage;
 
 use std::collections::BTreeMap;
@@ -120,7 +121,7 @@ fn value(v: &Option<cri::UInt64Value>) -> u64 {
     v.as_ref().map_or(0, |v| v.value)
 }
 
-fn container_entry(s: &cri::ContainerStats, time: &str) -> Value {
+fn container_entry(s: &cri::ContainerStats, time: &str, created: Option<i64>) -> Value {
     let name = s
         .attributes
         .as_ref()
@@ -130,7 +131,7 @@ fn container_entry(s: &cri::ContainerStats, time: &str) -> Value {
     let cpu = s.cpu.unwrap_or_default();
     let mem = s.memory.unwrap_or_default();
     let layer = s.writable_layer.clone().unwrap_or_default();
-    json!({
+    let mut entry = json!({
         "name": name,
         "cpu": {
             "time": time,
@@ -151,7 +152,15 @@ fn container_entry(s: &cri::ContainerStats, time: &str) -> Value {
             "usedBytes": value(&layer.used_bytes),
             "inodesUsed": value(&layer.inodes_used),
         },
-    })
+    });
+    // A container starts when it is created, as upstream's CRI stats say.
+    if let Some(ns) = created.filter(|ns| *ns > 0) {
+        let at = k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(ns));
+        if let Ok(at) = at {
+            entry["startTime"] = json!(at.to_string());
+        }
+    }
+    entry
 }
 
 /// Sums one field of every container's stats.
@@ -214,6 +223,13 @@ fn pod_stats(
 pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     let time = crate::types::now().to_string();
     let stats = source.runtime.container_stats().await?;
+    let created: std::collections::HashMap<String, i64> = source
+        .runtime
+        .list_containers(None)
+        .await?
+        .into_iter()
+        .map(|c| (c.id, c.created_at))
+        .collect();
     let mut pods: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
     for s in &stats {
         let Some(attrs) = &s.attributes else { continue };
@@ -230,7 +246,10 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
             });
             (pod_ref, Vec::new())
         });
-        entry.1.push(container_entry(s, &time));
+        let id = attrs.id.as_str();
+        entry
+            .1
+            .push(container_entry(s, &time, created.get(id).copied()));
     }
     // The newest ready sandbox of each pod, for its network.
     let mut sandboxes = std::collections::HashMap::new();

@@ -226,6 +226,38 @@ async fn the_read_only_api_serves_pods_and_metrics() {
         "{stats}"
     );
     assert!(stats["startTime"].is_string(), "{stats}");
+    assert!(stats["containers"][0]["startTime"].is_string(), "{stats}");
+
+    // What metrics-server scrapes: each series with its value and the sample's time in ms.
+    let (code, body) = get(port, "/metrics/resource").await.unwrap();
+    assert_eq!(code, 200);
+    let labels = format!(
+        "{{container=\"c\",namespace=\"default\",pod=\"{}\"}}",
+        node.pod_name("web")
+    );
+    for series in [
+        format!("container_cpu_usage_seconds_total{labels}"),
+        format!("container_memory_working_set_bytes{labels}"),
+        "node_cpu_usage_seconds_total".to_string(),
+        "node_memory_working_set_bytes".to_string(),
+    ] {
+        let sample = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{series} ")))
+            .unwrap_or_else(|| panic!("{series} missing in {body}"));
+        let fields: Vec<&str> = sample.split(' ').collect();
+        assert!(
+            fields.len() == 2
+                && fields[0].parse::<f64>().is_ok_and(|v| v > 0.0)
+                && fields[1].parse::<i64>().is_ok_and(|ms| ms > 0),
+            "{series} {sample}"
+        );
+    }
+    assert!(
+        body.contains(&format!("container_start_time_seconds{labels} ")),
+        "{body}"
+    );
+    assert!(body.contains("\nresource_scrape_error 0\n"), "{body}");
 
     let (code, body) = get(port, "/metrics/probes").await.unwrap();
     assert_eq!(code, 200);

@@ -156,13 +156,12 @@ const GAPS: &[(&str, &str)] = &[
     ("summary.node.swap.", "swap usage"),
     ("summary.pods[].swap.", "swap usage"),
     ("summary.pods[].containers[].swap.", "swap usage"),
+    ("metrics/resource/container_swap_", "swap usage"),
+    ("metrics/resource/node_swap_", "swap usage"),
+    ("metrics/resource/pod_swap_", "swap usage"),
     (
         "summary.pods[].containers[].rootfs.",
         "the containers' root filesystem capacity and inodes",
-    ),
-    (
-        "summary.pods[].containers[].startTime",
-        "the containers' start times",
     ),
     (
         "metrics/kubelet_",
@@ -754,7 +753,7 @@ const TIMES: [&str; 5] = [
 /// What an agent serves and writes about its pods, reduced to what both must agree on: each
 /// pod's status (times dropped, IDs and addresses replaced), the layout and lines of its pod
 /// logs (timestamps dropped), the shape of /stats/summary (its key paths) and the metric names
-/// on /metrics.
+/// on /metrics and /metrics/resource.
 #[derive(Default)]
 struct Served {
     statuses: BTreeMap<String, String>,
@@ -818,15 +817,17 @@ async fn served(port: u16, logs: &Path, pods: &[String], replace: &[(String, &st
         out.logs.insert(format!("logs/{rel}"), lines.join("\n"));
     }
     shape("summary", &get("/stats/summary").await, &mut out.summary);
-    if let Some((200, text)) = crate::healthz::get(port, "/metrics").await {
-        out.metrics = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .filter_map(|l| l.split_whitespace().next())
-            // nodelet's own metrics, under a prefix of their own
-            .filter(|name| !name.starts_with("nodelet_"))
-            .map(str::to_string)
-            .collect();
+    for (path, prefix) in [("/metrics", ""), ("/metrics/resource", "resource/")] {
+        if let Some((200, text)) = crate::healthz::get(port, path).await {
+            out.metrics.extend(
+                text.lines()
+                    .filter_map(|l| l.strip_prefix("# TYPE "))
+                    .filter_map(|l| l.split_whitespace().next())
+                    // nodelet's own metrics, under a prefix of their own
+                    .filter(|name| !name.starts_with("nodelet_"))
+                    .map(|name| format!("{prefix}{name}")),
+            );
+        }
     }
     out
 }
