@@ -174,12 +174,8 @@ impl Referenced {
     async fn request(&self, (namespace, pod, uid, r): &TokenKey) -> kube::Result<Issued> {
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
         let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: if r.audience.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![r.audience.clone()]
-                },
+            spec: Some(TokenRequestSpec {
+                audiences: (!r.audience.is_empty()).then(|| vec![r.audience.clone()]),
                 expiration_seconds: Some(r.expiration_seconds),
                 bound_object_ref: Some(BoundObjectReference {
                     api_version: Some("v1".into()),
@@ -187,15 +183,15 @@ impl Referenced {
                     name: Some(pod.clone()),
                     uid: Some(uid.clone()),
                 }),
-            },
+            }),
             ..Default::default()
         };
         let issued = accounts
             .create_token_request(&r.service_account, &PostParams::default(), &request)
             .await?;
-        let Some(status) = issued.status else {
+        let Some(token) = issued.status.and_then(|s| s.token) else {
             return Err(kube::Error::Service(
-                "the API server's TokenRequest answer has no status".into(),
+                "the API server's TokenRequest answer has no token".into(),
             ));
         };
         // From the life asked for, on this node's clock (as upstream), so a skewed clock never
@@ -204,7 +200,7 @@ impl Referenced {
         let refresh = life.mul_f64(0.8).clamp(TOKEN_MIN_AGE, TOKEN_MAX_AGE);
         tracing::debug!(pod = %format!("{namespace}/{pod}"), account = %r.service_account, refresh_in = ?refresh, "issued a service account token");
         Ok(Issued {
-            token: status.token,
+            token,
             refresh_at: Instant::now() + refresh,
         })
     }

@@ -79,7 +79,7 @@ impl Reviewer {
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
-                token: Some(token.to_string()),
+                token: token.to_string(),
                 audiences: None,
             },
             ..Default::default()

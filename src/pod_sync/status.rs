@@ -1,13 +1,15 @@
 //! PodStatus the upstream way, from the pod's spec, what the runtime holds and what the last
 //! sync could not do: phase, conditions, container statuses, IPs, start time and QoS class. Pure.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{
     Container as SpecContainer, ContainerState as ApiState, ContainerStateRunning,
     ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, ContainerUser, HostIP,
-    LinuxContainerUser, Pod, PodCondition, PodIP, PodStatus, VolumeMountStatus,
+    LinuxContainerUser, Pod, PodCondition, PodIP, PodStatus, ResourceRequirements,
+    VolumeMountStatus,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -193,6 +195,7 @@ fn volume_mounts(want: &SpecContainer, rro_supported: bool) -> Vec<VolumeMountSt
                 read_only: read_only.then_some(true),
                 recursive_read_only: read_only
                     .then(|| if recursive { "Enabled" } else { "Disabled" }.to_string()),
+                ..Default::default()
             }
         })
         .collect()
@@ -594,8 +597,101 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         container_statuses: Some(by_name(app)),
         ephemeral_container_statuses: (!ephemeral.is_empty()).then(|| by_name(ephemeral)),
         observed_generation: generation,
+        allocated_resources: pod_resources(input.pod, false),
+        resources: pod_requirements(input.pod),
         ..Default::default()
     }
+}
+
+/// The pod's requests and limits together (upstream's pod-level resources status), none for a
+/// pod that has neither.
+fn pod_requirements(pod: &Pod) -> Option<ResourceRequirements> {
+    let (requests, limits) = (pod_resources(pod, false), pod_resources(pod, true));
+    (requests.is_some() || limits.is_some()).then(|| ResourceRequirements {
+        requests,
+        limits,
+        ..Default::default()
+    })
+}
+
+/// The pod's total requests (or `limits`) of each resource its containers name, as upstream's
+/// PodRequests and PodLimits sum them (sidecars and init containers counted as
+/// [`crate::cm::pod_total`] does), with the pod's overhead; none when there are none.
+fn pod_resources(pod: &Pod, limits: bool) -> Option<BTreeMap<String, Quantity>> {
+    let s = crate::pod::spec(pod);
+    let named = |c: &SpecContainer| {
+        let res = c.resources.as_ref();
+        let map = if limits {
+            res.and_then(|r| r.limits.as_ref())
+        } else {
+            res.and_then(|r| r.requests.as_ref())
+        };
+        map.into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect::<Vec<_>>()
+    };
+    // Each resource's first spelling decides the units its total is written in.
+    let mut first: BTreeMap<String, String> = BTreeMap::new();
+    for c in crate::pod::all_containers(s) {
+        for (name, text) in named(c) {
+            first.entry(name).or_insert(text);
+        }
+    }
+    let out: BTreeMap<String, Quantity> = first
+        .into_iter()
+        .map(|(name, text)| {
+            // cpu in millicores, everything else in whole units
+            let scale = if name == "cpu" { 1e3 } else { 1.0 };
+            let units = |c: &SpecContainer| {
+                crate::pod::container_quantity(c, limits, &name)
+                    .map_or(0, |q| (q * scale).round().max(0.0) as u64)
+            };
+            let mut total = crate::cm::pod_total(pod, units);
+            let overhead = s.overhead.as_ref().and_then(|o| o.get(&name));
+            if let Some(q) = overhead.and_then(|q| crate::pod::parse_quantity(&q.0))
+                && (!limits || total > 0)
+            {
+                total = total.saturating_add((q * scale).round().max(0.0) as u64);
+            }
+            (name.clone(), Quantity(written(&name, total, &text)))
+        })
+        .collect();
+    (!out.is_empty()).then_some(out)
+}
+
+/// A total in the units of `like` (one of its addends): millicores for cpu, binary units for a
+/// quantity written in them, decimal ones otherwise; the largest unit that divides it.
+fn written(name: &str, total: u64, like: &str) -> String {
+    if name == "cpu" {
+        return if total.is_multiple_of(1000) {
+            (total / 1000).to_string()
+        } else {
+            format!("{total}m")
+        };
+    }
+    let units: &[(&str, u64)] = if like.ends_with('i') {
+        &[
+            ("Ti", 1 << 40),
+            ("Gi", 1 << 30),
+            ("Mi", 1 << 20),
+            ("Ki", 1 << 10),
+        ]
+    } else {
+        &[
+            ("T", 1_000_000_000_000),
+            ("G", 1_000_000_000),
+            ("M", 1_000_000),
+            ("k", 1_000),
+        ]
+    };
+    units
+        .iter()
+        .find(|(_, size)| total > 0 && total.is_multiple_of(*size))
+        .map_or_else(
+            || total.to_string(),
+            |(unit, size)| format!("{}{unit}", total / size),
+        )
 }
 
 #[cfg(test)]

@@ -114,14 +114,6 @@ const ALLOWED: &[(&str, &str)] = &[
 /// not yet. Listed so that the test holds the line everywhere else; each entry goes once it is
 /// closed (the test fails on an entry that no longer matches anything).
 const GAPS: &[(&str, &str)] = &[
-    (
-        "status.allocatedResources",
-        "the pod-level allocated resources (InPlacePodLevelResourcesVerticalScaling)",
-    ),
-    (
-        "status.resources.",
-        "the pod-level resources read back from the pod's cgroup (InPlacePodLevelResourcesVerticalScaling)",
-    ),
     ("summary.node.cpu.psi.", "pressure stall information"),
     ("summary.node.memory.psi.", "pressure stall information"),
     (
