@@ -5,8 +5,9 @@
 //! desired state and hands each pod to its worker in `pod_workers`; a worker runs `pod_sync`,
 //! which plans the pod's actions and carries them out through `runtime` (CRI).
 //!
-//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod`, `host`,
-//! `service_links` (the Services containers learn of through their environment) and `objects`
+//! Dependency rules (arrows mean "may use"): `types`, `metrics`, `events`, `backoff`, `pod`,
+//! `host` (the one place for facts about the machine), `service_links` (the Services containers
+//! learn of through their environment) and `objects`
 //! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
 //! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
@@ -33,7 +34,7 @@ pub mod cm;
 pub mod config;
 pub(crate) mod events;
 pub(crate) mod eviction;
-pub(crate) mod host;
+pub mod host;
 pub(crate) mod images;
 pub mod lock;
 pub(crate) mod log_rotation;

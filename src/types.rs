@@ -223,35 +223,6 @@ pub struct Allocatable {
     pub pods: u32,
 }
 
-/// Sizes of a filesystem, in bytes and inodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FsStats {
-    pub capacity: u64,
-    /// Free to unprivileged users.
-    pub available: u64,
-    pub free: u64,
-    pub inodes: u64,
-    pub inodes_free: u64,
-}
-
-/// statvfs(2) of the filesystem holding `path`.
-pub fn fs_stats(path: &str) -> Option<FsStats> {
-    let c = std::ffi::CString::new(path).ok()?;
-    // SAFETY: `c` is a valid NUL-terminated path; `st` is written by statvfs only.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    let frsize = st.f_frsize as u64;
-    Some(FsStats {
-        capacity: st.f_blocks as u64 * frsize,
-        available: st.f_bavail as u64 * frsize,
-        free: st.f_bfree as u64 * frsize,
-        inodes: st.f_files as u64,
-        inodes_free: st.f_ffree as u64,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

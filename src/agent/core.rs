@@ -13,8 +13,9 @@ use tokio_util::task::TaskTracker;
 
 use super::resources::{enforce_reserves, memory_reservation, resource_managers};
 use super::{EVICTION_INTERVAL, RUNTIME_WAIT, test_period};
-use crate::config::{Config, detect_node_ip};
+use crate::config::Config;
 use crate::eviction::{self, Pressure};
+use crate::host::{NodeResources, detect_node_ip};
 use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
 use crate::sources::SourceSnapshot;
@@ -70,7 +71,7 @@ impl Core {
         let Some((runtime, version)) = connect_runtime(config, cancel).await? else {
             return Ok(None);
         };
-        if config.fail_swap_on && crate::cgroups::swap_enabled() {
+        if config.fail_swap_on && crate::host::swap_enabled() {
             anyhow::bail!(
                 "swap is on; the kubelet's rules need it off (swapoff -a), or start with --fail-swap-on=false"
             );
@@ -79,7 +80,7 @@ impl Core {
         let thresholds = eviction::thresholds(&config.eviction_hard).map_err(|problems| {
             anyhow::anyhow!("evictionHard (--eviction-hard): {}", problems.join("; "))
         })?;
-        let node = pod_sync::resources::NodeResources::detect(&config.root_dir);
+        let node = NodeResources::detect(&config.root_dir);
         let (capacity, allocatable) = node_allocatable(config, &node);
         let cfs = crate::cgroups::Cfs {
             enforce: config.cpu_cfs_quota,
@@ -321,7 +322,7 @@ async fn connect_runtime(
 /// system-reserved, as upstream: allocatable counts its CPUs as reserved.
 fn node_allocatable(
     config: &Config,
-    node: &pod_sync::resources::NodeResources,
+    node: &NodeResources,
 ) -> (crate::types::Allocatable, crate::types::Allocatable) {
     let capacity = crate::types::Allocatable {
         cpu: node.cpu,
@@ -390,7 +391,7 @@ fn pod_context(
     config: &Config,
     runtime_handlers: &[crate::runtime::cri::RuntimeHandler],
     runtime_name: &str,
-    node: pod_sync::resources::NodeResources,
+    node: NodeResources,
     cfs: crate::cgroups::Cfs,
 ) -> pod_sync::Context {
     let supporting = |wants: fn(&crate::runtime::cri::RuntimeHandlerFeatures) -> bool| {

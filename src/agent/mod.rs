@@ -19,8 +19,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, detect_node_ip};
+use crate::config::Config;
 use crate::eviction::Pressure;
+use crate::host::detect_node_ip;
 use crate::sources::SourceSnapshot;
 use crate::sources::{file, http};
 use crate::status;

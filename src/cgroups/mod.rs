@@ -687,14 +687,9 @@ pub fn shares_to_weight(shares: u64) -> u64 {
     1 + ((shares - 2) * 9999) / 262_142
 }
 
-/// Is swap on (a non-empty /proc/swaps)?
 /// Whether the host runs the unified (v2) cgroup hierarchy alone.
 pub fn unified() -> bool {
     hierarchies::is_cgroup2_unified_mode()
-}
-
-pub fn swap_enabled() -> bool {
-    std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1)
 }
 
 #[cfg(test)]

@@ -828,58 +828,6 @@ impl Reader<'_> {
     }
 }
 
-/// The node's IP when --node-ip is not given: the IPv4 address of the default route's
-/// interface, else the first non-loopback IPv4 address.
-pub fn detect_node_ip() -> Option<IpAddr> {
-    let default_iface = std::fs::read_to_string("/proc/net/route")
-        .ok()
-        .and_then(|routes| {
-            routes.lines().skip(1).find_map(|line| {
-                let mut fields = line.split_whitespace();
-                let iface = fields.next()?;
-                (fields.next()? == "00000000").then(|| iface.to_string())
-            })
-        });
-    let mut found: Vec<(String, IpAddr)> = Vec::new();
-    let mut addrs: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `addrs` with a list we only read and then free once.
-    if unsafe { libc::getifaddrs(&mut addrs) } != 0 {
-        return None;
-    }
-    let mut cursor = addrs;
-    while !cursor.is_null() {
-        // SAFETY: `cursor` points into the list getifaddrs returned, which is still alive.
-        let entry = unsafe { &*cursor };
-        cursor = entry.ifa_next;
-        if entry.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr is non-null and points to a sockaddr whose family we check first.
-        let family = i32::from(unsafe { (*entry.ifa_addr).sa_family });
-        if family != libc::AF_INET {
-            continue;
-        }
-        // SAFETY: an AF_INET address is a sockaddr_in.
-        let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
-        let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-        if ip.is_loopback() {
-            continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(entry.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        found.push((name, IpAddr::V4(ip)));
-    }
-    // SAFETY: `addrs` came from getifaddrs and is freed exactly once.
-    unsafe { libc::freeifaddrs(addrs) };
-    found
-        .iter()
-        .find(|(name, _)| Some(name) == default_iface.as_ref())
-        .or(found.first())
-        .map(|(_, ip)| *ip)
-}
-
 /// A percentage from 0 to 100.
 fn percent(s: &str) -> Result<u8, String> {
     match s.trim().parse::<u8>() {

@@ -263,7 +263,7 @@ pub struct Manager {
 }
 
 fn fs_signal(path: &str, inodes: bool) -> Option<Observed> {
-    let s = crate::types::fs_stats(path)?;
+    let s = crate::host::fs_stats(path)?;
     Some(if inodes {
         Observed {
             available: s.inodes_free as f64,
@@ -278,24 +278,10 @@ fn fs_signal(path: &str, inodes: bool) -> Option<Observed> {
 }
 
 fn pid_signal() -> Option<Observed> {
-    let max: f64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let running = std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .count() as f64;
+    let pids = crate::host::pids()?;
     Some(Observed {
-        available: max - running,
-        capacity: max,
+        available: pids.max as f64 - pids.running as f64,
+        capacity: pids.max as f64,
     })
 }
 

@@ -63,7 +63,7 @@ pub struct ImageGc {
 
 /// How full the filesystem holding `path` is, in percent, and its size in bytes.
 fn usage(path: &str) -> Option<(f64, u64)> {
-    let fs = crate::types::fs_stats(path).filter(|fs| fs.capacity > 0)?;
+    let fs = crate::host::fs_stats(path).filter(|fs| fs.capacity > 0)?;
     Some((
         100.0 - fs.available as f64 * 100.0 / fs.capacity as f64,
         fs.capacity,

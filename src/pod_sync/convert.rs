@@ -32,7 +32,7 @@ pub struct Context {
     /// The runtime's name, the scheme of container IDs in statuses.
     pub runtime_name: String,
     /// The node's capacity, for unset limits in the downward API and oom_score_adj.
-    pub node: super::resources::NodeResources,
+    pub node: crate::host::NodeResources,
     /// How cpu limits become CFS quotas (cpuCFSQuota, cpuCFSQuotaPeriod).
     pub cfs: Cfs,
     /// First delay of the container restart backoff (10 s; shorter only in tests).
@@ -282,7 +282,7 @@ pub struct ContainerInput<'a> {
     pub objects: &'a crate::objects::View,
     pub pod_ip: &'a str,
     pub host_ip: &'a str,
-    pub node: &'a super::resources::NodeResources,
+    pub node: &'a crate::host::NodeResources,
     /// How cpu limits become CFS quotas on this node.
     pub cfs: Cfs,
     /// The host file mounted at the container's terminationMessagePath.
@@ -1097,7 +1097,7 @@ mod tests {
             host_ip: String::new(),
             runtime_name: "containerd".into(),
             cfs: Cfs::default(),
-            node: super::super::resources::NodeResources {
+            node: crate::host::NodeResources {
                 cpu: 2.0,
                 memory: 8e9,
                 ephemeral_storage: 1e11,

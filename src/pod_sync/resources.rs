@@ -1,52 +1,12 @@
-//! Resource arithmetic for containers: the node's capacity (what unset limits default to),
-//! oom_score_adj by QoS class, and the downward API's resourceFieldRef values. Pure but `detect`.
-
-use std::path::Path;
+//! Resource arithmetic for containers: what unset limits default to (the node's capacity, which
+//! `host` reads), oom_score_adj by QoS class, and the downward API's resourceFieldRef values. Pure.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::host::NodeResources;
 use crate::pod::{
     ANNOTATION_CONFIG_SOURCE, container_quantity as quantity, parse_quantity, qos_class, spec,
 };
-
-/// The node's capacity: cores, memory bytes and root-dir filesystem bytes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NodeResources {
-    pub cpu: f64,
-    pub memory: f64,
-    pub ephemeral_storage: f64,
-}
-
-impl NodeResources {
-    /// Reads the machine's capacity; the filesystem is the one holding `root_dir`.
-    pub fn detect(root_dir: &Path) -> NodeResources {
-        let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        let memory = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("MemTotal:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            })
-            .map_or(0.0, |kib| kib * 1024.0);
-        let probe = std::iter::successors(Some(root_dir), |p| p.parent()).find(|p| p.exists());
-        let ephemeral_storage = probe.and_then(statvfs_bytes).unwrap_or(0.0);
-        NodeResources {
-            cpu,
-            memory,
-            ephemeral_storage,
-        }
-    }
-}
-
-fn statvfs_bytes(path: &Path) -> Option<f64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statvfs is plain data; all zeroes is a valid value.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid C string and `stat` a properly sized out-parameter.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut stat) };
-    (rc == 0).then_some(stat.f_blocks as f64 * stat.f_frsize as f64)
-}
 
 /// Node-critical pods (static or mirror pods of priority class system-node-critical, as
 /// kubeadm's control plane) get the Guaranteed score whatever their QoS, as upstream.

@@ -103,7 +103,7 @@ fn meminfo() -> BTreeMap<String, u64> {
 
 /// The Summary API's view of the filesystem holding `path`.
 fn fs_stats(path: &str, time: &str) -> Value {
-    let Some(fs) = crate::types::fs_stats(path) else {
+    let Some(fs) = crate::host::fs_stats(path) else {
         return json!({ "time": time });
     };
     json!({

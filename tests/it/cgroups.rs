@@ -174,7 +174,7 @@ async fn kubepods_is_limited_to_allocatable_unless_enforcement_is_off() {
             .expect("a number")
     };
     let enforced = Node::start("cgenforce", &["--system-reserved", "memory=1Gi"]).await;
-    let capacity = nodelet::pod_sync::resources::NodeResources::detect(&enforced.path("root"));
+    let capacity = nodelet::host::NodeResources::detect(&enforced.path("root"));
     let wanted = capacity.memory as u64 - (1 << 30) - 100 * 1024 * 1024;
     // The kernel rounds limits down to whole pages.
     assert_eq!(limit(&enforced), wanted / 4096 * 4096);

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use crate::types::{FsStats, fs_stats};
+use crate::host::{FsStats, fs_stats};
 
 /// Bytes and inodes in use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,7 +88,7 @@ fn fs_json(fs: Option<FsStats>, used: Usage, time: &str) -> Value {
 }
 
 fn fs_of(path: &Path) -> Option<FsStats> {
-    fs_stats(&path.to_string_lossy())
+    fs_stats(&*path.to_string_lossy())
 }
 
 /// Where one pod's files are.
