@@ -190,6 +190,18 @@ pub(crate) fn kernel_defaults_differences() -> Vec<String> {
     kernel_differences(|path| std::fs::read_to_string(std::path::Path::new("/proc/sys").join(path)))
 }
 
+/// When this machine booted (/proc/stat's btime).
+pub(crate) fn boot_time() -> Option<k8s_openapi::jiff::Timestamp> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let secs: i64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    k8s_openapi::jiff::Timestamp::from_second(secs).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -208,15 +208,41 @@ fn pod_stats(
             "usageBytes": sum(&containers, "memory", "usageBytes"),
             "workingSetBytes": sum(&containers, "memory", "workingSetBytes"),
             "rssBytes": sum(&containers, "memory", "rssBytes"),
+            "pageFaults": sum(&containers, "memory", "pageFaults"),
+            "majorPageFaults": sum(&containers, "memory", "majorPageFaults"),
         },
         "volume": volumes,
         "ephemeral-storage": ephemeral,
         "containers": containers,
     });
+    // What is left below the limit, where every container has one (so the pod has one too).
+    let available: Option<Vec<u64>> = containers
+        .iter()
+        .map(|c| c["memory"]["availableBytes"].as_u64().filter(|b| *b > 0))
+        .collect();
+    if let Some(available) = available.filter(|a| !a.is_empty()) {
+        stats["memory"]["availableBytes"] = json!(available.iter().sum::<u64>());
+    }
     if let Some(network) = network {
         stats["network"] = network;
     }
     stats
+}
+
+/// The node's start (its boot), its RSS and page faults (the root cgroup's), and its process
+/// limits, as upstream reports them.
+fn node_extras(node: &mut Value, time: &str) {
+    if let Some(boot) = crate::host::boot_time() {
+        node["startTime"] = json!(boot.to_string());
+    }
+    if let Some(Some(root)) = crate::cgroups::usages(&[Some("/")]).into_iter().next() {
+        node["memory"]["rssBytes"] = json!(root.rss);
+        node["memory"]["pageFaults"] = json!(root.page_faults);
+        node["memory"]["majorPageFaults"] = json!(root.major_page_faults);
+    }
+    if let Some(pids) = crate::host::pids() {
+        node["rlimit"] = json!({"time": time, "maxpid": pids.max, "curproc": pids.running});
+    }
 }
 
 /// The summary, or the runtime's error.
@@ -313,12 +339,25 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
                 "workingSetBytes": total.saturating_sub(available),
             },
             "fs": fs_stats(&source.root_dir.to_string_lossy(), &time),
-            "runtime": { "imageFs": image_fs },
+            // One filesystem holds the images and the containers' layers, as the runtime
+            // reports no other: upstream then shows it as both.
+            "runtime": { "imageFs": image_fs, "containerFs": image_fs },
         },
         "pods": pods,
     });
     if let Some(network) = network::node(&time) {
         summary["node"]["network"] = network;
+    }
+    node_extras(&mut summary["node"], &time);
+    // Each container's writable layer lives on that filesystem: its capacity and inodes.
+    for pod in summary["pods"].as_array_mut().into_iter().flatten() {
+        for c in pod["containers"].as_array_mut().into_iter().flatten() {
+            for key in ["availableBytes", "capacityBytes", "inodes", "inodesFree"] {
+                if let Some(v) = image_fs.get(key) {
+                    c["rootfs"][key] = v.clone();
+                }
+            }
+        }
     }
     let paths: Vec<Option<&str>> = source
         .system_containers

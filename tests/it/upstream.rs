@@ -134,27 +134,12 @@ const GAPS: &[(&str, &str)] = &[
         "summary.pods[].containers[].io.",
         "the containers' I/O pressure stall information",
     ),
-    ("summary.node.memory.", "the node's RSS and page faults"),
-    (
-        "summary.pods[].memory.",
-        "the pods' available memory and page faults",
-    ),
-    ("summary.node.rlimit.", "the node's process limits"),
-    (
-        "summary.node.runtime.containerFs.",
-        "the runtime's container filesystem",
-    ),
-    ("summary.node.startTime", "the node's start time"),
     ("summary.node.swap.", "swap usage"),
     ("summary.pods[].swap.", "swap usage"),
     ("summary.pods[].containers[].swap.", "swap usage"),
     ("metrics/resource/container_swap_", "swap usage"),
     ("metrics/resource/node_swap_", "swap usage"),
     ("metrics/resource/pod_swap_", "swap usage"),
-    (
-        "summary.pods[].containers[].rootfs.",
-        "the containers' root filesystem capacity and inodes",
-    ),
     (
         "metrics/kubelet_",
         "kubelet metrics nodelet does not serve yet (the managers', the image manager's, node startup, pod counts and more)",
