@@ -98,7 +98,7 @@ CONTAINERD16_TESTS := test(/^(cri|images|lifecycle|status|network|cgroups|resili
 # Ctrl-C: the trap only keeps the shell alive), and exits with the tests' status (or, when the
 # tests passed, with the tear-down's).
 test: deps nextest k8s runtime-up images registries e2e-images control-plane-images
-	@set -a; eval "$$($(TESTBED) env)"; set +a; export NODELET_TEST_RUNTIME=1 K8S_BIN="$(K8S_BIN)"; \
+	@set -a; eval "$$($(TESTBED) env)"; set +a; export K8S_BIN="$(K8S_BIN)"; \
 	trap : INT TERM; \
 	cargo nextest run --locked; \
 	status=$$?; \
