@@ -90,6 +90,7 @@ impl Core {
         let tracker = TaskTracker::new();
         let runtime_handlers = runtime_handlers(&runtime).await;
         let ctx = pod_context(config, &runtime_handlers, &version.runtime_name, node, cfs);
+        let userns = user_namespaces(config)?;
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();
         let recorder = crate::events::Recorder::with_journal(&config.root_dir, &config.node_name);
@@ -124,7 +125,7 @@ impl Core {
             events: recorder.clone(),
             diagnoses: diagnoses.clone(),
             cleanups: cleanups.clone(),
-            userns: user_namespaces(config)?,
+            userns,
             resources: resources.clone(),
         };
         let syncer = Arc::new(Syncer::new(runtime.clone(), ctx, parts));

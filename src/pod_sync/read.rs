@@ -26,13 +26,15 @@ impl Syncer {
         // sync reads (the status of what the last one started), never a start of its own.
         let listed = self.cache.newer(&uid, RELIST_WAIT).await;
         let mut rt = self.details(listed, pod).await?;
-        self.book(&uid, |book| {
+        let books = self.books.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(book) = books.get(&uid) {
             for c in &mut rt.containers {
                 if let Some(digest) = book.resized.get(&c.id) {
                     c.resources.clone_from(digest);
                 }
             }
-        });
+        }
+        drop(books);
         Ok(rt)
     }
 

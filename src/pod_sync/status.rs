@@ -165,7 +165,8 @@ fn container_status(
             linux: Some(LinuxContainerUser {
                 uid: u.uid,
                 gid: u.gid,
-                supplemental_groups: Some(u.supplemental_groups.clone()),
+                supplemental_groups: (!u.supplemental_groups.is_empty())
+                    .then(|| u.supplemental_groups.clone()),
             }),
         }),
         ..Default::default()
@@ -614,50 +615,69 @@ fn pod_requirements(pod: &Pod) -> Option<ResourceRequirements> {
     })
 }
 
-/// The pod's total requests (or `limits`) of each resource its containers name, as upstream's
-/// PodRequests and PodLimits sum them (sidecars and init containers counted as
-/// [`crate::cm::pod_total`] does), with the pod's overhead; none when there are none.
+/// The pod's total requests (or `limits`) of each resource, as upstream's PodRequests and
+/// PodLimits compute them from the spec: its containers summed (sidecars and init containers
+/// counted as [`crate::cm::pod_total`] does), the pod-level resources in their place where the
+/// spec has them, and the overhead added (to every request; to limits that are set). Upstream
+/// reads a running pod's CPU and memory back from its cgroup, which nodelet sets from these
+/// same figures. None when there are none.
 fn pod_resources(pod: &Pod, limits: bool) -> Option<BTreeMap<String, Quantity>> {
     let s = crate::pod::spec(pod);
-    let named = |c: &SpecContainer| {
-        let res = c.resources.as_ref();
-        let map = if limits {
-            res.and_then(|r| r.limits.as_ref())
-        } else {
-            res.and_then(|r| r.requests.as_ref())
-        };
-        map.into_iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.0.clone()))
-            .collect::<Vec<_>>()
-    };
     // Each resource's first spelling decides the units its total is written in.
     let mut first: BTreeMap<String, String> = BTreeMap::new();
     for c in crate::pod::all_containers(s) {
-        for (name, text) in named(c) {
-            first.entry(name).or_insert(text);
+        for (name, q) in quantities(c.resources.as_ref(), limits) {
+            first.entry(name.clone()).or_insert_with(|| q.0.clone());
         }
     }
+    let pod_level: BTreeMap<&String, &Quantity> = quantities(s.resources.as_ref(), limits)
+        // the resources a pod may set for itself (upstream's IsSupportedPodLevelResource)
+        .filter(|(name, _)| {
+            ["cpu", "memory"].contains(&name.as_str()) || name.starts_with("hugepages-")
+        })
+        .collect();
+    let overhead = s.overhead.iter().flatten();
+    for (name, q) in pod_level.iter().map(|(n, q)| (*n, *q)).chain(overhead) {
+        if !limits || pod_level.contains_key(name) || first.contains_key(name) {
+            first.entry(name.clone()).or_insert_with(|| q.0.clone());
+        }
+    }
+    let units = |name: &str, q: &Quantity| {
+        let scale = if name == "cpu" { 1e3 } else { 1.0 };
+        crate::pod::parse_quantity(&q.0).map_or(0, |v| (v * scale).round().max(0.0) as u64)
+    };
     let out: BTreeMap<String, Quantity> = first
         .into_iter()
         .map(|(name, text)| {
-            // cpu in millicores, everything else in whole units
-            let scale = if name == "cpu" { 1e3 } else { 1.0 };
-            let units = |c: &SpecContainer| {
-                crate::pod::container_quantity(c, limits, &name)
-                    .map_or(0, |q| (q * scale).round().max(0.0) as u64)
+            let mut total = match pod_level.get(&name) {
+                Some(q) => units(&name, q),
+                None => crate::cm::pod_total(pod, |c| {
+                    quantities(c.resources.as_ref(), limits)
+                        .find(|(n, _)| **n == name)
+                        .map_or(0, |(_, q)| units(&name, q))
+                }),
             };
-            let mut total = crate::cm::pod_total(pod, units);
             let overhead = s.overhead.as_ref().and_then(|o| o.get(&name));
-            if let Some(q) = overhead.and_then(|q| crate::pod::parse_quantity(&q.0))
-                && (!limits || total > 0)
-            {
-                total = total.saturating_add((q * scale).round().max(0.0) as u64);
+            if let Some(q) = overhead.filter(|_| !limits || total > 0) {
+                total = total.saturating_add(units(&name, q));
             }
             (name.clone(), Quantity(written(&name, total, &text)))
         })
         .collect();
     (!out.is_empty()).then_some(out)
+}
+
+/// The requests (or `limits`) of `r`.
+fn quantities(
+    r: Option<&ResourceRequirements>,
+    limits: bool,
+) -> impl Iterator<Item = (&String, &Quantity)> {
+    let map = if limits {
+        r.and_then(|r| r.limits.as_ref())
+    } else {
+        r.and_then(|r| r.requests.as_ref())
+    };
+    map.into_iter().flatten()
 }
 
 /// A total in the units of `like` (one of its addends): millicores for cpu, binary units for a
@@ -1021,5 +1041,60 @@ mod tests {
             .unwrap();
         assert_eq!(w.reason.as_deref(), Some("ErrImageNeverPull"));
         assert_eq!(st.phase.as_deref(), Some("Pending"));
+    }
+
+    #[test]
+    fn pod_level_resources_sum_containers_and_add_the_overhead() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u", "namespace": "default"},
+            "spec": {
+                "overhead": {"cpu": "10m", "memory": "1Mi"},
+                "initContainers": [
+                    {"name": "init", "image": "i", "resources": {"requests": {"cpu": "2"}}},
+                    {"name": "side", "image": "i", "restartPolicy": "Always",
+                     "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}}}
+                ],
+                "containers": [
+                    {"name": "a", "image": "i", "resources": {
+                        "requests": {"cpu": "250m", "memory": "32Mi"},
+                        "limits": {"memory": "64Mi"}}},
+                    {"name": "b", "image": "i"}
+                ]
+            }
+        }))
+        .unwrap();
+        let q = |m: Option<BTreeMap<String, Quantity>>| -> Vec<(String, String)> {
+            m.unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect()
+        };
+        // The regular init container's 2 CPUs (before the sidecar starts) outweigh the apps'
+        // with the sidecar; memory is the sidecar's and the apps'; the overhead goes on top.
+        assert_eq!(
+            q(pod_resources(&pod, false)),
+            [
+                ("cpu".into(), "2010m".into()),
+                ("memory".into(), "49Mi".into())
+            ]
+        );
+        assert_eq!(
+            q(pod_resources(&pod, true)),
+            [("memory".into(), "65Mi".into())]
+        );
+        let mut level = pod.clone();
+        let spec = level.spec.as_mut().unwrap();
+        spec.resources = Some(ResourceRequirements {
+            requests: Some([("memory".to_string(), Quantity("1Gi".into()))].into()),
+            ..Default::default()
+        });
+        spec.overhead = None;
+        assert_eq!(
+            q(pod_resources(&level, false)),
+            [("cpu".into(), "2".into()), ("memory".into(), "1Gi".into())]
+        );
+        let empty =
+            serde_json::json!({"metadata": {"name": "e"}, "spec": {"containers": [{"name": "c"}]}});
+        assert!(pod_requirements(&serde_json::from_value(empty).unwrap()).is_none());
     }
 }

@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::runtime::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, RuntimeClient, cri};
+use crate::runtime::{
+    ContainerState, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, RuntimeClient, cri,
+};
 use crate::status;
 
 /// What the summary is made from.
@@ -245,20 +247,33 @@ fn node_extras(node: &mut Value, time: &str) {
     }
 }
 
-/// The summary, or the runtime's error.
-pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
-    let time = crate::types::now().to_string();
+/// Each pod's running containers' stats with the pod's reference, by pod UID. Exited containers
+/// are left out, as upstream leaves them out: a restarted container would show twice, once
+/// with nothing used. Their start (creation) times and states come from the runtime's container
+/// list; without it every container is kept, with no start time.
+async fn running_containers(
+    source: &Source,
+    time: &str,
+) -> crate::runtime::Result<BTreeMap<String, (Value, Vec<Value>)>> {
     let stats = source.runtime.container_stats().await?;
-    let created: std::collections::HashMap<String, i64> = source
-        .runtime
-        .list_containers(None)
-        .await?
-        .into_iter()
-        .map(|c| (c.id, c.created_at))
-        .collect();
+    let listed = match source.runtime.list_containers(None).await {
+        Ok(list) => Some(
+            list.into_iter()
+                .map(|c| (c.id, (c.created_at, c.state)))
+                .collect::<std::collections::HashMap<_, _>>(),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the containers for their start times");
+            None
+        }
+    };
     let mut pods: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
     for s in &stats {
         let Some(attrs) = &s.attributes else { continue };
+        let known = listed.as_ref().map(|l| l.get(&attrs.id));
+        if known.is_some_and(|c| c.is_none_or(|(_, state)| *state != ContainerState::Running)) {
+            continue;
+        }
         let label = |k: &str| attrs.labels.get(k).cloned().unwrap_or_default();
         let uid = label(LABEL_POD_UID);
         if uid.is_empty() {
@@ -272,11 +287,16 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
             });
             (pod_ref, Vec::new())
         });
-        let id = attrs.id.as_str();
-        entry
-            .1
-            .push(container_entry(s, &time, created.get(id).copied()));
+        let created = known.flatten().map(|(at, _)| *at);
+        entry.1.push(container_entry(s, time, created));
     }
+    Ok(pods)
+}
+
+/// The summary, or the runtime's error.
+pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
+    let time = crate::types::now().to_string();
+    let pods = running_containers(source, &time).await?;
     // The newest ready sandbox of each pod, for its network.
     let mut sandboxes = std::collections::HashMap::new();
     for sb in source.runtime.list_sandboxes(None).await? {

@@ -741,8 +741,16 @@ struct Served {
 
 /// What the agent on `port` serves about `pods`, with `logs` its pod logs dir.
 async fn served(port: u16, logs: &Path, pods: &[String], replace: &[(String, &str)]) -> Served {
+    // An answer within 10 s, or none.
+    let fetch = async |path: &str| {
+        let answer = crate::healthz::get(port, path);
+        tokio::time::timeout(Duration::from_secs(10), answer)
+            .await
+            .ok()
+            .flatten()
+    };
     let get = async |path: &str| -> Value {
-        match crate::healthz::get(port, path).await {
+        match fetch(path).await {
             Some((200, body)) => serde_json::from_str(&body).unwrap_or(Value::Null),
             _ => Value::Null,
         }
@@ -795,7 +803,7 @@ async fn served(port: u16, logs: &Path, pods: &[String], replace: &[(String, &st
     }
     shape("summary", &get("/stats/summary").await, &mut out.summary);
     for (path, prefix) in [("/metrics", ""), ("/metrics/resource", "resource/")] {
-        if let Some((200, text)) = crate::healthz::get(port, path).await {
+        if let Some((200, text)) = fetch(path).await {
             out.metrics.extend(
                 text.lines()
                     .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -855,6 +863,8 @@ async fn served_differences(
     used: &mut BTreeSet<&'static str>,
 ) -> Vec<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    // What the allow-lists matched in any round: an allowed difference may settle away.
+    let mut matched = BTreeSet::new();
     loop {
         let [(kp, kl, kr), (np, nl, nr)] = sides;
         let (k, n) = (
@@ -862,23 +872,47 @@ async fn served_differences(
             served(*np, nl, pods, nr).await,
         );
         let mut differences = Vec::new();
-        let mut matched = BTreeSet::new();
-        let mut note = |path: String, kv: Option<&str>, nv: Option<&str>| match ALLOWED
-            .iter()
-            .chain(GAPS)
-            .find(|(prefix, _)| {
-                // A status path is matched with and without its pod's name.
-                let bare = path.split_once('/').map_or("", |(_, rest)| rest);
-                path.starts_with(prefix) || bare.starts_with(prefix)
-            }) {
-            Some((prefix, _)) => {
-                matched.insert(*prefix);
+        // Neither side may pass by serving nothing.
+        for (side, got) in [("the kubelet", &k), ("nodelet", &n)] {
+            for pod in pods {
+                if !got.statuses.contains_key(&format!("{pod}/status.phase")) {
+                    differences.push(format!("{side} serves no status of {pod} on /pods"));
+                }
             }
-            None => differences.push(format!(
-                "{path}: kubelet {} nodelet {}",
-                kv.unwrap_or("-"),
-                nv.unwrap_or("-")
-            )),
+            if !got
+                .summary
+                .contains("summary.node.cpu.usageCoreNanoSeconds")
+            {
+                differences.push(format!("{side} serves no node CPU in /stats/summary"));
+            }
+            if !got
+                .metrics
+                .contains("resource/node_cpu_usage_seconds_total")
+            {
+                differences.push(format!("{side} serves no node CPU in /metrics/resource"));
+            }
+        }
+        let mut note = |path: String, kv: Option<&str>, nv: Option<&str>| {
+            // A status path is matched with and without its pod's name.
+            let bare = path.split_once('/').map_or("", |(_, rest)| rest);
+            let matches =
+                |(prefix, _): &&(&str, &str)| path.starts_with(prefix) || bare.starts_with(prefix);
+            // A gap is what the kubelet serves and nodelet does not, never the other way.
+            let gaps = (kv.is_some() && nv.is_none()).then_some(GAPS);
+            match ALLOWED
+                .iter()
+                .chain(gaps.into_iter().flatten())
+                .find(matches)
+            {
+                Some((prefix, _)) => {
+                    matched.insert(*prefix);
+                }
+                None => differences.push(format!(
+                    "{path}: kubelet {} nodelet {}",
+                    kv.unwrap_or("-"),
+                    nv.unwrap_or("-")
+                )),
+            }
         };
         for (kmap, nmap) in [(&k.statuses, &n.statuses), (&k.logs, &n.logs)] {
             let paths: BTreeSet<&String> = kmap.keys().chain(nmap.keys()).collect();
