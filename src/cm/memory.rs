@@ -202,24 +202,7 @@ fn container_requests(pod: &Pod, c: &Container) -> BTreeMap<String, u64> {
 
 /// The whole pod's requests, for the pod scope, per type as upstream sums them.
 fn pod_requests(pod: &Pod) -> BTreeMap<String, u64> {
-    let spec = crate::pod::spec(pod);
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers);
-    let kinds: BTreeSet<String> = containers
-        .flat_map(|c| container_requests(pod, c).into_keys())
-        .collect();
-    kinds
-        .into_iter()
-        .map(|kind| {
-            let total = super::pod_total(pod, |c| {
-                container_requests(pod, c).get(&kind).copied().unwrap_or(0)
-            });
-            (kind, total)
-        })
-        .collect()
+    super::pod_totals(pod, |c| container_requests(pod, c))
 }
 
 fn is_regular_init(pod: &Pod, name: &str) -> bool {

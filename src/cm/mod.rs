@@ -1,7 +1,7 @@
 //! The container manager's parts beyond the cgroups: the CPU, memory and device managers, and
 //! the topology manager that aligns them on the machine's NUMA nodes at admission.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -29,6 +29,23 @@ pub fn pod_total(pod: &Pod, of: impl Fn(&Container) -> u64) -> u64 {
     }
     let apps = (spec.containers.iter()).fold(sidecars, |acc, c| acc.saturating_add(of(c)));
     peak.max(apps)
+}
+
+/// A pod's total of each resource `of` gives per container, as [`pod_total`] sums one.
+pub fn pod_totals(
+    pod: &Pod,
+    of: impl Fn(&Container) -> BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    let names: BTreeSet<String> = crate::pod::all_containers(crate::pod::spec(pod))
+        .flat_map(|c| of(c).into_keys())
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let total = pod_total(pod, |c| of(c).get(&name).copied().unwrap_or(0));
+            (name, total)
+        })
+        .collect()
 }
 
 /// The managers that hand out CPUs, memory and devices to pods.

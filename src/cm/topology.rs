@@ -149,12 +149,7 @@ impl TopologyManager {
     }
 
     fn admit_containers(&self, pod: &Pod, providers: &[&dyn HintProvider]) -> Result<(), Refusal> {
-        let spec = crate::pod::spec(pod);
-        let containers = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .chain(&spec.containers);
+        let containers = crate::pod::all_containers(crate::pod::spec(pod));
         let refused = || -> Refusal { (AFFINITY_ERROR.into(), AFFINITY_MESSAGE.into()) };
         let pod_affinity = match (self.policy, self.scope) {
             (Policy::None, _) | (_, Scope::Container) => None,

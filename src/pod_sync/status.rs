@@ -646,16 +646,17 @@ fn pod_resources(pod: &Pod, limits: bool) -> Option<BTreeMap<String, Quantity>> 
         let scale = if name == "cpu" { 1e3 } else { 1.0 };
         crate::pod::parse_quantity(&q.0).map_or(0, |v| (v * scale).round().max(0.0) as u64)
     };
+    let summed = crate::cm::pod_totals(pod, |c| {
+        quantities(c.resources.as_ref(), limits)
+            .map(|(name, q)| (name.clone(), units(name, q)))
+            .collect()
+    });
     let out: BTreeMap<String, Quantity> = first
         .into_iter()
         .map(|(name, text)| {
             let mut total = match pod_level.get(&name) {
                 Some(q) => units(&name, q),
-                None => crate::cm::pod_total(pod, |c| {
-                    quantities(c.resources.as_ref(), limits)
-                        .find(|(n, _)| **n == name)
-                        .map_or(0, |(_, q)| units(&name, q))
-                }),
+                None => summed.get(&name).copied().unwrap_or(0),
             };
             let overhead = s.overhead.as_ref().and_then(|o| o.get(&name));
             if let Some(q) = overhead.filter(|_| !limits || total > 0) {

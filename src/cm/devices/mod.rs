@@ -280,23 +280,13 @@ fn container_needs(c: &Container) -> BTreeMap<String, usize> {
 /// A pod's extended resources as upstream sums them: the app containers and sidecars
 /// together, or the largest regular init container when that is more.
 pub fn pod_needs(pod: &Pod) -> BTreeMap<String, usize> {
-    let spec = crate::pod::spec(pod);
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers);
-    let names: BTreeSet<String> = containers
-        .flat_map(|c| container_needs(c).into_keys())
-        .collect();
-    names
+    let needs = |c: &Container| {
+        let needs = container_needs(c).into_iter();
+        needs.map(|(name, n)| (name, n as u64)).collect()
+    };
+    super::pod_totals(pod, needs)
         .into_iter()
-        .map(|name| {
-            let total = super::pod_total(pod, |c| {
-                container_needs(c).get(&name).map_or(0, |n| *n as u64)
-            });
-            (name, usize::try_from(total).unwrap_or(usize::MAX))
-        })
+        .map(|(name, total)| (name, usize::try_from(total).unwrap_or(usize::MAX)))
         .collect()
 }
 
