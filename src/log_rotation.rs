@@ -131,10 +131,7 @@ async fn rotate_one(runtime: &RuntimeClient, log: &Log, policy: Policy) {
         // The container is gone since it was listed.
         Err(Error::Reopen(e)) if e.is_not_found() => {}
         Err(e) => {
-            let cause = std::error::Error::source(&e)
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            tracing::warn!(%pod, %container, %id, path = %path.display(), error = %e, %cause, "cannot rotate the container's log; trying again");
+            tracing::warn!(%pod, %container, %id, path = %path.display(), error = %crate::types::error_chain(&e), "cannot rotate the container's log; trying again");
         }
     }
 }

@@ -160,7 +160,10 @@ fn run(args: Vec<std::ffi::OsString>) -> Result<(), Exit> {
         .build()
         .map_err(|e| Exit::Failed(format!("cannot start the async runtime: {e}")))?;
     let _lock = match &loaded.config.lock_file {
-        Some(path) => Some(nodelet::lock::acquire(path).map_err(|e| Exit::Failed(e.to_string()))?),
+        Some(path) => Some(
+            nodelet::lock::acquire(path)
+                .map_err(|e| Exit::Failed(nodelet::types::error_chain(&e)))?,
+        ),
         None => None,
     };
     let result = runtime.block_on(async {
@@ -189,6 +192,6 @@ fn run(args: Vec<std::ffi::OsString>) -> Result<(), Exit> {
     match result {
         Ok(true) => Ok(()),
         Ok(false) => Err(Exit::PodsFailed),
-        Err(e) => Err(Exit::Failed(format!("{e:#}"))),
+        Err(e) => Err(Exit::Failed(nodelet::types::error_chain(e.as_ref()))),
     }
 }

@@ -180,16 +180,21 @@ pub fn replace_json(path: &std::path::Path, value: &impl serde::Serialize) -> st
     std::fs::rename(&tmp, path)
 }
 
-/// An error with its causes, each once: `outer: cause: root cause`.
+/// An error with its causes: `outer: cause: root cause`. This is the one place a chain is
+/// printed: nodelet's own errors describe only their layer and leave the cause to their source.
+/// Some libraries' errors (kube's, tonic's transport errors) also print their cause in their
+/// own text; a cause the layer above has printed that way is not printed again.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
+    let mut above = out.clone();
     let mut src = e.source();
     while let Some(s) = src {
         let text = s.to_string();
-        if !out.contains(&text) {
+        if !above.contains(&text) {
             out.push_str(": ");
             out.push_str(&text);
         }
+        above = text;
         src = s.source();
     }
     out
@@ -226,6 +231,32 @@ pub struct Allocatable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot prepare the pod")]
+    struct Layered(#[source] std::io::Error);
+
+    /// A library error in the other style: its text repeats its cause's.
+    #[derive(Debug, thiserror::Error)]
+    #[error("ApiError: {0}")]
+    struct Pasting(#[source] std::io::Error);
+
+    #[test]
+    fn a_chain_prints_each_cause_once() {
+        let io = || std::io::Error::other("disk full");
+        assert_eq!(
+            error_chain(&Layered(io())),
+            "cannot prepare the pod: disk full"
+        );
+        assert_eq!(error_chain(&Pasting(io())), "ApiError: disk full");
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot join the cluster")]
+        struct Outer(#[source] Pasting);
+        assert_eq!(
+            error_chain(&Outer(Pasting(io()))),
+            "cannot join the cluster: ApiError: disk full"
+        );
+    }
 
     #[test]
     fn passwords_in_urls_are_hidden_and_the_rest_kept() {

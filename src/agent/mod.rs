@@ -275,14 +275,14 @@ fn spawn_sources(
 }
 
 /// Runs a server on `tracker`; one that stops on an error says so, naming itself as `what`.
-fn spawn_server<E: std::fmt::Display>(
+fn spawn_server<E: std::error::Error + 'static>(
     tracker: &TaskTracker,
     what: &'static str,
     served: impl Future<Output = Result<(), E>> + Send + 'static,
 ) {
     tracker.spawn(async move {
         if let Err(e) = served.await {
-            tracing::error!(error = %e, "{what} stopped");
+            tracing::error!(error = %crate::types::error_chain(&e), "{what} stopped");
         }
     });
 }

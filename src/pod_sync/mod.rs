@@ -50,7 +50,7 @@ pub enum Error {
     Volume(#[from] volumes::Error),
     #[error(transparent)]
     Cgroup(#[from] crate::cgroups::Error),
-    #[error("container {container:?}: {reason}: {source}")]
+    #[error("container {container:?}: {reason}")]
     Image {
         container: String,
         reason: &'static str,
@@ -69,7 +69,7 @@ pub enum Error {
     PostStart { container: String, message: String },
     #[error("cannot create the pod sandbox: {0}")]
     Sandbox(String),
-    #[error("cannot prepare {}: {source}", .path.display())]
+    #[error("cannot prepare {}", .path.display())]
     Io {
         path: PathBuf,
         #[source]

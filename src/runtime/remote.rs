@@ -20,19 +20,38 @@ use super::{
 use crate::types::PodUid;
 
 /// A failed CRI call.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 pub enum Error {
-    #[error("CRI {call} failed: {}", .status.message())]
+    /// The runtime answered with an error, or could not be reached (`status`'s own source is
+    /// the transport's error).
     Call {
         call: &'static str,
-        #[source]
         status: tonic::Status,
     },
-    #[error("CRI {call} timed out after {timeout:?}")]
     Timeout {
         call: &'static str,
         timeout: Duration,
     },
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Call { call, status } => write!(f, "CRI {call} failed: {}", status.message()),
+            Error::Timeout { call, timeout } => write!(f, "CRI {call} timed out after {timeout:?}"),
+        }
+    }
+}
+
+/// The runtime's message is this error's own text; what lies under the answer (a transport
+/// failure) is its source. The status itself is not a source: its text repeats the message.
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Call { status, .. } => std::error::Error::source(status),
+            Error::Timeout { .. } => None,
+        }
+    }
 }
 
 impl Error {

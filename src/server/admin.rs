@@ -49,11 +49,12 @@ fn to_json<T: serde::Serialize>(value: &T) -> String {
 }
 
 fn log_status(e: logs::Error) -> Status {
+    let message = crate::types::error_chain(&e);
     match e.http_status() {
-        404 => Status::not_found(e.to_string()),
-        400 => Status::invalid_argument(e.to_string()),
-        429 => Status::resource_exhausted(e.to_string()),
-        _ => Status::internal(e.to_string()),
+        404 => Status::not_found(message),
+        400 => Status::invalid_argument(message),
+        429 => Status::resource_exhausted(message),
+        _ => Status::internal(message),
     }
 }
 
@@ -271,7 +272,9 @@ impl Admin for Handles {
             };
             let (session, tx) = tokio::join!(exec::run(&url, in_rx, out_tx), relay);
             if let Err(e) = session {
-                let _ = tx.send(Err(Status::unavailable(e.to_string()))).await;
+                let _ = tx
+                    .send(Err(Status::unavailable(crate::types::error_chain(&e))))
+                    .await;
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -286,7 +289,7 @@ pub enum Error {
         .0.display()
     )]
     InUse(PathBuf),
-    #[error("cannot serve the socket {}: {source}", .path.display())]
+    #[error("cannot serve the socket {}", .path.display())]
     Io {
         path: PathBuf,
         #[source]

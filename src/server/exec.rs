@@ -32,13 +32,13 @@ pub enum Output {
 pub enum Error {
     #[error("invalid streaming URL {url:?} from the runtime: {why}")]
     Url { url: String, why: String },
-    #[error("cannot reach the runtime's streaming server at {url}: {source}")]
+    #[error("cannot reach the runtime's streaming server at {url}")]
     Connect {
         url: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("the runtime's streaming server refused the session: {0}")]
+    #[error("the runtime's streaming server refused the session")]
     Handshake(#[source] Box<tokio_tungstenite::tungstenite::Error>),
 }
 

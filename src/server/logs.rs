@@ -104,7 +104,7 @@ pub enum Error {
     ContainerNotFound { pod: String, container: String },
     #[error("previous terminated container {container:?} in pod {pod} not found")]
     NoPrevious { pod: String, container: String },
-    #[error("cannot read the log of container {container:?} in pod {pod}: {source}")]
+    #[error("cannot read the log of container {container:?} in pod {pod}")]
     Runtime {
         pod: String,
         container: String,
@@ -113,7 +113,7 @@ pub enum Error {
     },
     #[error("too many logs are followed at once ({MAX_FOLLOWERS}); try again later")]
     TooManyFollowers,
-    #[error("cannot open log file {}: {source}", .path.display())]
+    #[error("cannot open log file {}", .path.display())]
     Io {
         path: PathBuf,
         #[source]

@@ -38,7 +38,7 @@ pub enum Error {
         path: PathBuf,
         why: String,
     },
-    #[error("cannot write the self-signed serving certificate to {}: {source}", .path.display())]
+    #[error("cannot write the self-signed serving certificate to {}", .path.display())]
     Write {
         path: PathBuf,
         #[source]
@@ -177,7 +177,7 @@ fn query_of(req: &Request) -> Vec<(String, String)> {
 
 fn log_error(e: logs::Error) -> Response {
     let code = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    text(code, e)
+    text(code, crate::types::error_chain(&e))
 }
 
 /// The query options of /containerLogs, as upstream names them.
