@@ -158,10 +158,11 @@ async fn stats_summary(State(source): State<super::stats::Source>) -> impl IntoR
     }
 }
 
-/// `/metrics/resource`, from the summary; a summary that cannot be read is a scrape error.
+/// `/metrics/resource`, from the CPU and memory part of the summary; one that cannot be read is
+/// a scrape error.
 async fn resource_metrics(State(source): State<super::stats::Source>) -> impl IntoResponse {
     crate::metrics::get().http_request("GET", "metrics/resource", "readonly");
-    let summary = super::stats::summary(&source).await;
+    let summary = super::stats::cpu_and_memory(&source).await;
     if let Err(e) = &summary {
         tracing::warn!(error = %e, "cannot read the summary for /metrics/resource");
     }

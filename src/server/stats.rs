@@ -197,9 +197,20 @@ fn pod_stats(
         pod_logs_dir: &source.pod_logs_dir,
     };
     let (volumes, ephemeral) = storage::pod_stats(&files, &mut containers, time);
+    let mut stats = pod_usage(pod_ref, containers, time);
+    stats["startTime"] = json!(start);
+    stats["volume"] = volumes;
+    stats["ephemeral-storage"] = ephemeral;
+    if let Some(network) = network {
+        stats["network"] = network;
+    }
+    stats
+}
+
+/// A pod's reference, its containers, and their CPU and memory summed.
+fn pod_usage(pod_ref: Value, containers: Vec<Value>, time: &str) -> Value {
     let mut stats = json!({
         "podRef": pod_ref,
-        "startTime": start,
         "cpu": {
             "time": time,
             "usageNanoCores": sum(&containers, "cpu", "usageNanoCores"),
@@ -213,9 +224,6 @@ fn pod_stats(
             "pageFaults": sum(&containers, "memory", "pageFaults"),
             "majorPageFaults": sum(&containers, "memory", "majorPageFaults"),
         },
-        "volume": volumes,
-        "ephemeral-storage": ephemeral,
-        "containers": containers,
     });
     // What is left below the limit, where every container has one (so the pod has one too).
     let available: Option<Vec<u64>> = containers
@@ -225,10 +233,56 @@ fn pod_stats(
     if let Some(available) = available.filter(|a| !a.is_empty()) {
         stats["memory"]["availableBytes"] = json!(available.iter().sum::<u64>());
     }
-    if let Some(network) = network {
-        stats["network"] = network;
-    }
+    stats["containers"] = Value::Array(containers);
     stats
+}
+
+/// The node's CPU (its usage rate since the last reading) and memory, from /proc.
+fn node_usage(time: &str) -> (Value, Value) {
+    let cpu_ns = node_cpu_ns().unwrap_or(0);
+    let now = Instant::now();
+    let nano_cores = {
+        let mut last = LAST_CPU.lock().unwrap_or_else(|e| e.into_inner());
+        let rate = last.and_then(|(at, ns)| {
+            let secs = now.duration_since(at).as_secs_f64();
+            (secs > 0.0).then(|| (cpu_ns.saturating_sub(ns) as f64 / secs) as u64)
+        });
+        *last = Some((now, cpu_ns));
+        rate.unwrap_or(0)
+    };
+    let mem = meminfo();
+    let total = mem.get("MemTotal").copied().unwrap_or(0);
+    let available = mem.get("MemAvailable").copied().unwrap_or(0);
+    let free = mem.get("MemFree").copied().unwrap_or(0);
+    let cpu = json!({
+        "time": time,
+        "usageNanoCores": nano_cores,
+        "usageCoreNanoSeconds": cpu_ns,
+    });
+    let memory = json!({
+        "time": time,
+        "availableBytes": available,
+        "usageBytes": total.saturating_sub(free),
+        "workingSetBytes": total.saturating_sub(available),
+    });
+    (cpu, memory)
+}
+
+/// Only the CPU and memory of the node, its pods and their running containers (with their
+/// start times), in the summary's shape: what `/metrics/resource` serves, without the disk
+/// walks and network reads of the whole summary (upstream's GetCPUAndMemoryStats).
+pub async fn cpu_and_memory(source: &Source) -> crate::runtime::Result<Value> {
+    let time = crate::types::now().to_string();
+    let pods: Vec<Value> = running_containers(source, &time)
+        .await?
+        .into_values()
+        .map(|(pod_ref, containers)| pod_usage(pod_ref, containers, &time))
+        .collect();
+    let (cpu, memory) = node_usage(&time);
+    Ok(json!({
+        "node": { "nodeName": source.node_name, "cpu": cpu, "memory": memory },
+        "pods": pods,
+    }))
 }
 
 /// The node's start (its boot), its RSS and page faults (the root cgroup's), and its process
@@ -321,21 +375,8 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
         Vec::new()
     });
 
-    let cpu_ns = node_cpu_ns().unwrap_or(0);
+    let (cpu, memory) = node_usage(&time);
     let now = Instant::now();
-    let nano_cores = {
-        let mut last = LAST_CPU.lock().unwrap_or_else(|e| e.into_inner());
-        let rate = last.and_then(|(at, ns)| {
-            let secs = now.duration_since(at).as_secs_f64();
-            (secs > 0.0).then(|| (cpu_ns.saturating_sub(ns) as f64 / secs) as u64)
-        });
-        *last = Some((now, cpu_ns));
-        rate.unwrap_or(0)
-    };
-    let mem = meminfo();
-    let total = mem.get("MemTotal").copied().unwrap_or(0);
-    let available = mem.get("MemAvailable").copied().unwrap_or(0);
-    let free = mem.get("MemFree").copied().unwrap_or(0);
     let image_fs = match source.runtime.image_fs().await {
         Ok(Some((mount, used))) => {
             let mut fs = fs_stats(&mount, &time);
@@ -347,17 +388,8 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     let mut summary = json!({
         "node": {
             "nodeName": source.node_name,
-            "cpu": {
-                "time": time,
-                "usageNanoCores": nano_cores,
-                "usageCoreNanoSeconds": cpu_ns,
-            },
-            "memory": {
-                "time": time,
-                "availableBytes": available,
-                "usageBytes": total.saturating_sub(free),
-                "workingSetBytes": total.saturating_sub(available),
-            },
+            "cpu": cpu,
+            "memory": memory,
             "fs": fs_stats(&source.root_dir.to_string_lossy(), &time),
             // One filesystem holds the images and the containers' layers, as the runtime
             // reports no other: upstream then shows it as both.

@@ -228,9 +228,26 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     assert!(stats["startTime"].is_string(), "{stats}");
     assert!(stats["containers"][0]["startTime"].is_string(), "{stats}");
 
+    // A restarted container: its exited instance is not scraped beside the running one.
+    node.write_manifest(
+        "crashy.yaml",
+        &pod_yaml("crashy", &[("c", "sleep 10; exit 1")], ""),
+    );
+    node.wait_status("crashy", "restarted and running again", |s| {
+        s.container_statuses.as_ref().is_some_and(|c| {
+            c[0].restart_count >= 1 && c[0].state.as_ref().is_some_and(|st| st.running.is_some())
+        })
+    })
+    .await;
+
     // What metrics-server scrapes: each series with its value and the sample's time in ms.
     let (code, body) = get(port, "/metrics/resource").await.unwrap();
     assert_eq!(code, 200);
+    let restarted = format!(
+        "container_cpu_usage_seconds_total{{container=\"c\",namespace=\"default\",pod=\"{}\"}} ",
+        node.pod_name("crashy")
+    );
+    assert_eq!(body.matches(&restarted).count(), 1, "{body}");
     let labels = format!(
         "{{container=\"c\",namespace=\"default\",pod=\"{}\"}}",
         node.pod_name("web")
