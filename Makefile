@@ -157,11 +157,16 @@ conformance-node: deps k8s runtime-up images registries e2e-images build
 
 # BENCH_ARGS passes options to the bench program, e.g. BENCH_ARGS="--pairs 7 --footprint-secs 60";
 # "--full" adds cluster mode, the PLEG and kubeadm (about an hour; the default is minutes).
+# The kubelet's containerd for the bench: configured as the main bed's, for it alone.
+KUBELET_BED = $(NODELET_TESTBED)/beds/bench-kubelet
+
 bench: deps k8s runtime-up images registries control-plane-images
 	cargo build --release --locked --bin nodelet --example bench
-	@status=0; $(TARGET_DIR)/release/examples/bench \
+	@status=0; NODELET_TESTBED=$(KUBELET_BED) NODELET_TESTBED_NET=24 $(TESTBED) up && \
+	$(TARGET_DIR)/release/examples/bench \
 		--endpoint unix://$(NODELET_TESTBED)/containerd.sock \
 		--nodelet $(TARGET_DIR)/release/nodelet --out target/bench \
+		--kubelet $(K8S_BIN)/kubelet --kubelet-endpoint unix://$(KUBELET_BED)/containerd.sock \
 		--containerd-pid $$(cat $(NODELET_TESTBED)/containerd.pid) $(BENCH_ARGS) || status=$$?; \
 	$(TESTBED) down || true; exit $$status
 

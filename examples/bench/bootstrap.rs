@@ -157,7 +157,7 @@ pub async fn run(nodelet: &Path, pairs: usize, window: Duration) -> Result<Value
         let pid: u32 = machine.read("agent.pid")?.parse()?;
         crate::quiesce().await;
         let usage = crate::footprint(pid, None, window).await;
-        footprints.push(usage["nodelet"].clone());
+        footprints.push(usage["agent"].clone());
     }
     let [nodelet_s, kubelet_s] = times.clone().map(crate::median);
     let field = |i: usize, key: &str| footprints[i][key].as_f64().unwrap_or(0.0);

@@ -1,54 +1,54 @@
 //! `make bench`: pod start-up and teardown through nodelet against the runtime's own floor (the
-//! same CRI calls made directly), and nodelet's footprint. Floor and nodelet run in pairs in one
-//! invocation; only ratios are meant to be compared across runs. By default that is all, over
-//! CNI only, with 3 pairs and 20 s footprints: a run short enough for every change to a hot path.
+//! same CRI calls made directly) and against the upstream kubelet (`--kubelet`, on a containerd
+//! of its own), and both agents' footprints. The sides run in turns within one invocation; only
+//! ratios are meant to be compared across runs. By default that is all, over CNI only, with 3
+//! rounds, the floor all at once, and 20 s footprints: a run short enough for every change to a
+//! hot path.
 //!
-//! With `--full` (5 pairs and 60 s footprints unless given, the host's network too), then
+//! With `--full` (5 rounds and 60 s footprints unless given, the floor's fastest concurrency
+//! chosen first, the host's network too), then
 //! cluster mode (`cluster.rs`): pods through the API beside static pods, API requests per pod,
 //! and the footprint joined to a control plane. Then the PLEG following the runtime's container
 //! events against relisting every second. Last (`bootstrap.rs`), `kubeadm init` with nodelet as
 //! the node agent against the same with the upstream kubelet.
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
+//!              [--kubelet PATH --kubelet-endpoint unix:///other.sock]
 //!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
 //!              [--full | --only footprint|pleg|bootstrap|status]
 
+mod agent;
 mod bootstrap;
 mod cluster;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agent::{Agent, AgentRun, CGROUP_ROOT, KUBELET_CGROUP_ROOT};
 use anyhow::{Context, Result, bail};
 use nodelet::pod_sync::convert::{MASKED_PATHS, READONLY_PATHS};
-use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, LABEL_POD_UID, RuntimeClient, cri};
+use nodelet::runtime::{ANNOTATION_NODE_NAME, LABEL_POD_UID, RuntimeClient, cri};
 use tokio::task::JoinSet;
 
 const IMAGE: &str = "localhost/busybox:local";
 const NODE: &str = "bench";
-/// The agent's cgroup root, and the floor's: like the agent's pods, the floor's share one
-/// parent cgroup (the CPU weight of a busy machine is split between groups, not processes).
-const CGROUP_ROOT: &str = "nodelet-bench";
+/// The floor's cgroup root: like the agents' pods, the floor's share one parent cgroup (the CPU
+/// weight of a busy machine is split between groups, not processes).
 const FLOOR_CGROUP_ROOT: &str = "nodelet-bench-floor";
-/// How often the runtime is asked whether the agent's pods run, and whether they are gone.
-/// Start times come from the runtime's own clock, so the start poll only decides when the
-/// bench notices, and is sparse: each poll lists every sandbox and container, work the runtime
-/// and the bench do on the machine's CPUs while the agent starts pods (the floor pays none).
-/// Teardown has no timestamp of its own, so it is polled closely.
-const START_POLL: Duration = Duration::from_millis(250);
-const TEARDOWN_POLL: Duration = Duration::from_millis(5);
 /// Exits at once on SIGTERM, so teardown measures the agent, not a grace period.
 const SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
 
 struct Args {
     endpoint: PathBuf,
     nodelet: PathBuf,
+    /// The upstream kubelet and the socket of the containerd it runs on alone.
+    kubelet: Option<(PathBuf, PathBuf)>,
     out: PathBuf,
-    /// Floor-and-nodelet pairs of the max-pods scenario; the burst has twice as many (its
-    /// target is a ratio, and one burst's time spreads by a tenth or more from run to run, so
-    /// a median of five moves by several hundredths), the one-pod scenario always 10.
+    /// Rounds (floor, nodelet and kubelet once each) of the max-pods scenario; the burst has
+    /// twice as many (its target is a ratio, and one burst's time spreads by a tenth or more
+    /// from run to run, so a median of five moves by several hundredths), the one-pod scenario
+    /// always 10.
     pairs: usize,
     footprint: Duration,
     containerd_pid: Option<u32>,
@@ -74,6 +74,7 @@ fn args() -> Result<Args> {
     let mut a = Args {
         endpoint: PathBuf::from("/var/lib/nodelet-testbed/containerd.sock"),
         nodelet: PathBuf::from("target/release/nodelet"),
+        kubelet: None,
         out: PathBuf::from("target/bench"),
         pairs: 0,
         footprint: Duration::ZERO,
@@ -86,6 +87,7 @@ fn args() -> Result<Args> {
         status_only: false,
         full: false,
     };
+    let (mut kubelet, mut kubelet_endpoint) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--full" {
@@ -96,6 +98,10 @@ fn args() -> Result<Args> {
         match flag.as_str() {
             "--endpoint" => a.endpoint = PathBuf::from(value.trim_start_matches("unix://")),
             "--nodelet" => a.nodelet = PathBuf::from(value),
+            "--kubelet" => kubelet = Some(PathBuf::from(value)),
+            "--kubelet-endpoint" => {
+                kubelet_endpoint = Some(PathBuf::from(value.trim_start_matches("unix://")))
+            }
             "--out" => a.out = PathBuf::from(value),
             "--pairs" => a.pairs = value.parse()?,
             "--footprint-secs" => a.footprint = Duration::from_secs(value.parse()?),
@@ -112,6 +118,11 @@ fn args() -> Result<Args> {
             other => bail!("unknown flag {other} {value}"),
         }
     }
+    a.kubelet = match (kubelet, kubelet_endpoint) {
+        (Some(binary), Some(endpoint)) => Some((binary, endpoint)),
+        (None, None) => None,
+        _ => bail!("--kubelet and --kubelet-endpoint go together"),
+    };
     let (pairs, footprint) = if a.full { (5, 60) } else { (3, 20) };
     if a.pairs == 0 {
         a.pairs = pairs;
@@ -364,30 +375,54 @@ fn best_level(samples: &BTreeMap<usize, Vec<Run>>, measure: impl Fn(&Run) -> f64
         .unwrap_or(1)
 }
 
-/// One scenario's runs. The floor's levels are first measured in two selection passes (in
-/// rising order, then falling, so drift over the passes falls evenly on them) to find the
-/// fastest for starting and for tearing down. Then the floor at those levels and nodelet run
-/// in pairs, which goes first alternating, and each pair gives one ratio. Pairing takes the
-/// machine's drift out of the ratio, and measuring the floor apart from choosing its level
-/// keeps the luckiest of six noisy levels from becoming the floor.
+/// One scenario's runs. With `select`, the floor's levels are first measured in two selection
+/// passes (in rising order, then falling, so drift over the passes falls evenly on them) to
+/// find the fastest for starting and for tearing down; otherwise the floor makes every pod at
+/// once, as the agents do. Then the floor at those levels, nodelet and the kubelet run in
+/// rounds, each side once, in alternating order (floor first, then kubelet first; nodelet always
+/// between), and each round gives one ratio per comparison. Rounds take the machine's drift
+/// out of the ratios, and measuring the floor apart from choosing its level keeps the luckiest
+/// of six noisy levels from becoming the floor.
 struct Scenario {
     /// Floor (start, teardown) seconds by concurrency, from the selection passes.
     levels: BTreeMap<usize, Vec<Run>>,
     start_at: usize,
     teardown_at: usize,
-    /// (floor, nodelet).
-    pairs: Vec<(Run, Run)>,
+    rounds: Vec<Round>,
+}
+
+#[derive(serde::Serialize)]
+struct Round {
+    floor: Run,
+    nodelet: AgentRun,
+    kubelet: Option<AgentRun>,
+}
+
+/// The sides under comparison: the floor runs on nodelet's runtime.
+struct Sides<'a> {
+    rt: &'a RuntimeClient,
+    nodelet: &'a Agent,
+    kubelet: Option<&'a Agent>,
+    image: &'a str,
+    logs: &'a Path,
+}
+
+/// One agent's run, the agent thawed only for it.
+async fn thawed(agent: &Agent, n: usize, host_network: bool) -> Result<AgentRun> {
+    agent.resume().await?;
+    let run = agent.run(n, host_network).await;
+    agent.pause();
+    run
 }
 
 async fn scenario(
-    rt: &RuntimeClient,
-    agent: &Agent,
-    (n, host_network, pairs): (usize, bool, usize),
-    image: &str,
-    logs: &Path,
+    sides: &Sides<'_>,
+    (n, host_network, rounds): (usize, bool, usize),
+    select: bool,
 ) -> Result<Scenario> {
+    let (rt, image, logs) = (sides.rt, sides.image, sides.logs);
     let mut levels: BTreeMap<usize, Vec<Run>> = BTreeMap::new();
-    let mut order = concurrencies(n);
+    let mut order = if select { concurrencies(n) } else { Vec::new() };
     for _ in 0..2 {
         for &c in &order {
             let sample = floor(rt, n, host_network, (c, c), image, logs).await?;
@@ -395,143 +430,39 @@ async fn scenario(
         }
         order.reverse();
     }
-    let at = (best_level(&levels, |s| s.0), best_level(&levels, |s| s.1));
+    let at = if select {
+        (best_level(&levels, |s| s.0), best_level(&levels, |s| s.1))
+    } else {
+        (n, n)
+    };
     let mut out = Scenario {
         levels,
         start_at: at.0,
         teardown_at: at.1,
-        pairs: Vec::new(),
+        rounds: Vec::new(),
     };
-    for i in 0..pairs {
-        let pair = if i % 2 == 0 {
-            let f = floor(rt, n, host_network, at, image, logs).await?;
-            (f, through_nodelet(rt, agent, n, host_network).await?)
-        } else {
-            let node = through_nodelet(rt, agent, n, host_network).await?;
-            (floor(rt, n, host_network, at, image, logs).await?, node)
-        };
-        out.pairs.push(pair);
+    for i in 0..rounds {
+        let floor_first = i % 2 == 0;
+        let mut kubelet = None;
+        let mut floor_run = None;
+        if floor_first {
+            floor_run = Some(floor(rt, n, host_network, at, image, logs).await?);
+        } else if let Some(k) = sides.kubelet {
+            kubelet = Some(thawed(k, n, host_network).await?);
+        }
+        let nodelet = thawed(sides.nodelet, n, host_network).await?;
+        if !floor_first {
+            floor_run = Some(floor(rt, n, host_network, at, image, logs).await?);
+        } else if let Some(k) = sides.kubelet {
+            kubelet = Some(thawed(k, n, host_network).await?);
+        }
+        out.rounds.push(Round {
+            floor: floor_run.context("the floor ran")?,
+            nodelet,
+            kubelet,
+        });
     }
     Ok(out)
-}
-
-fn manifest(i: usize, host_network: bool) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: b{i}}}\nspec:\n  hostNetwork: {host_network}\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: c\n    image: {IMAGE}\n    command: [sh, -c, \"{SCRIPT}\"]\n"
-    )
-}
-
-struct Agent {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Agent {
-    fn start(binary: &Path, endpoint: &Path, dir: &Path, extra: &[&str]) -> Result<Agent> {
-        std::fs::create_dir_all(dir.join("manifests"))?;
-        let child = Command::new(binary)
-            .arg("--pod-manifest-path")
-            .arg(dir.join("manifests"))
-            .arg(format!(
-                "--container-runtime-endpoint=unix://{}",
-                endpoint.display()
-            ))
-            .arg("--root-dir")
-            .arg(dir.join("root"))
-            .arg("--pod-logs-dir")
-            .arg(dir.join("pods"))
-            .arg("--container-logs-dir")
-            .arg(dir.join("containers"))
-            .args([
-                "--hostname-override",
-                NODE,
-                "--healthz-port",
-                "0",
-                "--max-pods",
-                "200",
-                "--cgroup-root",
-                &format!("/{CGROUP_ROOT}"),
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start nodelet")?;
-        Ok(Agent {
-            child,
-            dir: dir.to_path_buf(),
-        })
-    }
-
-    fn write(&self, i: usize, host_network: bool) -> Result<()> {
-        let tmp = self.dir.join(format!("manifests/.b{i}.tmp"));
-        std::fs::write(&tmp, manifest(i, host_network))?;
-        std::fs::rename(tmp, self.dir.join(format!("manifests/b{i}.yaml")))?;
-        Ok(())
-    }
-
-    fn remove(&self, i: usize) -> Result<()> {
-        Ok(std::fs::remove_file(
-            self.dir.join(format!("manifests/b{i}.yaml")),
-        )?)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // The agent made its root dir a mount (shared, for mount propagation): undone here so
-        // the work dir can go.
-        if let Ok(root) =
-            std::ffi::CString::new(self.dir.join("root").as_os_str().as_encoded_bytes())
-        {
-            // SAFETY: `root` is a valid NUL-terminated path that outlives the call.
-            unsafe { libc::umount2(root.as_ptr(), libc::MNT_DETACH) };
-        }
-    }
-}
-
-/// The agent's sandboxes and its running containers.
-async fn ours(rt: &RuntimeClient) -> Result<(usize, Vec<String>)> {
-    let ids: std::collections::HashSet<String> = rt
-        .list_sandboxes(None)
-        .await?
-        .into_iter()
-        .filter(|s| s.annotations.get(ANNOTATION_NODE_NAME).map(String::as_str) == Some(NODE))
-        .map(|s| s.id)
-        .collect();
-    let running = rt
-        .list_containers(None)
-        .await?
-        .into_iter()
-        .filter(|c| ids.contains(&c.sandbox_id) && c.state == ContainerState::Running)
-        .map(|c| c.id)
-        .collect();
-    Ok((ids.len(), running))
-}
-
-/// Polls the runtime until `done` holds for the agent's (sandboxes, running containers), and
-/// returns the running containers. Polling loads the runtime, which the floor does not pay, so
-/// it is kept sparse: start times come from the runtime's own clock (`last_started`).
-async fn until(
-    rt: &RuntimeClient,
-    what: &str,
-    every: Duration,
-    done: impl Fn(usize, usize) -> bool,
-) -> Result<Vec<String>> {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let (sandboxes, running) = ours(rt).await?;
-        if done(sandboxes, running.len()) {
-            return Ok(running);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(every).await;
-    }
 }
 
 /// Nanoseconds since the epoch, the clock the runtime stamps container starts with.
@@ -575,31 +506,6 @@ async fn quiesce() {
     }
 }
 
-/// nodelet for n pods.
-async fn through_nodelet(
-    rt: &RuntimeClient,
-    agent: &Agent,
-    n: usize,
-    host_network: bool,
-) -> Result<Run> {
-    quiesce().await;
-    let started = epoch_ns();
-    for i in 0..n {
-        agent.write(i, host_network)?;
-    }
-    let running = until(rt, "pods running", START_POLL, |_, running| running == n).await?;
-    let start = seconds_since(started, last_started(rt, &running).await?);
-    let started = Instant::now();
-    for i in 0..n {
-        agent.remove(i)?;
-    }
-    until(rt, "sandboxes gone", TEARDOWN_POLL, |sandboxes, _| {
-        sandboxes == 0
-    })
-    .await?;
-    Ok((start, started.elapsed().as_secs_f64()))
-}
-
 /// What a process uses: RSS, of it the anonymous part (the rest is mostly the binary's code
 /// pages, shared and reclaimable), peak RSS (MiB) and CPU seconds.
 struct Usage {
@@ -630,7 +536,7 @@ fn usage(pid: u32) -> Option<Usage> {
     })
 }
 
-/// Idle footprint over `window`: RSS, peak and % of one core, for nodelet and the runtime.
+/// Idle footprint over `window`: RSS, peak and % of one core, for the agent and its runtime.
 async fn footprint(pid: u32, containerd: Option<u32>, window: Duration) -> serde_json::Value {
     let before = (usage(pid), containerd.and_then(usage));
     tokio::time::sleep(window).await;
@@ -641,12 +547,13 @@ async fn footprint(pid: u32, containerd: Option<u32>, window: Duration) -> serde
         }
         _ => serde_json::Value::Null,
     };
-    serde_json::json!({"nodelet": describe(before.0, after.0), "containerd": describe(before.1, after.1)})
+    serde_json::json!({"agent": describe(before.0, after.0), "containerd": describe(before.1, after.1)})
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = args()?;
+    std::fs::create_dir_all(&a.out)?;
     let rt = RuntimeClient::new(&a.endpoint, &a.endpoint, Duration::from_secs(120));
     rt.version().await.context("the runtime does not answer")?;
     let image = rt
@@ -658,7 +565,7 @@ async fn main() -> Result<()> {
         .with_context(|| format!("a work directory in {}", a.work_dir.display()))?;
     let logs = work.path().join("floor-logs");
     if a.pleg_only {
-        let pleg = pleg_comparison(&rt, &a, work.path()).await?;
+        let pleg = pleg_comparison(&a, work.path()).await?;
         return write_report(&a, BTreeMap::from([("pleg", pleg)]));
     }
     if a.bootstrap_only {
@@ -678,8 +585,36 @@ async fn main() -> Result<()> {
         print_status_latency(&c);
         return write_report(&a, BTreeMap::from([("cluster", c)]));
     }
-    let agent = Agent::start(&a.nodelet, &a.endpoint, &work.path().join("agent"), &[])?;
-    until(&rt, "nodelet to start", START_POLL, |_, _| true).await?;
+    let nodelet = Agent::nodelet(
+        &a.nodelet,
+        &a.endpoint,
+        &work.path().join("agent"),
+        &[],
+        &a.out.join("nodelet.log"),
+    )?;
+    nodelet.ready().await?;
+    nodelet.pause();
+    let kubelet = match &a.kubelet {
+        Some((binary, endpoint)) => {
+            let k = Agent::kubelet(
+                binary,
+                endpoint,
+                &work.path().join("kubelet"),
+                &a.out.join("kubelet.log"),
+            )?;
+            k.ready().await?;
+            k.pause();
+            Some(k)
+        }
+        None => None,
+    };
+    let sides = Sides {
+        rt: &rt,
+        nodelet: &nodelet,
+        kubelet: kubelet.as_ref(),
+        image: &image,
+        logs: &logs,
+    };
     let mut report = BTreeMap::new();
     let mut rows = Vec::new();
     let networks: &[bool] = if a.footprint_only {
@@ -692,109 +627,40 @@ async fn main() -> Result<()> {
     for &host_network in networks {
         let net = if host_network { "hostNetwork" } else { "cni" };
         let (burst, max) = a.sizes;
-        for (name, n, pairs) in [
+        for (name, n, rounds) in [
             ("one pod x10".to_string(), 1usize, 10usize),
             (format!("burst of {burst}"), burst, 2 * a.pairs),
             (format!("{max} pods"), max, a.pairs),
         ] {
-            let run = scenario(&rt, &agent, (n, host_network, pairs), &image, &logs).await?;
-            let each =
-                |pick: fn(&(Run, Run)) -> f64| -> Vec<f64> { run.pairs.iter().map(pick).collect() };
-            let added: Vec<f64> = each(|(f, n)| (n.0 - f.0) * 1000.0);
-            let by_level: BTreeMap<String, f64> = run
-                .levels
-                .iter()
-                .map(|(c, v)| (c.to_string(), median(v.iter().map(|s| s.0).collect())))
-                .collect();
-            let selection: BTreeMap<String, &Vec<Run>> =
-                run.levels.iter().map(|(c, v)| (c.to_string(), v)).collect();
-            let row = serde_json::json!({
-                "network": net, "scenario": &name, "pods": n, "pairs": pairs,
-                "floor_start_s": median(each(|(f, _)| f.0)),
-                "nodelet_start_s": median(each(|(_, n)| n.0)),
-                "floor_concurrency": run.start_at, "floor_start_s_by_concurrency": by_level,
-                "start_ratio": median(each(|(f, n)| n.0 / f.0.max(1e-9))),
-                "added_ms_median": median(added.clone()), "added_ms_p90": p90(added),
-                "floor_teardown_s": median(each(|(f, _)| f.1)),
-                "floor_teardown_concurrency": run.teardown_at,
-                "nodelet_teardown_s": median(each(|(_, n)| n.1)),
-                "teardown_ratio": median(each(|(f, n)| n.1 / f.1.max(1e-9))),
-                "floor_selection_s": selection, "pairs_s": run.pairs,
-            });
+            let run = scenario(&sides, (n, host_network, rounds), a.full).await?;
+            let row = scenario_row(&run, net, &name, n);
             eprintln!("{row}");
             rows.push(row);
         }
     }
     report.insert("scenarios", serde_json::Value::Array(rows.clone()));
-    let pid = agent.child.id();
     let mut prints = Vec::new();
     for pods in [0usize, a.sizes.0, a.sizes.1] {
-        for i in 0..pods {
-            agent.write(i, true)?;
+        let mut entry = serde_json::json!({ "pods": pods });
+        for agent in std::iter::once(&nodelet).chain(kubelet.as_ref()) {
+            agent.resume().await?;
+            agent.start_pods(pods, true).await?;
+            quiesce().await;
+            entry[agent.kind.name()] =
+                footprint(agent.pid(), agent.containerd_pid, a.footprint).await;
+            agent.stop_pods(pods).await?;
+            agent.pause();
         }
-        until(&rt, "pods running", START_POLL, |_, running| {
-            running == pods
-        })
-        .await?;
-        let f = footprint(pid, a.containerd_pid, a.footprint).await;
-        prints.push(serde_json::json!({"pods": pods, "usage": f}));
-        for i in 0..pods {
-            agent.remove(i)?;
-        }
-        until(&rt, "sandboxes gone", TEARDOWN_POLL, |sandboxes, _| {
-            sandboxes == 0
-        })
-        .await?;
+        prints.push(entry);
     }
     report.insert("footprint", serde_json::Value::Array(prints.clone()));
-    drop(agent);
+    drop(nodelet);
+    drop(kubelet);
     let _ = nodelet::cgroups::remove_tree(CGROUP_ROOT);
+    let _ = nodelet::cgroups::remove_tree(KUBELET_CGROUP_ROOT);
     let _ = nodelet::cgroups::remove_tree(FLOOR_CGROUP_ROOT);
-    println!(
-        "{:<12} {:<12} {:>8} {:>9} {:>7} {:>12} {:>11} {:>11} {:>9}",
-        "network",
-        "scenario",
-        "floor s",
-        "nodelet s",
-        "ratio",
-        "added ms p50",
-        "added p90",
-        "teardown x",
-        "floor at"
-    );
-    for r in &rows {
-        println!(
-            "{:<12} {:<12} {:>8.3} {:>9.3} {:>7.2} {:>12.1} {:>11.1} {:>11.2} {:>9}",
-            r["network"].as_str().unwrap_or(""),
-            r["scenario"].as_str().unwrap_or(""),
-            r["floor_start_s"].as_f64().unwrap_or(0.0),
-            r["nodelet_start_s"].as_f64().unwrap_or(0.0),
-            r["start_ratio"].as_f64().unwrap_or(0.0),
-            r["added_ms_median"].as_f64().unwrap_or(0.0),
-            r["added_ms_p90"].as_f64().unwrap_or(0.0),
-            r["teardown_ratio"].as_f64().unwrap_or(0.0),
-            format!(
-                "{}/{}",
-                r["floor_concurrency"].as_u64().unwrap_or(0),
-                r["floor_teardown_concurrency"].as_u64().unwrap_or(0)
-            )
-        );
-    }
-    println!(
-        "\n{:<6} {:>14} {:>14} {:>12} {:>16}",
-        "pods", "nodelet RSS", "nodelet peak", "nodelet CPU", "containerd RSS"
-    );
-    for p in &prints {
-        let u = &p["usage"];
-        println!(
-            "{:<6} {:>11.1} MiB {:>11.1} MiB {:>11.2}% {:>12.1} MiB",
-            p["pods"],
-            u["nodelet"]["rss_mib"].as_f64().unwrap_or(0.0),
-            u["nodelet"]["peak_rss_mib"].as_f64().unwrap_or(0.0),
-            u["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0),
-            u["containerd"]["rss_mib"].as_f64().unwrap_or(0.0)
-        );
-    }
+    print_scenarios(&rows);
+    print_footprints(&prints);
     if !(a.full || a.footprint_only) {
         return write_report(&a, report);
     }
@@ -832,16 +698,14 @@ async fn main() -> Result<()> {
         prints
             .iter()
             .find(|p| p["pods"] == pods)
-            .and_then(|p| p["usage"]["nodelet"][key].as_f64())
+            .and_then(|p| p["nodelet"]["agent"][key].as_f64())
             .unwrap_or(0.0)
     };
     for p in in_cluster["footprint"].as_array().into_iter().flatten() {
         let pods = p["pods"].as_u64().unwrap_or(0);
-        let rss = p["usage"]["nodelet"]["rss_mib"].as_f64().unwrap_or(0.0);
-        let anon = p["usage"]["nodelet"]["anon_rss_mib"]
-            .as_f64()
-            .unwrap_or(0.0);
-        let cpu = p["usage"]["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0);
+        let rss = p["usage"]["agent"]["rss_mib"].as_f64().unwrap_or(0.0);
+        let anon = p["usage"]["agent"]["anon_rss_mib"].as_f64().unwrap_or(0.0);
+        let cpu = p["usage"]["agent"]["cpu_percent"].as_f64().unwrap_or(0.0);
         println!(
             "cluster mode, {pods} API pods: RSS {rss:.1} MiB ({:.2}x standalone; anonymous {anon:.1} MiB, {:.2}x), CPU {cpu:.2}% ({:.2}x standalone)",
             rss / standalone(pods, "rss_mib").max(1e-9),
@@ -852,13 +716,125 @@ async fn main() -> Result<()> {
     if a.footprint_only {
         return write_report(&a, report);
     }
-    let pleg = pleg_comparison(&rt, &a, work.path()).await?;
+    let pleg = pleg_comparison(&a, work.path()).await?;
     report.insert("pleg", pleg);
     report.insert(
         "bootstrap",
         bootstrap::run(&a.nodelet, a.pairs, a.footprint).await?,
     );
     write_report(&a, report)
+}
+
+/// A scenario's medians and ratios, and every run's seconds.
+fn scenario_row(run: &Scenario, net: &str, name: &str, n: usize) -> serde_json::Value {
+    let each = |pick: &dyn Fn(&Round) -> Option<f64>| -> Vec<f64> {
+        run.rounds.iter().filter_map(pick).collect()
+    };
+    let added = each(&|r| Some((r.nodelet.start - r.floor.0) * 1000.0));
+    let by_level: BTreeMap<String, f64> = run
+        .levels
+        .iter()
+        .map(|(c, v)| (c.to_string(), median(v.iter().map(|s| s.0).collect())))
+        .collect();
+    let selection: BTreeMap<String, &Vec<Run>> =
+        run.levels.iter().map(|(c, v)| (c.to_string(), v)).collect();
+    let mut row = serde_json::json!({
+        "network": net, "scenario": name, "pods": n, "rounds": run.rounds.len(),
+        "floor_start_s": median(each(&|r| Some(r.floor.0))),
+        "nodelet_start_s": median(each(&|r| Some(r.nodelet.start))),
+        "floor_concurrency": run.start_at, "floor_start_s_by_concurrency": by_level,
+        "start_ratio": median(each(&|r| Some(r.nodelet.start / r.floor.0.max(1e-9)))),
+        "added_ms_median": median(added.clone()), "added_ms_p90": p90(added),
+        "floor_teardown_s": median(each(&|r| Some(r.floor.1))),
+        "floor_teardown_concurrency": run.teardown_at,
+        "nodelet_teardown_s": median(each(&|r| r.nodelet.removed)),
+        "teardown_ratio": median(each(&|r| Some(r.nodelet.removed? / r.floor.1.max(1e-9)))),
+        "nodelet_stop_s": median(each(&|r| Some(r.nodelet.stopped))),
+        "floor_selection_s": selection, "rounds_s": run.rounds,
+    });
+    if run.rounds.iter().any(|r| r.kubelet.is_some()) {
+        let k = |pick: &dyn Fn(&AgentRun, &Round) -> f64| {
+            median(each(&|r| Some(pick(r.kubelet.as_ref()?, r))))
+        };
+        row["kubelet_start_s"] = k(&|k, _| k.start).into();
+        row["kubelet_stop_s"] = k(&|k, _| k.stopped).into();
+        row["kubelet_start_ratio"] = k(&|k, r| k.start / r.floor.0.max(1e-9)).into();
+        row["nodelet_over_kubelet_start"] = k(&|k, r| r.nodelet.start / k.start.max(1e-9)).into();
+        row["nodelet_over_kubelet_teardown"] =
+            k(&|k, r| r.nodelet.stopped / k.stopped.max(1e-9)).into();
+    }
+    row
+}
+
+fn print_scenarios(rows: &[serde_json::Value]) {
+    let f = |r: &serde_json::Value, key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{:<12} {:<12} {:>8} {:>9} {:>9} {:>8} {:>8} {:>11} {:>11} {:>9}",
+        "network",
+        "scenario",
+        "floor s",
+        "kubelet s",
+        "nodelet s",
+        "n/floor",
+        "n/kubelet",
+        "teardown/fl",
+        "teardown/kl",
+        "floor at"
+    );
+    for r in rows {
+        println!(
+            "{:<12} {:<12} {:>8.3} {:>9.3} {:>9.3} {:>8.2} {:>8.2} {:>11.2} {:>11.2} {:>9}",
+            r["network"].as_str().unwrap_or(""),
+            r["scenario"].as_str().unwrap_or(""),
+            f(r, "floor_start_s"),
+            f(r, "kubelet_start_s"),
+            f(r, "nodelet_start_s"),
+            f(r, "start_ratio"),
+            f(r, "nodelet_over_kubelet_start"),
+            f(r, "teardown_ratio"),
+            f(r, "nodelet_over_kubelet_teardown"),
+            format!(
+                "{}/{}",
+                r["floor_concurrency"].as_u64().unwrap_or(0),
+                r["floor_teardown_concurrency"].as_u64().unwrap_or(0)
+            )
+        );
+    }
+}
+
+/// Each agent's idle footprint, side by side, and the targets against the kubelet.
+fn print_footprints(prints: &[serde_json::Value]) {
+    let f = |p: &serde_json::Value, agent: &str, key: &str| {
+        p[agent]["agent"][key].as_f64().unwrap_or(f64::NAN)
+    };
+    println!(
+        "\n{:<6} {:>12} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8} {:>15}",
+        "pods",
+        "nodelet RSS",
+        "kubelet RSS",
+        "nodelet peak",
+        "n/k RSS",
+        "nodelet CPU",
+        "kubelet CPU",
+        "n/k CPU",
+        "containerd RSS"
+    );
+    for p in prints {
+        println!(
+            "{:<6} {:>8.1} MiB {:>8.1} MiB {:>8.1} MiB {:>8.2} {:>11.2}% {:>11.2}% {:>8.2} {:>11.1} MiB",
+            p["pods"],
+            f(p, "nodelet", "rss_mib"),
+            f(p, "kubelet", "rss_mib"),
+            f(p, "nodelet", "peak_rss_mib"),
+            f(p, "nodelet", "rss_mib") / f(p, "kubelet", "rss_mib"),
+            f(p, "nodelet", "cpu_percent"),
+            f(p, "kubelet", "cpu_percent"),
+            f(p, "nodelet", "cpu_percent") / f(p, "kubelet", "cpu_percent"),
+            p["nodelet"]["containerd"]["rss_mib"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+        );
+    }
 }
 
 fn print_status_latency(cluster: &serde_json::Value) {
@@ -888,18 +864,19 @@ fn write_report(a: &Args, report: BTreeMap<&str, serde_json::Value>) -> Result<(
 /// (`--feature-gates=EventedPLEG=false`): the start of the max-pods scenario (alternating
 /// runs, `pairs` of each) and the idle CPU with those pods running. Where the runtime streams
 /// no events (containerd 1.6) both relist every second.
-async fn pleg_comparison(rt: &RuntimeClient, a: &Args, work: &Path) -> Result<serde_json::Value> {
+async fn pleg_comparison(a: &Args, work: &Path) -> Result<serde_json::Value> {
     let n = a.sizes.1;
     let modes: [(&str, &[&str]); 2] = [
         ("events", &[]),
         ("relist", &["--feature-gates=EventedPLEG=false"]),
     ];
     let start = |mode: &str, extra: &[&str]| {
-        Agent::start(
+        Agent::nodelet(
             &a.nodelet,
             &a.endpoint,
             &work.join(format!("pleg-{mode}")),
             extra,
+            &a.out.join(format!("nodelet-pleg-{mode}.log")),
         )
     };
     let mut starts: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -908,33 +885,25 @@ async fn pleg_comparison(rt: &RuntimeClient, a: &Args, work: &Path) -> Result<se
             // which goes first alternates
             let (mode, extra) = modes[(pair + k) % modes.len()];
             let agent = start(mode, extra)?;
-            until(rt, "nodelet to start", START_POLL, |_, _| true).await?;
-            let (start, _) = through_nodelet(rt, &agent, n, false).await?;
-            starts.entry(mode).or_default().push(start);
+            agent.ready().await?;
+            let run = agent.run(n, false).await?;
+            starts.entry(mode).or_default().push(run.start);
         }
     }
     let mut out = serde_json::Map::new();
     for (mode, extra) in modes {
         let agent = start(mode, extra)?;
-        for i in 0..n {
-            agent.write(i, false)?;
-        }
-        until(rt, "pods running", START_POLL, |_, running| running == n).await?;
+        agent.ready().await?;
+        agent.start_pods(n, false).await?;
         quiesce().await;
-        let idle = footprint(agent.child.id(), a.containerd_pid, a.footprint).await;
-        for i in 0..n {
-            agent.remove(i)?;
-        }
-        until(rt, "sandboxes gone", TEARDOWN_POLL, |sandboxes, _| {
-            sandboxes == 0
-        })
-        .await?;
+        let idle = footprint(agent.pid(), a.containerd_pid, a.footprint).await;
+        agent.stop_pods(n).await?;
         let start = starts.remove(mode).unwrap_or_default();
         println!(
             "PLEG {mode:<7} {n} pods: start {:.3} s (median of {}), idle CPU {:.2}% nodelet, {:.2}% containerd",
             median(start.clone()),
             start.len(),
-            idle["nodelet"]["cpu_percent"].as_f64().unwrap_or(0.0),
+            idle["agent"]["cpu_percent"].as_f64().unwrap_or(0.0),
             idle["containerd"]["cpu_percent"].as_f64().unwrap_or(0.0),
         );
         out.insert(
