@@ -399,12 +399,21 @@ maxPods: 200
                 Ok((stopped, Some(began.elapsed().as_secs_f64())))
             }
             Kind::Kubelet => {
-                for sandbox in self.rt.list_sandboxes(None).await? {
-                    if let Err(e) = self.rt.remove_pod_sandbox(&sandbox.id).await
-                        && !e.is_not_found()
-                    {
-                        return Err(e.into());
+                // The kubelet removes the exited containers meanwhile: a removal that meets
+                // its own is tried again until nothing is left.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let left = self.rt.list_sandboxes(None).await?;
+                    if left.is_empty() {
+                        break;
                     }
+                    if Instant::now() > deadline {
+                        bail!("kubelet: {} sandboxes cannot be removed", left.len());
+                    }
+                    for sandbox in left {
+                        let _ = self.rt.remove_pod_sandbox(&sandbox.id).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Ok((stopped, None))
             }
