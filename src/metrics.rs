@@ -203,7 +203,28 @@ pub struct Metrics {
     shutdown_start: Family,
     shutdown_end: Family,
     events_dropped: Family,
+    node_name: Family,
+    cgroup_version: Family,
+    build_info: Family,
+    desired_pods: Family,
+    active_pods: Family,
+    working_pods: Family,
+    mirror_pods: Family,
+    orphaned_runtime_pods: Family,
 }
+
+/// The labels of `kubernetes_build_info`, as upstream's.
+const BUILD_INFO_LABELS: &[&str] = &[
+    "build_date",
+    "compiler",
+    "git_commit",
+    "git_tree_state",
+    "git_version",
+    "go_version",
+    "major",
+    "minor",
+    "platform",
+];
 
 /// The process-wide registry.
 pub fn get() -> &'static Metrics {
@@ -330,7 +351,63 @@ pub fn get() -> &'static Metrics {
             "Duration in seconds for a probe response",
             &["probe_type", "container", "pod", "namespace"],
         ),
+        node_name: Family::new(
+            "kubelet_node_name",
+            "The node's name. The count is always 1.",
+            "gauge",
+            &["node"],
+        ),
+        cgroup_version: Family::new(
+            "kubelet_cgroup_version",
+            "cgroup version on the hosts.",
+            "gauge",
+            &[],
+        ),
+        build_info: Family::new(
+            "kubernetes_build_info",
+            "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+            "gauge",
+            BUILD_INFO_LABELS,
+        ),
+        desired_pods: Family::new(
+            "kubelet_desired_pods",
+            "The number of pods the kubelet is being instructed to run. static is true if the pod is not from the apiserver.",
+            "gauge",
+            &["static"],
+        ),
+        active_pods: Family::new(
+            "kubelet_active_pods",
+            "The number of pods the kubelet considers active and which are being considered when admitting new pods. static is true if the pod is not from the apiserver.",
+            "gauge",
+            &["static"],
+        ),
+        working_pods: Family::new(
+            "kubelet_working_pods",
+            "Number of pods the kubelet is actually running, broken down by lifecycle phase, whether the pod is desired, orphaned, or runtime only (also orphaned), and whether the pod is static. An orphaned pod has been removed from local configuration or force deleted in the API and consumes resources that are not otherwise visible.",
+            "gauge",
+            &["lifecycle", "config", "static"],
+        ),
+        mirror_pods: Family::new(
+            "kubelet_mirror_pods",
+            "The number of mirror pods the kubelet will try to create (one per admitted static pod)",
+            "gauge",
+            &[],
+        ),
+        orphaned_runtime_pods: Family::new(
+            "kubelet_orphaned_runtime_pods_total",
+            "Number of pods that have been detected in the container runtime without being already known to the pod worker. This typically indicates the kubelet was restarted while a pod was force deleted in the API or in the local configuration, which is unusual.",
+            "counter",
+            &[],
+        ),
     })
+}
+
+/// How many pods are in each state, for the pod count gauges: each (API pods, static pods).
+pub struct PodCounts {
+    pub desired: (usize, usize),
+    pub active: (usize, usize),
+    /// Pod workers by (lifecycle, config, static), upstream's label values.
+    pub working: BTreeMap<(&'static str, &'static str, &'static str), usize>,
 }
 
 /// One probe run, for /metrics/probes.
@@ -438,6 +515,56 @@ impl Metrics {
         out
     }
 
+    /// What the agent runs as: the node's name, the host's cgroup version and nodelet's build
+    /// (its Kubernetes version, which the kubelet's build info carries).
+    pub fn set_node(&self, node: &str, cgroup_version: u8, version: &str) {
+        self.node_name.set(&[node], 1.0);
+        self.cgroup_version.set(&[], f64::from(cgroup_version));
+        let numbers: Vec<&str> = version.trim_start_matches('v').split('.').collect();
+        let platform = format!("{}/{}", std::env::consts::OS, go_arch());
+        self.build_info.set(
+            &[
+                "",
+                "rustc",
+                "",
+                "",
+                version,
+                "",
+                numbers.first().copied().unwrap_or_default(),
+                numbers.get(1).copied().unwrap_or_default(),
+                &platform,
+            ],
+            1.0,
+        );
+        self.mirror_pods.set(&[], 0.0);
+        self.orphaned_runtime_pods.add(&[], 0.0);
+    }
+
+    /// The pod counts housekeeping takes.
+    pub fn set_pod_counts(&self, counts: &PodCounts) {
+        for (family, (api, statics)) in [
+            (&self.desired_pods, counts.desired),
+            (&self.active_pods, counts.active),
+        ] {
+            family.set(&[""], api as f64);
+            family.set(&["true"], statics as f64);
+        }
+        for ((lifecycle, config, statics), n) in &counts.working {
+            self.working_pods
+                .set(&[lifecycle, config, statics], *n as f64);
+        }
+    }
+
+    /// The mirror pods the API server holds for this node's static pods.
+    pub fn set_mirror_pods(&self, n: usize) {
+        self.mirror_pods.set(&[], n as f64);
+    }
+
+    /// Housekeeping found a pod in the runtime that no worker knew.
+    pub fn orphaned_runtime_pod(&self) {
+        self.orphaned_runtime_pods.add(&[], 1.0);
+    }
+
     /// Sets the gauges computed at scrape time.
     pub fn set_running(&self, pods: usize, containers_by_state: &[(&str, usize)]) {
         self.running_pods.set(&[], pods as f64);
@@ -463,6 +590,14 @@ impl Metrics {
             &self.shutdown_start,
             &self.shutdown_end,
             &self.events_dropped,
+            &self.node_name,
+            &self.cgroup_version,
+            &self.build_info,
+            &self.desired_pods,
+            &self.active_pods,
+            &self.working_pods,
+            &self.mirror_pods,
+            &self.orphaned_runtime_pods,
         ] {
             f.render(&mut out);
         }
@@ -477,6 +612,15 @@ impl Metrics {
         }
         process_metrics(&mut out);
         out
+    }
+}
+
+/// The machine's architecture as Go names it (upstream's platform label).
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
     }
 }
 

@@ -154,6 +154,20 @@ impl<S: PodSyncer> PodWorkers<S> {
         self.workers.contains_key(uid)
     }
 
+    /// Each worker's pod, whether it is being terminated, and whether it is a static pod
+    /// (`None`: a pod only the runtime has).
+    pub fn census(&self) -> impl Iterator<Item = (&PodUid, bool, Option<bool>)> {
+        self.workers.iter().map(|(uid, w)| {
+            let statics = match &*w.tx.borrow() {
+                Work::Sync(p) | Work::Terminate(p) => {
+                    Some(crate::pod::source(p) != Some(crate::types::Source::Api))
+                }
+                Work::TerminateRuntime(_) => None,
+            };
+            (uid, w.terminating, statics)
+        })
+    }
+
     /// Is this pod's worker terminating it?
     pub fn is_terminating(&self, uid: &PodUid) -> bool {
         self.workers.get(uid).is_some_and(|w| w.terminating)

@@ -621,6 +621,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             .cloned()
             .collect();
         self.syncer.housekeep(admitted).await;
+        self.record_pod_counts();
         let running = match self.syncer.runtime_pods().await {
             Ok(r) => r,
             Err(e) => {
@@ -653,8 +654,62 @@ impl<S: PodSyncer> SyncLoop<S> {
                 continue;
             }
             tracing::info!(pod = %pod.full_name(), uid = %pod.uid, "terminating pod that no source wants");
+            crate::metrics::get().orphaned_runtime_pod();
             self.terminate_runtime_pod(pod);
         }
+    }
+
+    /// The pod counts upstream takes at housekeeping: the pods the sources want, those of them
+    /// admitted (active), and the pod workers by lifecycle, by whether a source still wants
+    /// their pod (desired), no longer does (orphan) or never did (runtime_only), and by whether
+    /// it is static. A worker is gone once its pod is terminated, so none counts as terminated.
+    fn record_pod_counts(&self) {
+        let is_static = |p: &Pod| crate::pod::source(p) != Some(Source::Api);
+        let split = |pods: Vec<&Arc<Pod>>| {
+            let statics = pods.iter().filter(|p| is_static(p)).count();
+            (pods.len() - statics, statics)
+        };
+        let desired: Vec<&Arc<Pod>> = self.mux.desired().collect();
+        let desired_uids: std::collections::HashSet<PodUid> =
+            desired.iter().map(|p| PodUid::of(p)).collect();
+        let active = desired
+            .iter()
+            .copied()
+            .filter(|p| self.admitted.contains_key(&PodUid::of(p)))
+            .collect();
+        let mut working = std::collections::BTreeMap::new();
+        for lifecycle in ["sync", "terminating", "terminated"] {
+            for (config, statics) in [
+                ("desired", "true"),
+                ("desired", ""),
+                ("orphan", "true"),
+                ("orphan", ""),
+                ("runtime_only", "unknown"),
+            ] {
+                working.insert((lifecycle, config, statics), 0);
+            }
+        }
+        for (uid, terminating, statics) in self.workers.census() {
+            let lifecycle = if terminating { "terminating" } else { "sync" };
+            let key = match statics {
+                None => (lifecycle, "runtime_only", "unknown"),
+                Some(s) => (
+                    lifecycle,
+                    if desired_uids.contains(uid) {
+                        "desired"
+                    } else {
+                        "orphan"
+                    },
+                    if s { "true" } else { "" },
+                ),
+            };
+            *working.entry(key).or_default() += 1;
+        }
+        crate::metrics::get().set_pod_counts(&crate::metrics::PodCounts {
+            desired: split(desired),
+            active: split(active),
+            working,
+        });
     }
 
     /// Hands a pod only the runtime has to a worker to terminate; whatever the loop knew of

@@ -87,6 +87,11 @@ impl Core {
             period: config.cpu_cfs_quota_period.as_micros() as i64,
         };
         let cgroups = cgroup_manager(config, driver, &allocatable, cfs)?;
+        crate::metrics::get().set_node(
+            &config.node_name,
+            if crate::cgroups::unified() { 2 } else { 1 },
+            crate::config::KUBELET_VERSION,
+        );
         let tracker = TaskTracker::new();
         let runtime_handlers = runtime_handlers(&runtime).await;
         let ctx = pod_context(config, &runtime_handlers, &version.runtime_name, node, cfs);

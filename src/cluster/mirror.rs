@@ -123,6 +123,7 @@ async fn reconcile(
         .filter(|p| is_mirror(p))
         .map(|p| (full_name(&p), p))
         .collect();
+    crate::metrics::get().set_mirror_pods(mirrors.len());
     let statics: Vec<&Arc<Pod>> = wanted.pods.iter().filter(|p| is_static(p)).collect();
     let terminating = |name: &str| wanted.terminating.iter().any(|t| t == name);
     for pod in &statics {

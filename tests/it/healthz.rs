@@ -183,6 +183,34 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     ] {
         assert!(value(family).is_some(), "{family} missing in {body}");
     }
+    assert_eq!(
+        value(&format!("kubelet_node_name{{node=\"{}\"}}", node.name)),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(
+        value("kubelet_cgroup_version").is_some_and(|v| v == 1.0 || v == 2.0),
+        "{body}"
+    );
+    assert!(body.contains("\nkubernetes_build_info{"), "{body}");
+    assert_eq!(value("kubelet_mirror_pods"), Some(0.0), "{body}");
+    // Housekeeping (every 2 s) counts the pods: the one static pod is desired, active and
+    // synced by its worker.
+    let counts = [
+        "kubelet_desired_pods{static=\"true\"} 1",
+        "kubelet_desired_pods{static=\"\"} 0",
+        "kubelet_active_pods{static=\"true\"} 1",
+        "kubelet_working_pods{lifecycle=\"sync\",config=\"desired\",static=\"true\"} 1",
+        "kubelet_working_pods{lifecycle=\"terminating\",config=\"orphan\",static=\"true\"} 0",
+    ];
+    eventually("the pod counts", Duration::from_secs(10), || async {
+        let (_, body) = get(port, "/metrics").await?;
+        counts
+            .iter()
+            .all(|line| body.lines().any(|l| l == *line))
+            .then_some(())
+    })
+    .await;
     let (code, body) = get(port, "/stats/summary").await.unwrap();
     assert_eq!(code, 200, "{body}");
     let summary: serde_json::Value = serde_json::from_str(&body).unwrap();

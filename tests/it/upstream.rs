@@ -142,10 +142,13 @@ const GAPS: &[(&str, &str)] = &[
     ("metrics/resource/pod_swap_", "swap usage"),
     (
         "metrics/kubelet_",
-        "kubelet metrics nodelet does not serve yet (the managers', the image manager's, node startup, pod counts and more)",
+        "kubelet metrics nodelet does not serve yet (the managers', the image manager's, node startup and more)",
     ),
     ("metrics/dra_", "dynamic resource allocation"),
-    ("metrics/kubernetes_", "build information and feature gates"),
+    (
+        "metrics/kubernetes_feature_enabled",
+        "feature gates and their stages",
+    ),
     (
         "metrics/process_",
         "the open-file limit, virtual memory and network counters of the agent's process",
