@@ -262,51 +262,51 @@ pub fn get() -> &'static Metrics {
         ),
         runtime_operations: Family::new(
             "kubelet_runtime_operations_total",
-            "Cumulative number of runtime operations by operation type",
+            "Cumulative number of runtime operations by operation type.",
             "counter",
             &["operation_type"],
         ),
         runtime_errors: Family::new(
             "kubelet_runtime_operations_errors_total",
-            "Cumulative number of runtime operation errors by operation type",
+            "Cumulative number of runtime operation errors by operation type.",
             "counter",
             &["operation_type"],
         ),
         runtime_duration: Histogram::new(
             "kubelet_runtime_operations_duration_seconds",
-            "Duration in seconds of runtime operations",
+            "Duration in seconds of runtime operations. Broken down by operation type.",
             &["operation_type"],
         ),
         pleg_relist_duration: Histogram::new(
             "kubelet_pleg_relist_duration_seconds",
-            "Duration in seconds for relisting pods in PLEG",
+            "Duration in seconds for relisting pods in PLEG.",
             &[],
         ),
         pleg_relist_interval: Histogram::new(
             "kubelet_pleg_relist_interval_seconds",
-            "Interval in seconds between relisting in PLEG",
+            "Interval in seconds between relisting in PLEG.",
             &[],
         ),
         evented_pleg_connected: Family::new(
             "kubelet_evented_pleg_connection_success_count",
-            "The number of times a CRI client successfully connected to the container event stream",
+            "The number of times a streaming client was obtained to receive CRI Events.",
             "counter",
             &[],
         ),
         evented_pleg_errors: Family::new(
             "kubelet_evented_pleg_connection_error_count",
-            "The number of errors encountered while connecting to or reading the container event stream",
+            "The number of errors encountered during the establishment of streaming connection with the CRI runtime.",
             "counter",
             &[],
         ),
         pod_worker_duration: Histogram::new(
             "kubelet_pod_worker_duration_seconds",
-            "Duration in seconds to sync a single pod",
+            "Duration in seconds to sync a single pod. Broken down by operation type: create, update, or sync",
             &["operation_type"],
         ),
         pod_start_duration: Histogram::new(
             "kubelet_pod_start_duration_seconds",
-            "Duration in seconds from the agent seeing a pod to all its containers running",
+            "Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
             &[],
         ),
         http_requests: Family::new(
@@ -317,7 +317,7 @@ pub fn get() -> &'static Metrics {
         ),
         probes: Family::new(
             "prober_probe_total",
-            "Cumulative number of a liveness, readiness or startup probe for a container by result",
+            "Cumulative number of a liveness, readiness or startup probe for a container by result.",
             "counter",
             &[
                 "probe_type",
@@ -348,7 +348,7 @@ pub fn get() -> &'static Metrics {
         ),
         probe_duration: Histogram::new(
             "prober_probe_duration_seconds",
-            "Duration in seconds for a probe response",
+            "Duration in seconds for a probe response.",
             &["probe_type", "container", "pod", "namespace"],
         ),
         node_name: Family::new(
@@ -624,6 +624,39 @@ fn go_arch() -> &'static str {
     }
 }
 
+/// The process's soft limit of `resource` (unlimited is the largest 64-bit number, as Go's
+/// client reports it).
+fn soft_limit(resource: libc::__rlimit_resource_t) -> f64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only into `limit`, which outlives the call.
+    if unsafe { libc::getrlimit(resource, &mut limit) } != 0 {
+        return 0.0;
+    }
+    limit.rlim_cur as f64
+}
+
+/// The IP octets received and sent in the process's network namespace (the IpExt counters of
+/// /proc/self/net/netstat), as Go's process collector reports them.
+fn network_octets() -> (f64, f64) {
+    let text = std::fs::read_to_string("/proc/self/net/netstat").unwrap_or_default();
+    let mut lines = text.lines().filter(|l| l.starts_with("IpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return (0.0, 0.0);
+    };
+    let field = |wanted: &str| {
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(name, _)| *name == wanted)
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("InOctets"), field("OutOctets"))
+}
+
 fn process_metrics(out: &mut String) {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return;
@@ -654,30 +687,61 @@ fn process_metrics(out: &mut String) {
         .unwrap_or(0.0);
     let start = boot + num(19) / ticks.max(1.0);
     let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let (received, sent) = network_octets();
     for (name, kind, help, value) in [
         (
             "process_cpu_seconds_total",
             "counter",
-            "Total user and system CPU time spent in seconds",
+            "Total user and system CPU time spent in seconds.",
             cpu,
         ),
         (
             "process_resident_memory_bytes",
             "gauge",
-            "Resident memory size in bytes",
+            "Resident memory size in bytes.",
             rss,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            num(20),
+        ),
+        (
+            "process_virtual_memory_max_bytes",
+            "gauge",
+            "Maximum amount of virtual memory available in bytes.",
+            soft_limit(libc::RLIMIT_AS),
         ),
         (
             "process_start_time_seconds",
             "gauge",
-            "Start time of the process since unix epoch in seconds",
+            "Start time of the process since unix epoch in seconds.",
             start,
         ),
         (
             "process_open_fds",
             "gauge",
-            "Number of open file descriptors",
+            "Number of open file descriptors.",
             fds as f64,
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            soft_limit(libc::RLIMIT_NOFILE),
+        ),
+        (
+            "process_network_receive_bytes_total",
+            "counter",
+            "Number of bytes received by the process over the network.",
+            received,
+        ),
+        (
+            "process_network_transmit_bytes_total",
+            "counter",
+            "Number of bytes sent by the process over the network.",
+            sent,
         ),
     ] {
         let _ = writeln!(

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the upstream control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, the kubelet, kubeadm, and the addons kubeadm installs: kube-proxy and
-# CoreDNS) and upstream's conformance tests (e2e.test, the ginkgo runner, the test image
+# CoreDNS), Prometheus's text-format parser (kube/promparse, for the metrics tests), and
+# upstream's conformance tests (e2e.test, the ginkgo runner, the test image
 # programs agnhost and nnp, and the sample device plugin) from upstream's Go modules, cached by
 # version outside the checkout.
 #
@@ -118,6 +119,7 @@ kube_ldflags() {
 build() {
     local missing=() b start
     for b in "${kube_bins[@]}" etcd coredns; do [[ -x $bindir/$b ]] || missing+=("$b"); done
+    [[ $bindir/promparse -nt $here/kube/promparse/main.go ]] || missing+=(promparse)
     if [[ ${#missing[@]} -eq 0 ]]; then
         log "cached in $bindir"
         return
@@ -146,6 +148,12 @@ build() {
         mv "$bindir/$b.tmp" "$bindir/$b"
         log "$b built in $((SECONDS - start)) s"
     done
+    # Prometheus's own text-format parser, for the metrics tests (see kube/promparse): rebuilt
+    # when its source changes.
+    if [[ ! $bindir/promparse -nt $here/kube/promparse/main.go ]]; then
+        (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$bindir/promparse.tmp" ./promparse)
+        mv "$bindir/promparse.tmp" "$bindir/promparse"
+    fi
 }
 
 # One test binary (`go test -c`) of package $2 as $bindir/$1, unless cached.

@@ -1,6 +1,7 @@
 //! Test bed helpers: the private containerd, and an in-process nodelet per test with its own
 //! node name, directories and pods, so tests run in parallel without touching each other.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -615,6 +616,37 @@ pub async fn serve(app: axum::Router) -> (std::net::SocketAddr, CancellationToke
     (addr, stop)
 }
 
+/// One metric family as Prometheus's own text parser reads it.
+#[derive(Debug, serde::Deserialize)]
+pub struct Family {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub help: String,
+}
+
+/// The families of a Prometheus text exposition, by name, as Prometheus's own parser
+/// (`promparse`, built beside the control plane) reads them; or the parser's complaint.
+pub fn prometheus_families(text: &str) -> Result<BTreeMap<String, Family>, String> {
+    use std::io::Write as _;
+    let bin = PathBuf::from(std::env::var("K8S_BIN").expect("K8S_BIN (make test sets it)"))
+        .join("promparse");
+    let mut child = std::process::Command::new(&bin)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (hack/k8s/build.sh bin builds it)", bin.display()));
+    let mut stdin = child.stdin.take().expect("promparse's stdin");
+    let input = text.to_string();
+    let feeder = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().expect("promparse runs");
+    let _ = feeder.join();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(serde_json::from_slice(&out.stdout).expect("promparse's JSON"))
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -754,7 +786,14 @@ pub fn unmount_all_under(dir: &Path) {
 /// container exits at once on SIGTERM.
 pub fn pod_yaml(name: &str, containers: &[(&str, &str)], extra_spec: &str) -> String {
     let mut out = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 5\n{extra_spec}  containers:\n"
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 5
+{extra_spec}  containers:
+"
     );
     for (c, script) in containers {
         let script = format!("trap 'exit 0' TERM; {script}");

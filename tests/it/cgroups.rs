@@ -30,7 +30,17 @@ fn read(path: PathBuf) -> String {
 
 fn pod(name: &str, resources: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {resources}\n    command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]\n"
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    resources: {resources}
+    command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]
+"
     )
 }
 
@@ -142,7 +152,16 @@ async fn pod_max_pids_caps_the_processes_of_a_pod() {
     node.write_manifest(
         "p.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: p}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+"
         ),
     );
     let (sandbox, _) = node.wait_running("p", 1).await;
@@ -192,7 +211,13 @@ async fn a_runtime_class_picks_the_handler_and_its_overhead_counts_in_the_pod_cg
     );
     let node = Node::start("rtclass", &[]).await;
     let class = format!(
-        "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {{name: alt}}\nhandler: {handler}\noverhead: {{podFixed: {{cpu: 100m, memory: 32Mi}}}}\n---\n"
+        "apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {{name: alt}}
+handler: {handler}
+overhead: {{podFixed: {{cpu: 100m, memory: 32Mi}}}}
+---
+"
     );
     let with_class = |name: &str, class: &str| {
         pod(name, "{limits: {cpu: 200m, memory: 64Mi}}")
@@ -403,7 +428,17 @@ async fn the_static_cpu_manager_gives_a_guaranteed_container_a_cpu_of_its_own_an
     let report = "while true; do grep Cpus_allowed_list /proc/self/status; sleep 0.5; done";
     let with = |name: &str, resources: &str| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {resources}\n    command: [sh, -c, \"trap 'exit 0' TERM; {report}\"]\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    resources: {resources}
+    command: [sh, -c, \"trap 'exit 0' TERM; {report}\"]
+"
         )
     };
     let guaranteed = "{requests: {cpu: 1, memory: 64Mi}, limits: {cpu: 1, memory: 64Mi}}";
@@ -533,7 +568,16 @@ async fn the_static_memory_manager_pins_a_guaranteed_pod_to_its_numa_node_and_ke
     node.write_manifest(
         "pinned.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: pinned}}\nspec:\n  terminationGracePeriodSeconds: 1\n  initContainers:\n  - {{name: init, image: {BUSYBOX}, command: [\"true\"], resources: {}}}\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, \"{FOREVER}\"], resources: {}}}\n",
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: pinned}}
+spec:
+  terminationGracePeriodSeconds: 1
+  initContainers:
+  - {{name: init, image: {BUSYBOX}, command: [\"true\"], resources: {}}}
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: [sh, -c, \"{FOREVER}\"], resources: {}}}
+",
             resources("32Mi"),
             resources("64Mi")
         ),

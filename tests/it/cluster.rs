@@ -48,7 +48,10 @@ async fn join_on(
     let config = cp.dir.join(format!("{test}-kubelet.yaml"));
     std::fs::write(
         &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 4\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+nodeLeaseDurationSeconds: 4
+",
     )
     .expect("write the kubelet config");
     let mut args = vec![
@@ -1456,7 +1459,17 @@ async fn a_node_shutdown_reports_not_ready_and_every_pods_final_status() {
     let mut node = join(&cp, "nodeshutdown", &grace).await;
     node.write_manifest("web.yaml", &pod_yaml("web", &[("c", FOREVER)], ""));
     let api = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: api}}\nspec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 5\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, \"trap 'exit 143' TERM; {FOREVER}\"]\n"
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: api}}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, \"trap 'exit 143' TERM; {FOREVER}\"]
+"
     );
     cp.pods("default")
         .create(&PostParams::default(), &bound_pod(&api, &node.name))
@@ -1781,7 +1794,10 @@ async fn join_through_relay(cp: &ControlPlane, test: &str) -> (Node, BlackHole) 
     let config = cp.dir.join(format!("{test}-kubelet.yaml"));
     std::fs::write(
         &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 4\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+nodeLeaseDurationSeconds: 4
+",
     )
     .expect("write the kubelet config");
     let (kubeconfig, config) = (

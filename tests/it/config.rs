@@ -21,7 +21,13 @@ fn flags_override_the_file_which_overrides_the_defaults() {
     let file = dir.path().join("kubelet.yaml");
     std::fs::write(
         &file,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: /from/file\nsyncFrequency: 1m30s\nhealthzPort: 20000\nclusterDNS: [10.96.0.10]\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: /from/file
+syncFrequency: 1m30s
+healthzPort: 20000
+clusterDNS: [10.96.0.10]
+",
     )
     .unwrap();
     let path = file.display().to_string();
@@ -67,7 +73,12 @@ fn a_config_file_with_three_errors_reports_all_three_and_exits_2() {
     let file = dir.path().join("bad.yaml");
     std::fs::write(
         &file,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfileCheckFrequency: 20 seconds\nhealthzPort: 99999\ncontainerRuntimeEndpoint: /run/containerd/containerd.sock\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+fileCheckFrequency: 20 seconds
+healthzPort: 99999
+containerRuntimeEndpoint: /run/containerd/containerd.sock
+",
     )
     .unwrap();
     let path = file.display().to_string();
@@ -105,7 +116,10 @@ fn unknown_fields_in_the_file_are_refused_by_name() {
     let file = dir.path().join("k.yaml");
     std::fs::write(
         &file,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPat: /x\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPat: /x
+",
     )
     .unwrap();
     let problems = load(&[

@@ -14,11 +14,25 @@ fn lines(token: &str, n: usize) -> String {
 fn config_map(name: &str, version: &str) -> String {
     let body = serde_json::to_string(&lines(version, 2000)).expect("json string");
     format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\ndata:\n  MODE: fast\n  GREETING: hello\n  a: {body}\n  b: {body}\n"
+        "apiVersion: v1
+kind: ConfigMap
+metadata: {{name: {name}}}
+data:
+  MODE: fast
+  GREETING: hello
+  a: {body}
+  b: {body}
+"
     )
 }
 
-const SECRET: &str = "apiVersion: v1\nkind: Secret\nmetadata: {name: creds}\ntype: Opaque\ndata: {password: czNjcjN0}\nstringData: {user: admin}\n";
+const SECRET: &str = "apiVersion: v1
+kind: Secret
+metadata: {name: creds}
+type: Opaque
+data: {password: czNjcjN0}
+stringData: {user: admin}
+";
 
 /// Reads the config volume in a loop: the two keys must always come from one version (read
 /// through one resolution of `..data`) and each file must be whole (one version, every line).
@@ -45,7 +59,28 @@ done
 fn pod() -> String {
     let script = serde_json::to_string(&format!("trap 'exit 0' TERM; {READER}")).expect("json");
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: app}}\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes:\n  - {{name: cfg, configMap: {{name: app-cfg}}}}\n  - {{name: sec, secret: {{secretName: creds, defaultMode: 0400}}}}\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    env:\n    - {{name: MODE, valueFrom: {{configMapKeyRef: {{name: app-cfg, key: MODE}}}}}}\n    - {{name: PW, valueFrom: {{secretKeyRef: {{name: creds, key: password}}}}}}\n    envFrom:\n    - {{configMapRef: {{name: app-cfg}}, prefix: CFG_}}\n    - {{secretRef: {{name: creds}}, prefix: CFG_}}\n    volumeMounts:\n    - {{name: cfg, mountPath: /cfg}}\n    - {{name: sec, mountPath: /sec}}\n"
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: app}}
+spec:
+  terminationGracePeriodSeconds: 5
+  volumes:
+  - {{name: cfg, configMap: {{name: app-cfg}}}}
+  - {{name: sec, secret: {{secretName: creds, defaultMode: 0400}}}}
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+    env:
+    - {{name: MODE, valueFrom: {{configMapKeyRef: {{name: app-cfg, key: MODE}}}}}}
+    - {{name: PW, valueFrom: {{secretKeyRef: {{name: creds, key: password}}}}}}
+    envFrom:
+    - {{configMapRef: {{name: app-cfg}}, prefix: CFG_}}
+    - {{secretRef: {{name: creds}}, prefix: CFG_}}
+    volumeMounts:
+    - {{name: cfg, mountPath: /cfg}}
+    - {{name: sec, mountPath: /sec}}
+"
     )
 }
 
@@ -113,7 +148,19 @@ async fn a_missing_reference_holds_the_container_until_the_object_appears() {
     node.write_manifest(
         "late.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: late}}\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    env:\n    - {{name: V, valueFrom: {{configMapKeyRef: {{name: late-cfg, key: k}}}}}}\n    - {{name: O, valueFrom: {{secretKeyRef: {{name: absent, key: k, optional: true}}}}}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: late}}
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+    env:
+    - {{name: V, valueFrom: {{configMapKeyRef: {{name: late-cfg, key: k}}}}}}
+    - {{name: O, valueFrom: {{secretKeyRef: {{name: absent, key: k, optional: true}}}}}}
+"
         ),
     );
     let waiting = |needle: &'static str| {
@@ -138,7 +185,11 @@ async fn a_missing_reference_holds_the_container_until_the_object_appears() {
     // The object appears without the key...
     node.write_manifest(
         "late-cfg.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: late-cfg}\ndata: {other: x}\n",
+        "apiVersion: v1
+kind: ConfigMap
+metadata: {name: late-cfg}
+data: {other: x}
+",
     );
     node.wait_status(
         "late",
@@ -149,7 +200,11 @@ async fn a_missing_reference_holds_the_container_until_the_object_appears() {
     // ...then with it: the container starts by itself, well before the periodic resync.
     node.write_manifest(
         "late-cfg.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: late-cfg}\ndata: {k: arrived}\n",
+        "apiVersion: v1
+kind: ConfigMap
+metadata: {name: late-cfg}
+data: {k: arrived}
+",
     );
     eventually(
         "the container to start",
@@ -178,7 +233,33 @@ async fn downward_api_files_follow_label_changes_of_a_pod_with_a_fixed_uid() {
     // is an update of the running pod (without one, any edit makes a new pod, as upstream).
     let manifest = |tier: &str| {
         format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: info}}\ndata: {{greeting: hi}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: down, uid: down-{node}, labels: {{tier: {tier}}}}}\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes:\n  - name: info\n    projected:\n      sources:\n      - downwardAPI:\n          items:\n          - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}\n          - {{path: name, fieldRef: {{fieldPath: metadata.name}}}}\n          - {{path: mem, resourceFieldRef: {{containerName: c, resource: limits.memory, divisor: 1Mi}}}}\n      - configMap: {{name: info}}\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    resources: {{limits: {{memory: 64Mi}}}}\n    volumeMounts: [{{name: info, mountPath: /info}}]\n",
+            "apiVersion: v1
+kind: ConfigMap
+metadata: {{name: info}}
+data: {{greeting: hi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: down, uid: down-{node}, labels: {{tier: {tier}}}}}
+spec:
+  terminationGracePeriodSeconds: 5
+  volumes:
+  - name: info
+    projected:
+      sources:
+      - downwardAPI:
+          items:
+          - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}
+          - {{path: name, fieldRef: {{fieldPath: metadata.name}}}}
+          - {{path: mem, resourceFieldRef: {{containerName: c, resource: limits.memory, divisor: 1Mi}}}}
+      - configMap: {{name: info}}
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+    resources: {{limits: {{memory: 64Mi}}}}
+    volumeMounts: [{{name: info, mountPath: /info}}]
+",
             node = node.name
         )
     };

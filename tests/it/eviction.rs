@@ -6,7 +6,21 @@ use crate::bed::{BUSYBOX, FOREVER, Node, eventually, pod_yaml};
 
 fn burstable(name: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sh, -c, {}]\n    resources:\n      requests:\n        memory: 10Mi\n        cpu: 10m\n",
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: [sh, -c, {}]
+    resources:
+      requests:
+        memory: 10Mi
+        cpu: 10m
+",
         serde_json::to_string(&format!("trap 'exit 0' TERM; {FOREVER}")).unwrap()
     )
 }
@@ -17,7 +31,6 @@ fn evicted(s: &k8s_openapi::api::core::v1::PodStatus) -> bool {
 
 #[tokio::test]
 async fn memory_pressure_evicts_best_effort_then_burstable_and_never_a_critical_pod() {
-    // SAFETY: nextest runs each test in a process of its own.
     let mut node = Node::start("evict", &["--testing-eviction-period=1s"]).await;
     node.write_manifest("be.yaml", &pod_yaml("be", &[("app", FOREVER)], ""));
     node.write_manifest("bu.yaml", &burstable("bu"));

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::bed::{FOREVER, Node, eventually, free_port, pod_yaml};
+use crate::bed::{FOREVER, Node, eventually, free_port, pod_yaml, prometheus_families};
 
 /// (status code, body) of a GET on loopback.
 pub async fn get(port: u16, path: &str) -> Option<(u16, String)> {
@@ -211,6 +211,29 @@ async fn the_read_only_api_serves_pods_and_metrics() {
             .then_some(())
     })
     .await;
+    // Prometheus's own parser reads every endpoint; each family has its type and help.
+    for path in ["/metrics", "/metrics/probes", "/metrics/resource"] {
+        let (_, text) = get(port, path).await.unwrap();
+        let families = prometheus_families(&text)
+            .unwrap_or_else(|e| panic!("Prometheus cannot read {path}: {e}\n{text}"));
+        for (name, f) in &families {
+            assert!(!f.help.is_empty(), "{path}: {name} has no help");
+        }
+        if path == "/metrics" {
+            for (name, kind) in [
+                ("kubelet_running_pods", "GAUGE"),
+                ("kubelet_started_pods_total", "COUNTER"),
+                ("kubelet_pod_worker_duration_seconds", "HISTOGRAM"),
+                ("process_resident_memory_bytes", "GAUGE"),
+            ] {
+                assert_eq!(
+                    families.get(name).map(|f| f.kind.as_str()),
+                    Some(kind),
+                    "{name}"
+                );
+            }
+        }
+    }
     let (code, body) = get(port, "/stats/summary").await.unwrap();
     assert_eq!(code, 200, "{body}");
     let summary: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -131,7 +131,14 @@ async fn a_pod_list_from_the_url_runs_and_the_headers_are_sent() {
     );
     server.answer(
         200,
-        format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: url-cfg}}\ndata: {{v: from-url}}\n---\n{three}"),
+        format!(
+            "apiVersion: v1
+kind: ConfigMap
+metadata: {{name: url-cfg}}
+data: {{v: from-url}}
+---
+{three}"
+        ),
     );
     node.wait_running("three", 1).await;
     node.wait_log("three", "c", "v=from-url").await;
@@ -229,7 +236,11 @@ async fn the_urls_credentials_stay_hidden_and_its_pods_get_no_local_secret() {
         "--anonymous-auth",
     ];
     let mut node = Node::start("urlcreds", &args).await;
-    let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: local}\nstringData: {k: v}\n";
+    let secret = "apiVersion: v1
+kind: Secret
+metadata: {name: local}
+stringData: {k: v}
+";
     node.write_manifest("local.yaml", &format!("{secret}---\n{}", pod("beside")));
     node.wait_running("beside", 1).await;
     // The URL's pod may not use the directory's Secret: it waits, as for a missing one.

@@ -44,7 +44,17 @@ fn pod(name: &str, image: &str, policy: &str) -> String {
     )
     .expect("json");
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {image}\n    imagePullPolicy: {policy}\n    command: [sh, -c, {script}]\n"
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: {image}
+    imagePullPolicy: {policy}
+    command: [sh, -c, {script}]
+"
     )
 }
 
@@ -107,7 +117,6 @@ async fn pull_policies_against_a_registry() {
 
 #[tokio::test]
 async fn a_missing_image_backs_off_and_starts_once_pushed() {
-    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
     let reg = registry(false);
     let image = format!("{reg}/{}/app:1", unique_repo("t-missing"));
     let node = Node::start("imgmissing", &["--testing-backoff=1s"]).await;
@@ -148,7 +157,6 @@ async fn a_missing_image_backs_off_and_starts_once_pushed() {
 
 #[tokio::test]
 async fn the_registry_with_auth_takes_node_credentials_which_are_never_logged() {
-    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
     let reg = registry(true);
     let (user, password) = registry_login();
     let login = format!("{user}:{password}");
@@ -410,13 +418,32 @@ async fn describe_says_why_a_pod_is_not_running_and_events_outlive_a_restart() {
     node.write_manifest(
         "broken.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: broken}}\nspec:\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, '{FOREVER}']\n    env: [{{name: X, valueFrom: {{configMapKeyRef: {{name: missing, key: k}}}}}}]\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: broken}}
+spec:
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, '{FOREVER}']
+    env: [{{name: X, valueFrom: {{configMapKeyRef: {{name: missing, key: k}}}}}}]
+"
         ),
     );
     node.write_manifest(
         "probed.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: probed}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]\n    readinessProbe: {{exec: {{command: [sh, -c, 'echo not yet; exit 1']}}, periodSeconds: 1}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: probed}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]
+    readinessProbe: {{exec: {{command: [sh, -c, 'echo not yet; exit 1']}}, periodSeconds: 1}}
+"
         ),
     );
     let describe = |name: &str| {
@@ -636,7 +663,6 @@ async fn a_new_pod_shows_container_creating_while_its_image_is_pulled() {
 
 #[tokio::test]
 async fn image_gc_removes_unused_images_and_keeps_used_and_sandbox_ones() {
-    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
     let reg = registry(false);
     let image = format!("{reg}/{}/app:1", unique_repo("t-gc"));
     // Other content than the test bed's busybox, so removing it touches no image in use.
@@ -781,7 +807,18 @@ async fn an_image_volume_mounts_the_images_contents_read_only() {
     node.write_manifest(
         "v.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: v}}\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: img, image: {{reference: {BUSYBOX}, pullPolicy: IfNotPresent}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    volumeMounts: [{{name: img, mountPath: /img}}]\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: v}}
+spec:
+  terminationGracePeriodSeconds: 2
+  volumes: [{{name: img, image: {{reference: {BUSYBOX}, pullPolicy: IfNotPresent}}}}]
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+    volumeMounts: [{{name: img, mountPath: /img}}]
+"
         ),
     );
     if crate::bed::containerd2() {

@@ -39,11 +39,18 @@ fn read(path: &std::path::Path) -> String {
 
 #[tokio::test]
 async fn restarts_back_off_with_growing_gaps() {
-    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
     let node = Node::start("backoff", &["--testing-backoff=1s"]).await;
     node.write_manifest(
         "crash.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: crash}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n"),
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: crash}}
+spec:
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}
+"
+        ),
     );
     let sandbox = node.wait_sandbox("crash").await;
     // Containers are collected as the pod restarts, so their creation times are recorded as seen.
@@ -79,7 +86,24 @@ async fn a_sidecar_runs_beside_the_app_and_stops_last() {
     let marks = node.path("marks");
     std::fs::create_dir_all(&marks).unwrap();
     let yaml = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: side}}\nspec:\n  terminationGracePeriodSeconds: 5\n  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  initContainers:\n  - name: proxy\n    image: {BUSYBOX}\n    restartPolicy: Always\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    command: [sh, -c, \"trap 'sleep 1; echo proxy >> /m/stopped; exit 0' TERM; echo up > /m/proxy; {FOREVER}\"]\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    command: [sh, -c, \"trap 'echo app >> /m/stopped; exit 0' TERM; test -f /m/proxy && echo proxy-was-up; {FOREVER}\"]\n",
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: side}}
+spec:
+  terminationGracePeriodSeconds: 5
+  volumes: [{{name: m, hostPath: {{path: {m}}}}}]
+  initContainers:
+  - name: proxy
+    image: {BUSYBOX}
+    restartPolicy: Always
+    volumeMounts: [{{name: m, mountPath: /m}}]
+    command: [sh, -c, \"trap 'sleep 1; echo proxy >> /m/stopped; exit 0' TERM; echo up > /m/proxy; {FOREVER}\"]
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    volumeMounts: [{{name: m, mountPath: /m}}]
+    command: [sh, -c, \"trap 'echo app >> /m/stopped; exit 0' TERM; test -f /m/proxy && echo proxy-was-up; {FOREVER}\"]
+",
         m = marks.display()
     );
     node.write_manifest("side.yaml", &yaml);
@@ -104,7 +128,17 @@ async fn a_sidecar_runs_beside_the_app_and_stops_last() {
     node.write_manifest(
         "batch.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: batch}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 2\n  initContainers:\n  - {{name: helper, image: {BUSYBOX}, restartPolicy: Always, command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]}}\n  containers:\n  - {{name: job, image: {BUSYBOX}, command: [sh, -c, 'echo done']}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: batch}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 2
+  initContainers:
+  - {{name: helper, image: {BUSYBOX}, restartPolicy: Always, command: [sh, -c, \"trap 'exit 0' TERM; {FOREVER}\"]}}
+  containers:
+  - {{name: job, image: {BUSYBOX}, command: [sh, -c, 'echo done']}}
+"
         ),
     );
     node.wait_status("batch", "Succeeded with its sidecar stopped", |s| {
@@ -127,7 +161,23 @@ async fn hooks_run_around_the_container() {
     let m = marks.display();
     node.write_manifest(
         "order.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: order}}\nspec:\n  terminationGracePeriodSeconds: 10\n  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    lifecycle:\n      postStart: {{exec: {{command: [sh, -c, 'echo post-start >> /m/order']}}}}\n      preStop: {{exec: {{command: [sh, -c, 'echo pre-stop >> /m/order']}}}}\n    command: [sh, -c, \"trap 'echo term >> /m/order; exit 0' TERM; {FOREVER}\"]\n"),
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: order}}
+spec:
+  terminationGracePeriodSeconds: 10
+  volumes: [{{name: m, hostPath: {{path: {m}}}}}]
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    volumeMounts: [{{name: m, mountPath: /m}}]
+    lifecycle:
+      postStart: {{exec: {{command: [sh, -c, 'echo post-start >> /m/order']}}}}
+      preStop: {{exec: {{command: [sh, -c, 'echo pre-stop >> /m/order']}}}}
+    command: [sh, -c, \"trap 'echo term >> /m/order; exit 0' TERM; {FOREVER}\"]
+"
+        ),
     );
     let (order, _) = node.wait_running("order", 1).await;
     eventually("postStart to run", Duration::from_secs(30), || async {
@@ -142,7 +192,19 @@ async fn hooks_run_around_the_container() {
 
     node.write_manifest(
         "slow.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: slow}}\nspec:\n  terminationGracePeriodSeconds: 3\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    lifecycle: {{preStop: {{exec: {{command: [sleep, '600']}}}}}}\n    command: [sh, -c, \"trap '' TERM; {FOREVER}\"]\n"),
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: slow}}
+spec:
+  terminationGracePeriodSeconds: 3
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    lifecycle: {{preStop: {{exec: {{command: [sleep, '600']}}}}}}
+    command: [sh, -c, \"trap '' TERM; {FOREVER}\"]
+"
+        ),
     );
     let (slow, _) = node.wait_running("slow", 1).await;
     node.remove_manifest("slow.yaml");
@@ -151,7 +213,21 @@ async fn hooks_run_around_the_container() {
 
     node.write_manifest(
         "fails.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: fails}}\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    lifecycle: {{postStart: {{exec: {{command: [sh, -c, 'echo hook >> /m/failing; exit 1']}}}}}}\n    command: [sh, -c, \"trap 'echo killed >> /m/killed; exit 0' TERM; {FOREVER}\"]\n"),
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: fails}}
+spec:
+  terminationGracePeriodSeconds: 2
+  volumes: [{{name: m, hostPath: {{path: {m}}}}}]
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    volumeMounts: [{{name: m, mountPath: /m}}]
+    lifecycle: {{postStart: {{exec: {{command: [sh, -c, 'echo hook >> /m/failing; exit 1']}}}}}}
+    command: [sh, -c, \"trap 'echo killed >> /m/killed; exit 0' TERM; {FOREVER}\"]
+"
+        ),
     );
     node.wait_status("fails", "restarted after the failed postStart hook", |s| {
         s.container_statuses
@@ -171,11 +247,25 @@ async fn termination_messages_come_from_the_file_or_the_log() {
     let node = Node::start("termmsg", &[]).await;
     node.write_manifest(
         "file.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: file}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo -n goodbye > /dev/termination-log; exit 1']}}\n"),
+        &format!("apiVersion: v1
+kind: Pod
+metadata: {{name: file}}
+spec:
+  restartPolicy: Never
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo -n goodbye > /dev/termination-log; exit 1']}}
+"),
     );
     node.write_manifest(
         "logs.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: logs}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BUSYBOX}, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last words; exit 2']}}\n"),
+        &format!("apiVersion: v1
+kind: Pod
+metadata: {{name: logs}}
+spec:
+  restartPolicy: Never
+  containers:
+  - {{name: c, image: {BUSYBOX}, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last words; exit 2']}}
+"),
     );
     let st = node
         .wait_status("file", "Failed", |s| s.phase.as_deref() == Some("Failed"))
@@ -227,7 +317,18 @@ async fn env_expansion_and_every_downward_api_field() {
     env += "    - {name: GREETING, value: \"hi-$(NAME)\"}\n    - {name: LITERAL, value: \"$$(NAME)\"}\n";
     let script = "env; echo arg=$1; trap 'exit 0' TERM; while true; do sleep 1; done";
     let yaml = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: dw, labels: {{app: web}}, annotations: {{note: hello}}}}\nspec:\n  serviceAccountName: robot\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {{requests: {{cpu: 250m}}, limits: {{memory: 64Mi}}}}\n    env:\n{env}    command: [sh, -c, {}, sh, \"$(GREETING)\"]\n",
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: dw, labels: {{app: web}}, annotations: {{note: hello}}}}
+spec:
+  serviceAccountName: robot
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    resources: {{requests: {{cpu: 250m}}, limits: {{memory: 64Mi}}}}
+    env:
+{env}    command: [sh, -c, {}, sh, \"$(GREETING)\"]
+",
         serde_json::to_string(script).unwrap()
     );
     node.write_manifest("dw.yaml", &yaml);
@@ -271,7 +372,18 @@ async fn resources_and_security_context_are_seen_inside_the_container() {
     let node = Node::start("secctx", &[]).await;
     let script = "cat /sys/fs/cgroup/memory/memory.limit_in_bytes; echo uid=$(id -u) gid=$(id -g); touch /rootfs-write 2>/dev/null || echo read-only-root; grep CapBnd /proc/self/status; trap 'exit 0' TERM; while true; do sleep 1; done";
     let yaml = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: sec}}\nspec:\n  securityContext: {{runAsUser: 1000, runAsGroup: 3000, runAsNonRoot: true}}\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    resources: {{limits: {{memory: 32Mi}}}}\n    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL], add: [NET_BIND_SERVICE]}}}}\n    command: [sh, -c, {}]\n",
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: sec}}
+spec:
+  securityContext: {{runAsUser: 1000, runAsGroup: 3000, runAsNonRoot: true}}
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    resources: {{limits: {{memory: 32Mi}}}}
+    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL], add: [NET_BIND_SERVICE]}}}}
+    command: [sh, -c, {}]
+",
         serde_json::to_string(script).unwrap()
     );
     node.write_manifest("sec.yaml", &yaml);
@@ -287,7 +399,16 @@ async fn resources_and_security_context_are_seen_inside_the_container() {
 
     node.write_manifest(
         "root.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: root}}\nspec:\n  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo should-not-run']}}\n"),
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: root}}
+spec:
+  securityContext: {{runAsNonRoot: true}}
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo should-not-run']}}
+"
+        ),
     );
     let st = node
         .wait_status("root", "CreateContainerConfigError", |s| {
@@ -315,7 +436,20 @@ async fn proc_mount_default_masks_proc_and_unmasked_does_not() {
     node.write_manifest(
         "p.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: def\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n  - name: unm\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    securityContext: {{procMount: Unmasked}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: p}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: def
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+  - name: unm
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+    securityContext: {{procMount: Unmasked}}
+"
         ),
     );
     let masked = node.wait_log("p", "def", "keys=").await;
@@ -343,7 +477,19 @@ async fn a_container_is_stopped_with_its_own_stop_signal() {
     node.write_manifest(
         "s.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: s}}\nspec:\n  os: {{name: linux}}\n  terminationGracePeriodSeconds: 10\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    lifecycle: {{stopSignal: SIGUSR1}}\n    livenessProbe: {{exec: {{command: ['false']}}, initialDelaySeconds: 1, periodSeconds: 1, failureThreshold: 1}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: s}}
+spec:
+  os: {{name: linux}}
+  terminationGracePeriodSeconds: 10
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+    lifecycle: {{stopSignal: SIGUSR1}}
+    livenessProbe: {{exec: {{command: ['false']}}, initialDelaySeconds: 1, periodSeconds: 1, failureThreshold: 1}}
+"
         ),
     );
     let log = node.wait_log("s", "c", "got ").await;
@@ -359,7 +505,18 @@ async fn a_container_is_stopped_with_its_own_stop_signal() {
     node.write_manifest(
         "r.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: r}}\nspec:\n  os: {{name: linux}}\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {script}]\n    lifecycle: {{stopSignal: SIGUSR1}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: r}}
+spec:
+  os: {{name: linux}}
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {script}]
+    lifecycle: {{stopSignal: SIGUSR1}}
+"
         ),
     );
     let (_, containers) = node.wait_running("r", 1).await;
@@ -380,11 +537,18 @@ async fn a_container_is_stopped_with_its_own_stop_signal() {
 
 #[tokio::test]
 async fn garbage_collection_keeps_one_dead_container_per_container_with_its_log() {
-    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
     let node = Node::start("gcdead", &["--testing-backoff=1s"]).await;
     node.write_manifest(
         "g.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: g}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo run; sleep 1; exit 1']}}\n"),
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: g}}
+spec:
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'echo run; sleep 1; exit 1']}}
+"
+        ),
     );
     node.wait_status("g", "restarted four times", |s| {
         s.container_statuses
@@ -421,11 +585,18 @@ async fn garbage_collection_keeps_one_dead_container_per_container_with_its_log(
 
 #[tokio::test]
 async fn the_restart_backoff_goes_on_after_nodelet_restarts() {
-    // SAFETY: nextest runs each test in a process of its own; nothing else reads the variable.
     let mut node = Node::start("backoffkeep", &["--testing-backoff=1s"]).await;
     node.write_manifest(
         "k.yaml",
-        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: k}}\nspec:\n  containers:\n  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n"),
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: k}}
+spec:
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}
+"
+        ),
     );
     // Restarts 1 to 4 come after 0, 1, 2 and 4 s; the fifth is due 8 s after the fourth ends.
     node.wait_status("k", "restarted four times", |s| {
@@ -493,7 +664,20 @@ async fn a_termination_ends_on_time_and_its_leftovers_are_cleaned_in_the_backgro
     let node = Node::start("leftover", &[]).await;
     let pod = |marker: &str| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: kept}}\nspec:\n  terminationGracePeriodSeconds: 3\n  volumes: [{{name: scratch, emptyDir: {{}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    env: [{{name: MARK, value: {marker}}}]\n    volumeMounts: [{{name: scratch, mountPath: /scratch}}]\n    lifecycle: {{preStop: {{exec: {{command: [sleep, '600']}}}}}}\n    command: [sh, -c, \"touch /scratch/pin; trap '' TERM; {FOREVER}\"]\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: kept}}
+spec:
+  terminationGracePeriodSeconds: 3
+  volumes: [{{name: scratch, emptyDir: {{}}}}]
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    env: [{{name: MARK, value: {marker}}}]
+    volumeMounts: [{{name: scratch, mountPath: /scratch}}]
+    lifecycle: {{preStop: {{exec: {{command: [sleep, '600']}}}}}}
+    command: [sh, -c, \"touch /scratch/pin; trap '' TERM; {FOREVER}\"]
+"
         )
     };
     node.write_manifest("kept.yaml", &pod("one"));

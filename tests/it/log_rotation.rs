@@ -32,7 +32,6 @@ fn last_line_number(path: &Path) -> u64 {
 
 #[tokio::test]
 async fn a_chatty_containers_log_is_rotated_and_capped() {
-    // SAFETY: nextest runs each test in its own process; set before the agent reads it.
     let node = Node::start(
         "logrotate",
         &[

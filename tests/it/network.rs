@@ -7,7 +7,16 @@ use crate::bed::{BUSYBOX, FOREVER, Node};
 
 fn pod(name: &str, spec_extra: &str, script: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 2\n{spec_extra}  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {}]\n",
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 2
+{spec_extra}  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {}]
+",
         serde_json::to_string(&format!(
             "{script}; echo END; trap 'exit 0' TERM; {FOREVER}"
         ))

@@ -369,7 +369,17 @@ async fn sigterm_with_a_shutdown_grace_period_stops_pods_by_priority_then_exits(
     let m = m.display();
     let pod = |name: &str, extra: &str, script: &str| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 60\n{extra}  volumes: [{{name: m, hostPath: {{path: {m}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n{script}"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 60
+{extra}  volumes: [{{name: m, hostPath: {{path: {m}}}}}]
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    volumeMounts: [{{name: m, mountPath: /m}}]
+{script}"
         )
     };
     let traps = |name: &str| {
@@ -705,7 +715,11 @@ async fn hostile_manifests_break_nothing() {
     let (b, _) = node.wait_running("good-b", 1).await;
     let dir = node.manifests();
     let mut bomb = String::from(
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: bomb}\nx0: &x0 [a, a, a, a, a, a, a, a, a, a]\n",
+        "apiVersion: v1
+kind: Pod
+metadata: {name: bomb}
+x0: &x0 [a, a, a, a, a, a, a, a, a, a]
+",
     );
     for i in 1..10 {
         bomb += &format!(
@@ -723,7 +737,12 @@ async fn hostile_manifests_break_nothing() {
         ),
         (
             "malformed.yaml",
-            b"apiVersion: v1\nkind: Pod\nmetadata: {name: x\n  - [\n".to_vec(),
+            b"apiVersion: v1
+kind: Pod
+metadata: {name: x
+  - [
+"
+            .to_vec(),
         ),
         ("bomb.yaml", bomb.into_bytes()),
         (
@@ -733,7 +752,11 @@ async fn hostile_manifests_break_nothing() {
         ("huge.yaml", vec![b'#'; 11 * 1024 * 1024]),
         (
             "kind.yaml",
-            b"apiVersion: v1\nkind: Service\nmetadata: {name: svc}\n".to_vec(),
+            b"apiVersion: v1
+kind: Service
+metadata: {name: svc}
+"
+            .to_vec(),
         ),
         (
             "noname.yaml",

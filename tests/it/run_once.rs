@@ -59,7 +59,16 @@ async fn a_batch_that_succeeds_exits_0_with_a_json_report_and_cleans_up() {
     b.manifest(
         "b.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: b}}\nspec:\n  restartPolicy: OnFailure\n  initContainers:\n  - {{name: prepare, image: {BUSYBOX}, command: [sh, -c, 'echo prepared']}}\n  containers:\n  - {{name: main, image: {BUSYBOX}, command: [sh, -c, 'echo main']}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: b}}
+spec:
+  restartPolicy: OnFailure
+  initContainers:
+  - {{name: prepare, image: {BUSYBOX}, command: [sh, -c, 'echo prepared']}}
+  containers:
+  - {{name: main, image: {BUSYBOX}, command: [sh, -c, 'echo main']}}
+"
         ),
     );
     b.manifest(

@@ -325,7 +325,11 @@ async fn yaml_bombs_of_every_shape_are_refused_before_they_grow() {
     // 50 KiB), where a Pod ignores it, inside a List's items, and as a container's args.
     let leaf = vec!["xx"; 5000].join(", ");
     let refs = vec!["*a"; 5000].join(", ");
-    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: fat}\nspec: {containers: [{name: c, image: i}]}\n";
+    let pod = "apiVersion: v1
+kind: Pod
+metadata: {name: fat}
+spec: {containers: [{name: c, image: i}]}
+";
     let shapes = [
         (
             "ignored.yaml",
@@ -333,12 +337,23 @@ async fn yaml_bombs_of_every_shape_are_refused_before_they_grow() {
         ),
         (
             "list.yaml",
-            format!("apiVersion: v1\nkind: List\nz: &a [{leaf}]\nitems: [{refs}]\n"),
+            format!(
+                "apiVersion: v1
+kind: List
+z: &a [{leaf}]
+items: [{refs}]
+"
+            ),
         ),
         (
             "args.yaml",
             format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{name: args}}\nx: &a {{{}}}\nspec: {{containers: [{{name: c, image: i, env: [{refs}]}}]}}\n",
+                "apiVersion: v1
+kind: Pod
+metadata: {{name: args}}
+x: &a {{{}}}
+spec: {{containers: [{{name: c, image: i, env: [{refs}]}}]}}
+",
                 (0..5000)
                     .map(|i| format!("k{i}: v"))
                     .collect::<Vec<_>>()
@@ -430,7 +445,13 @@ async fn a_negative_or_sub_byte_limit_is_refused_never_unlimited() {
 async fn secret_values_never_reach_the_log_even_when_they_do_not_parse() {
     let node = Node::start("secretlog", &[]).await;
     let secret = |name: &str, data: &str| {
-        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}}}\n{data}\n")
+        format!(
+            "apiVersion: v1
+kind: Secret
+metadata: {{name: {name}}}
+{data}
+"
+        )
     };
     let files = [
         ("tag.yaml", secret("tag", "stringData: {k: !!int leak-one-x9q}")),
@@ -536,7 +557,24 @@ async fn host_users_false_gives_each_pod_its_own_user_namespace() {
     );
     let pod = |name: &str, host_users: &str| {
         format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{name}}}\ndata: {{k: v}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  hostUsers: {host_users}\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: cm, configMap: {{name: cm-{name}}}}}]\n  containers:\n  - name: c\n    image: {BUSYBOX}\n    command: [sh, -c, {}]\n    volumeMounts: [{{name: cm, mountPath: /cm}}]\n",
+            "apiVersion: v1
+kind: ConfigMap
+metadata: {{name: cm-{name}}}
+data: {{k: v}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  hostUsers: {host_users}
+  terminationGracePeriodSeconds: 2
+  volumes: [{{name: cm, configMap: {{name: cm-{name}}}}}]
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, {}]
+    volumeMounts: [{{name: cm, mountPath: /cm}}]
+",
             serde_json::to_string(&report).expect("json")
         )
     };

@@ -229,7 +229,21 @@ async fn removal_stops_containers_within_the_grace_period() {
     let marker = node.path("marker");
     std::fs::create_dir_all(&marker).unwrap();
     let yaml = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: grace}}\nspec:\n  terminationGracePeriodSeconds: 3\n  volumes: [{{name: m, hostPath: {{path: {}}}}}]\n  containers:\n  - name: polite\n    image: {}\n    volumeMounts: [{{name: m, mountPath: /m}}]\n    command: [sh, -c, \"trap 'echo got-term > /m/polite; exit 0' TERM; while true; do sleep 0.1; done\"]\n  - name: stubborn\n    image: {}\n    command: [sh, -c, \"trap '' TERM; while true; do sleep 0.1; done\"]\n",
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: grace}}
+spec:
+  terminationGracePeriodSeconds: 3
+  volumes: [{{name: m, hostPath: {{path: {}}}}}]
+  containers:
+  - name: polite
+    image: {}
+    volumeMounts: [{{name: m, mountPath: /m}}]
+    command: [sh, -c, \"trap 'echo got-term > /m/polite; exit 0' TERM; while true; do sleep 0.1; done\"]
+  - name: stubborn
+    image: {}
+    command: [sh, -c, \"trap '' TERM; while true; do sleep 0.1; done\"]
+",
         marker.display(),
         crate::bed::BUSYBOX,
         crate::bed::BUSYBOX
@@ -382,7 +396,15 @@ async fn a_half_written_file_breaks_nothing_and_the_finished_file_runs() {
 async fn a_broken_manifest_beside_two_good_ones_loses_nothing() {
     let node = Node::start("broken", &[]).await;
     node.write_manifest("a.yaml", &pod_yaml("good-a", &[("c", FOREVER)], ""));
-    node.write_manifest("b.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: Bad_Name}\nspec:\n  containers: [{name: c, image: ''}]\n");
+    node.write_manifest(
+        "b.yaml",
+        "apiVersion: v1
+kind: Pod
+metadata: {name: Bad_Name}
+spec:
+  containers: [{name: c, image: ''}]
+",
+    );
     node.write_manifest("c.yaml", &pod_yaml("good-c", &[("c", FOREVER)], ""));
     node.wait_running("good-a", 1).await;
     node.wait_running("good-c", 1).await;

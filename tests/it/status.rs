@@ -125,7 +125,18 @@ async fn phases_follow_the_restart_policy() {
 async fn init_containers_run_in_order_and_report_their_status() {
     let node = Node::start("init", &[]).await;
     let yaml = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: init}}\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes: [{{name: w, emptyDir: {{}}}}]\n  initContainers:\n  - {{name: one, image: {BUSYBOX}, command: [sh, -c, 'echo one > /w/seq'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n  - {{name: two, image: {BUSYBOX}, command: [sh, -c, 'echo two >> /w/seq'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n  containers:\n  - {{name: app, image: {BUSYBOX}, command: [sh, -c, \"tr '\\\\n' ' ' < /w/seq; echo; trap 'exit 0' TERM; {FOREVER}\"], volumeMounts: [{{name: w, mountPath: /w}}]}}\n"
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: init}}
+spec:
+  terminationGracePeriodSeconds: 2
+  volumes: [{{name: w, emptyDir: {{}}}}]
+  initContainers:
+  - {{name: one, image: {BUSYBOX}, command: [sh, -c, 'echo one > /w/seq'], volumeMounts: [{{name: w, mountPath: /w}}]}}
+  - {{name: two, image: {BUSYBOX}, command: [sh, -c, 'echo two >> /w/seq'], volumeMounts: [{{name: w, mountPath: /w}}]}}
+  containers:
+  - {{name: app, image: {BUSYBOX}, command: [sh, -c, \"tr '\\\\n' ' ' < /w/seq; echo; trap 'exit 0' TERM; {FOREVER}\"], volumeMounts: [{{name: w, mountPath: /w}}]}}
+"
     );
     node.write_manifest("init.yaml", &yaml);
     node.wait_log("init", "app", "one two").await;
@@ -147,7 +158,16 @@ async fn init_containers_run_in_order_and_report_their_status() {
     node.write_manifest(
         "bad-init.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: bad-init}}\nspec:\n  restartPolicy: Never\n  initContainers:\n  - {{name: fail, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}\n  containers:\n  - {{name: app, image: {BUSYBOX}, command: [sh, -c, 'echo never']}}\n"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: bad-init}}
+spec:
+  restartPolicy: Never
+  initContainers:
+  - {{name: fail, image: {BUSYBOX}, command: [sh, -c, 'exit 1']}}
+  containers:
+  - {{name: app, image: {BUSYBOX}, command: [sh, -c, 'echo never']}}
+"
         ),
     );
     let st = node
@@ -191,7 +211,13 @@ async fn a_missing_image_with_pull_policy_never_waits_with_err_image_never_pull(
     let node = Node::start("neverpull", &[]).await;
     node.write_manifest(
         "np.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: np}\nspec:\n  containers:\n  - {name: c, image: 'localhost/not-here:1', imagePullPolicy: Never}\n",
+        "apiVersion: v1
+kind: Pod
+metadata: {name: np}
+spec:
+  containers:
+  - {name: c, image: 'localhost/not-here:1', imagePullPolicy: Never}
+",
     );
     let st = node
         .wait_status("np", "ErrImageNeverPull", |s| {

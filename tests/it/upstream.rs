@@ -69,10 +69,6 @@ const ALLOWED: &[(&str, &str)] = &[
         "the Go runtime's own metrics: nodelet is not written in Go",
     ),
     (
-        "metrics/process_virtual_memory_max_bytes",
-        "Go's client reports the address-space limit; nodelet reports the memory it uses (process_resident_memory_bytes)",
-    ),
-    (
         "metrics/apiserver_",
         "metrics of API server libraries linked into the kubelet's binary, about requests it never serves",
     ),
@@ -148,10 +144,6 @@ const GAPS: &[(&str, &str)] = &[
     (
         "metrics/kubernetes_feature_enabled",
         "feature gates and their stages",
-    ),
-    (
-        "metrics/process_",
-        "the open-file limit, virtual memory and network counters of the agent's process",
     ),
     ("metrics/storage_operation_", "volume operation metrics"),
     ("metrics/volume_", "volume operation metrics"),
@@ -419,7 +411,11 @@ fn manifests() -> Vec<(&'static str, usize, String)> {
     };
     let pod = |name: &str, spec: &str| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: diff}}, annotations: {{note: x}}}}\nspec:\n{spec}"
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, labels: {{app: diff}}, annotations: {{note: x}}}}
+spec:
+{spec}"
         )
     };
     let c = |name: &str, extra: &str| {
@@ -732,14 +728,18 @@ const TIMES: [&str; 5] = [
 
 /// What an agent serves and writes about its pods, reduced to what both must agree on: each
 /// pod's status (times dropped, IDs and addresses replaced), the layout and lines of its pod
-/// logs (timestamps dropped), the shape of /stats/summary (its key paths) and the metric names
-/// on /metrics and /metrics/resource.
+/// logs (timestamps dropped), the shape of /stats/summary (its key paths) and the metric
+/// families on /metrics and /metrics/resource as Prometheus reads them: their names, and each
+/// one's type and help text (without the stability level the kubelet's start with).
 #[derive(Default)]
 struct Served {
     statuses: BTreeMap<String, String>,
     logs: BTreeMap<String, String>,
     summary: BTreeSet<String>,
     metrics: BTreeSet<String>,
+    metric_docs: BTreeMap<String, String>,
+    /// What Prometheus's parser refused.
+    unreadable: Vec<String>,
 }
 
 /// What the agent on `port` serves about `pods`, with `logs` its pod logs dir.
@@ -806,15 +806,28 @@ async fn served(port: u16, logs: &Path, pods: &[String], replace: &[(String, &st
     }
     shape("summary", &get("/stats/summary").await, &mut out.summary);
     for (path, prefix) in [("/metrics", ""), ("/metrics/resource", "resource/")] {
-        if let Some((200, text)) = fetch(path).await {
-            out.metrics.extend(
-                text.lines()
-                    .filter_map(|l| l.strip_prefix("# TYPE "))
-                    .filter_map(|l| l.split_whitespace().next())
-                    // nodelet's own metrics, under a prefix of their own
-                    .filter(|name| !name.starts_with("nodelet_"))
-                    .map(|name| format!("{prefix}{name}")),
-            );
+        let Some((200, text)) = fetch(path).await else {
+            continue;
+        };
+        let families = match crate::bed::prometheus_families(&text) {
+            Ok(f) => f,
+            Err(e) => {
+                out.unreadable.push(format!("{path}: {e}"));
+                continue;
+            }
+        };
+        // nodelet's own metrics are under a prefix of their own.
+        for (name, family) in families.iter().filter(|(n, _)| !n.starts_with("nodelet_")) {
+            let name = format!("{prefix}{name}");
+            let help = ["[ALPHA] ", "[BETA] ", "[STABLE] "]
+                .iter()
+                .find_map(|level| family.help.strip_prefix(level))
+                .unwrap_or(&family.help);
+            out.metric_docs
+                .insert(format!("{name}.type"), family.kind.clone());
+            out.metric_docs
+                .insert(format!("{name}.help"), help.to_string());
+            out.metrics.insert(name);
         }
     }
     out
@@ -877,6 +890,9 @@ async fn served_differences(
         let mut differences = Vec::new();
         // Neither side may pass by serving nothing.
         for (side, got) in [("the kubelet", &k), ("nodelet", &n)] {
+            for e in &got.unreadable {
+                differences.push(format!("Prometheus cannot read {side}'s {e}"));
+            }
             for pod in pods {
                 if !got.statuses.contains_key(&format!("{pod}/status.phase")) {
                     differences.push(format!("{side} serves no status of {pod} on /pods"));
@@ -924,6 +940,14 @@ async fn served_differences(
                 if kv != nv {
                     note(path.clone(), kv.map(String::as_str), nv.map(String::as_str));
                 }
+            }
+        }
+        // The type and help of each family both serve.
+        for (path, kv) in &k.metric_docs {
+            if let Some(nv) = n.metric_docs.get(path)
+                && kv != nv
+            {
+                note(format!("metrics/{path}"), Some(kv), Some(nv));
             }
         }
         for (kset, nset, what) in [
