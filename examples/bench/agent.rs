@@ -1,7 +1,9 @@
 //! The node agents the bench runs pods through: nodelet, on the runtime it shares with the
 //! floor, and the upstream kubelet, on a containerd of its own (it kills every pod it does not
-//! know, the floor's too). An agent is frozen (SIGSTOP) between its runs, so that no two sides
-//! of a comparison ever run at the same time.
+//! know, the floor's too). The kubelet is frozen (SIGSTOP) between its runs, so that it never
+//! runs beside another side. nodelet is not: it follows containerd's container event stream,
+//! and containerd holds up CRI calls (the floor's) while a subscriber stops reading; between
+//! its runs it idles with no pods, as it did beside the floor before the kubelet came.
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -273,15 +275,19 @@ maxPods: 200
         Ok(())
     }
 
-    /// Freezes the agent until [`Agent::resume`].
+    /// Freezes the kubelet until [`Agent::resume`] (see the module's comment for nodelet).
     pub fn pause(&self) {
-        // SAFETY: kill has no memory preconditions; the pid is our own child's.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGSTOP) };
+        if self.kind == Kind::Kubelet {
+            // SAFETY: kill has no memory preconditions; the pid is our own child's.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGSTOP) };
+        }
     }
 
     pub async fn resume(&self) -> Result<()> {
-        // SAFETY: as in `pause`.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+        if self.kind == Kind::Kubelet {
+            // SAFETY: as in `pause`.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+        }
         self.ready().await
     }
 
@@ -363,8 +369,8 @@ maxPods: 200
 
     /// Removes the n manifests; the seconds until the pods are stopped, and until their
     /// sandboxes are gone (the kubelet's are removed here instead, untimed). Then, untimed,
-    /// waits until the agent has removed the pods' directories: an agent is frozen between its
-    /// runs, and what it leaves undone would fall into its next run.
+    /// waits until the agent has removed the pods' directories: what it leaves undone would fall
+    /// into the next run (the kubelet's, frozen between its runs, into its own next run).
     pub async fn stop_pods(&self, n: usize) -> Result<(f64, Option<f64>)> {
         let timed = self.stop_pods_timed(n).await?;
         let pods = self.dir.join("root/pods");
