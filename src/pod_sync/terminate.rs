@@ -45,7 +45,17 @@ impl Syncer {
                 .terminating_since
                 .get_or_insert_with(tokio::time::Instant::now)
         });
-        let grace = Duration::from_secs(grace_period_seconds(pod).max(0) as u64);
+        // A pod only the runtime has is stopped with its containers' own grace periods: the
+        // longest of them, as last seen, bounds its stop (the default when none is known).
+        let grace = match grace_from {
+            GraceFrom::Spec => grace_period_seconds(pod),
+            GraceFrom::Containers => self
+                .cache
+                .get(&uid)
+                .and_then(|rt| rt.containers.iter().filter_map(|c| c.grace_seconds).max())
+                .unwrap_or_else(|| grace_period_seconds(pod)),
+        };
+        let grace = Duration::from_secs(grace.max(0) as u64);
         let stop = async {
             let rt = self.read(pod).await?;
             if !rt.containers.is_empty() {
