@@ -17,6 +17,10 @@ use nodelet::runtime::{ANNOTATION_NODE_NAME, ContainerState, RuntimeClient, Sand
 
 use crate::{IMAGE, NODE, SCRIPT, epoch_ns, last_started, quiesce, seconds_since};
 
+#[path = "../../tests/it/kubelet.rs"]
+mod kubelet;
+use kubelet::{HostChanges, Settings};
+
 /// How often the runtime is asked whether the agent's pods run, and whether they are gone.
 /// Start times come from the runtime's own clock, so the start poll only decides when the
 /// bench notices, and is sparse: each poll lists every sandbox and container, work the runtime
@@ -28,13 +32,6 @@ pub const TEARDOWN_POLL: Duration = Duration::from_millis(5);
 /// The agents' cgroup roots, of the same depth as the floor's.
 pub const CGROUP_ROOT: &str = "nodelet-bench";
 pub const KUBELET_CGROUP_ROOT: &str = "nodelet-bench-kubelet";
-
-/// Host sysctls the kubelet sets at start (protectKernelDefaults off): restored after it stops.
-const KUBELET_SYSCTLS: [&str; 3] = [
-    "vm/overcommit_memory",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-];
 
 /// Agent runs so far: each run's pods carry the run's number in their names, so that they are
 /// new pods in every run, as the floor's are (the kubelet holds back a static pod whose name a
@@ -54,13 +51,6 @@ impl Kind {
             Kind::Kubelet => "kubelet",
         }
     }
-}
-
-/// What the kubelet changes on the host whatever its directories: put back when it stops.
-struct HostChanges {
-    sysctls: Vec<(PathBuf, String)>,
-    /// Fixed host directories it makes (the first missing directory of each path).
-    made: Vec<PathBuf>,
 }
 
 pub struct Agent {
@@ -174,59 +164,20 @@ impl Agent {
             );
         }
         std::fs::create_dir_all(dir.join("manifests"))?;
-        let sysctls = KUBELET_SYSCTLS
-            .iter()
-            .map(|s| {
-                let path = Path::new("/proc/sys").join(s);
-                let value = std::fs::read_to_string(&path)?;
-                Ok((path, value))
-            })
-            .collect::<Result<_>>()?;
-        let made = ["/var/log/containers", "/var/lib/kubelet/device-plugins"]
-            .into_iter()
-            .filter_map(|p| {
-                Path::new(p)
-                    .ancestors()
-                    .take_while(|a| !a.exists())
-                    .last()
-                    .map(Path::to_path_buf)
-            })
-            .collect();
-        for mount in cgroup_mounts() {
-            std::fs::create_dir_all(mount.join(KUBELET_CGROUP_ROOT))?;
-        }
+        let host = HostChanges::record(KUBELET_CGROUP_ROOT)?;
         let healthz = free_port()?;
         let config = dir.join("config.yaml");
         std::fs::write(
             &config,
-            format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-staticPodPath: {manifests}
-containerRuntimeEndpoint: unix://{endpoint}
-cgroupDriver: cgroupfs
-cgroupRoot: /{KUBELET_CGROUP_ROOT}
-failCgroupV1: false
-failSwapOn: false
-authentication: {{anonymous: {{enabled: false}}, webhook: {{enabled: false}}}}
-authorization: {{mode: AlwaysAllow}}
-address: 127.0.0.1
-port: {port}
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: {healthz}
-podLogsDir: {logs}
-volumePluginDir: {plugins}
-makeIPTablesUtilChains: false
-imageGCHighThresholdPercent: 100
-maxPods: 200
-",
-                manifests = dir.join("manifests").display(),
-                endpoint = endpoint.display(),
-                port = free_port()?,
-                logs = dir.join("pods").display(),
-                plugins = dir.join("volume-plugins").display(),
-            ),
+            kubelet::config(&Settings {
+                dir,
+                endpoint,
+                cgroup_root: &format!("/{KUBELET_CGROUP_ROOT}"),
+                port: free_port()?,
+                read_only_port: 0,
+                healthz_port: healthz,
+                extra: "maxPods: 200\n",
+            }),
         )?;
         let mut command = Command::new(binary);
         command
@@ -237,7 +188,6 @@ maxPods: 200
             .arg("--cert-dir")
             .arg(dir.join("pki"))
             .args(["--hostname-override", NODE]);
-        let host = HostChanges { sysctls, made };
         let child = spawn(command, log).context("start the kubelet")?;
         // The test bed's teardown kills it too, if the bench dies without doing so.
         if let Some(bed) = endpoint.parent() {
@@ -447,20 +397,7 @@ impl Drop for Agent {
         let _ = self.child.wait();
         unmount_under(&self.dir);
         if let Some(host) = &self.host {
-            for (path, value) in &host.sysctls {
-                let _ = std::fs::write(path, value);
-            }
-            // Its log symlinks point into its directory.
-            if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
-                for entry in entries.flatten() {
-                    if std::fs::read_link(entry.path()).is_ok_and(|t| t.starts_with(&self.dir)) {
-                        let _ = std::fs::remove_file(entry.path());
-                    }
-                }
-            }
-            for path in &host.made {
-                let _ = std::fs::remove_dir_all(path);
-            }
+            host.undo(&self.dir);
         }
     }
 }
@@ -488,16 +425,6 @@ fn healthy(port: u16) -> bool {
         .split_whitespace()
         .nth(1)
         .is_some_and(|code| code == "200")
-}
-
-fn cgroup_mounts() -> Vec<PathBuf> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains(" - cgroup "))
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .collect()
 }
 
 /// Unmounts everything mounted under `dir` (the agents make their root dir a shared mount),

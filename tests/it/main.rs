@@ -20,6 +20,7 @@ mod eviction;
 mod healthz;
 mod http_source;
 mod images;
+mod kubelet;
 mod lifecycle;
 mod log_rotation;
 mod network;

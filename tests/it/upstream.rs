@@ -11,16 +11,10 @@ use nodelet::runtime::RuntimeClient;
 use serde_json::Value;
 
 use crate::bed::{BUSYBOX, Node, OtherRuntime, free_port, runtime_at, test_dir};
+use crate::kubelet::{HostChanges, Settings};
 
 /// The node name both agents run as, so that static pods get the same names and UIDs.
 const NODE: &str = "t-diff";
-
-/// Host sysctls the kubelet sets at start (protectKernelDefaults off): restored after it stops.
-const KUBELET_SYSCTLS: [&str; 3] = [
-    "vm/overcommit_memory",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-];
 
 /// Differences nodelet keeps on purpose: a JSON path prefix (`pod/container:` dropped) and why.
 const ALLOWED: &[(&str, &str)] = &[
@@ -163,18 +157,7 @@ const GAPS: &[(&str, &str)] = &[
 struct Kubelet {
     child: std::process::Child,
     dir: tempfile::TempDir,
-    sysctls: Vec<(PathBuf, String)>,
-    made: Vec<PathBuf>,
-}
-
-fn cgroup_mounts() -> Vec<PathBuf> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains(" - cgroup "))
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .collect()
+    host: HostChanges,
 }
 
 impl Kubelet {
@@ -187,63 +170,19 @@ impl Kubelet {
             bin.display()
         );
         let dir = test_dir("diff-kubelet");
-        let sysctls = KUBELET_SYSCTLS
-            .iter()
-            .map(|s| {
-                let path = Path::new("/proc/sys").join(s);
-                let value = std::fs::read_to_string(&path).expect("read a sysctl");
-                (path, value)
-            })
-            .collect();
-        // Host paths the kubelet uses whatever its root dir: removed after it if it made them
-        // (from the first directory of the path that was missing).
-        let made = ["/var/log/containers", "/var/lib/kubelet/device-plugins"]
-            .into_iter()
-            .filter_map(|p| {
-                Path::new(p)
-                    .ancestors()
-                    .take_while(|a| !a.exists())
-                    .last()
-                    .map(Path::to_path_buf)
-            })
-            .collect();
-        // Its cgroup root must exist in every hierarchy.
-        for mount in cgroup_mounts() {
-            let _ = std::fs::create_dir_all(mount.join(cgroup_root.trim_start_matches('/')));
-        }
+        let host = HostChanges::record(cgroup_root).expect("record the host's state");
         let config = dir.path().join("config.yaml");
         std::fs::write(
             &config,
-            format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-staticPodPath: {manifests}
-containerRuntimeEndpoint: unix://{endpoint}
-cgroupDriver: cgroupfs
-cgroupRoot: {cgroup_root}
-failCgroupV1: false
-failSwapOn: false
-authentication: {{anonymous: {{enabled: false}}, webhook: {{enabled: false}}}}
-authorization: {{mode: AlwaysAllow}}
-address: 127.0.0.1
-port: {port}
-readOnlyPort: {read_only}
-healthzBindAddress: 127.0.0.1
-healthzPort: {healthz}
-podLogsDir: {logs}
-volumePluginDir: {plugins}
-makeIPTablesUtilChains: false
-imageGCHighThresholdPercent: 100
-fileCheckFrequency: 1s
-",
-                manifests = dir.path().join("manifests").display(),
-                endpoint = bed.endpoint.display(),
-                port = free_port(),
-                read_only = read_only,
-                healthz = free_port(),
-                logs = dir.path().join("pods").display(),
-                plugins = dir.path().join("volume-plugins").display(),
-            ),
+            crate::kubelet::config(&Settings {
+                dir: dir.path(),
+                endpoint: &bed.endpoint,
+                cgroup_root,
+                port: free_port(),
+                read_only_port: read_only,
+                healthz_port: free_port(),
+                extra: "fileCheckFrequency: 1s\n",
+            }),
         )
         .expect("write the kubelet's config");
         let log = std::fs::File::create(dir.path().join("kubelet.log")).expect("kubelet log");
@@ -260,12 +199,7 @@ fileCheckFrequency: 1s
             .stderr(log)
             .spawn()
             .expect("start the kubelet");
-        Kubelet {
-            child,
-            dir,
-            sysctls,
-            made,
-        }
+        Kubelet { child, dir, host }
     }
 
     fn manifests(&self) -> PathBuf {
@@ -286,22 +220,7 @@ impl Drop for Kubelet {
                 errors[errors.len().saturating_sub(40)..].join("\n")
             );
         }
-        for (path, value) in &self.sysctls {
-            let _ = std::fs::write(path, value);
-        }
-        // Its log symlinks point into this test's directory.
-        if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
-            for entry in entries.flatten() {
-                if std::fs::read_link(entry.path())
-                    .is_ok_and(|target| target.starts_with(self.dir.path()))
-                {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
-        for path in &self.made {
-            let _ = std::fs::remove_dir_all(path);
-        }
+        self.host.undo(self.dir.path());
         crate::bed::unmount_all_under(self.dir.path());
     }
 }
