@@ -358,7 +358,7 @@ impl Config {
             "memoryManagerPolicy": if self.memory_manager_static { "Static" } else { "None" },
             "reservedMemory": self.reserved_memory.iter().map(|(node, limits)| serde_json::json!({
                 "numaNode": node,
-                "limits": limits.iter().map(|(k, v)| (k.clone(), quantity(*v))).collect::<BTreeMap<_, _>>(),
+                "limits": limits.iter().map(|(k, v)| (k.clone(), crate::pod::format_quantity(*v, true))).collect::<BTreeMap<_, _>>(),
             })).collect::<Vec<_>>(),
             "topologyManagerPolicy": self.topology_manager_policy.name(),
             "topologyManagerScope": self.topology_manager_scope.name(),
@@ -392,7 +392,7 @@ impl Config {
             "clusterDomain": self.cluster_domain,
             "allowedUnsafeSysctls": self.allowed_unsafe_sysctls,
             "containerLogsDir": self.container_logs_dir.display().to_string(),
-            "containerLogMaxSize": quantity(self.container_log_max_size.unwrap_or(0)),
+            "containerLogMaxSize": crate::pod::format_quantity(self.container_log_max_size.unwrap_or(0), true),
             "containerLogMaxFiles": self.container_log_max_files,
             "containerLogMonitorInterval": d(self.container_log_monitor_interval),
             "shutdownGracePeriod": d(self.shutdown_grace_period),
@@ -413,18 +413,6 @@ impl Config {
 /// A rate as upstream's KubeletConfiguration types it (int32): its clients read /configz.
 fn int32(rate: f64) -> i32 {
     rate.round().clamp(f64::from(i32::MIN), f64::from(i32::MAX)) as i32
-}
-
-/// A byte count as a quantity in the largest binary unit that divides it (`10Mi`).
-fn quantity(bytes: u64) -> String {
-    let units = [("Gi", 1u64 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
-    units
-        .iter()
-        .find(|(_, size)| bytes > 0 && bytes.is_multiple_of(*size))
-        .map_or_else(
-            || bytes.to_string(),
-            |(unit, size)| format!("{}{unit}", bytes / size),
-        )
 }
 
 /// cpuManagerPolicyOptions: full-pcpus-only, the one option nodelet has (upstream's others

@@ -19,7 +19,7 @@ pub use hash::{container_digest, container_hash};
 pub use qos::{
     Requests, SYSTEM_CRITICAL_PRIORITY, is_critical, overhead, priority, qos_class, requests,
 };
-pub use quantity::{container_quantity, parse_quantity};
+pub use quantity::{container_quantity, format_quantity, parse_quantity};
 pub use signal::{cri_signal, signal_number};
 pub use static_pod::{
     ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,

@@ -45,9 +45,47 @@ pub fn container_quantity(
     parse_quantity(&map.get(resource)?.0)
 }
 
+/// A whole number of bytes (or other base units) as a quantity, in the largest unit that divides
+/// it: binary units (`Ki` to `Ti`) or decimal ones (`k` to `T`); the bare number otherwise.
+pub fn format_quantity(total: u64, binary: bool) -> String {
+    let units: &[(&str, u64)] = if binary {
+        &[
+            ("Ti", 1 << 40),
+            ("Gi", 1 << 30),
+            ("Mi", 1 << 20),
+            ("Ki", 1 << 10),
+        ]
+    } else {
+        &[
+            ("T", 1_000_000_000_000),
+            ("G", 1_000_000_000),
+            ("M", 1_000_000),
+            ("k", 1_000),
+        ]
+    };
+    units
+        .iter()
+        .find(|(_, size)| total > 0 && total.is_multiple_of(*size))
+        .map_or_else(
+            || total.to_string(),
+            |(unit, size)| format!("{}{unit}", total / size),
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantities_are_written_in_the_largest_unit_that_divides_them() {
+        assert_eq!(format_quantity(10 << 20, true), "10Mi");
+        assert_eq!(format_quantity(1 << 40, true), "1Ti");
+        assert_eq!(format_quantity(3072, true), "3Ki");
+        assert_eq!(format_quantity(1536, true), "1536");
+        assert_eq!(format_quantity(1000, true), "1000");
+        assert_eq!(format_quantity(2_000_000, false), "2M");
+        assert_eq!(format_quantity(0, false), "0");
+    }
 
     #[test]
     fn quantities_parse() {

@@ -691,28 +691,7 @@ fn written(name: &str, total: u64, like: &str) -> String {
             format!("{total}m")
         };
     }
-    let units: &[(&str, u64)] = if like.ends_with('i') {
-        &[
-            ("Ti", 1 << 40),
-            ("Gi", 1 << 30),
-            ("Mi", 1 << 20),
-            ("Ki", 1 << 10),
-        ]
-    } else {
-        &[
-            ("T", 1_000_000_000_000),
-            ("G", 1_000_000_000),
-            ("M", 1_000_000),
-            ("k", 1_000),
-        ]
-    };
-    units
-        .iter()
-        .find(|(_, size)| total > 0 && total.is_multiple_of(*size))
-        .map_or_else(
-            || total.to_string(),
-            |(unit, size)| format!("{}{unit}", total / size),
-        )
+    crate::pod::format_quantity(total, like.ends_with('i'))
 }
 
 #[cfg(test)]
