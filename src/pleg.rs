@@ -271,9 +271,10 @@ impl Pleg {
                 Ok(pods) => pods,
                 Err(e) => {
                     if self.relisted.borrow().error.is_none() {
-                        tracing::warn!(error = %e, "the container runtime does not answer; retrying with backoff");
+                        tracing::warn!(error = %crate::types::error_chain(&e), "the container runtime does not answer; retrying with backoff");
                     }
-                    self.relisted.send_modify(|r| r.error = Some(e.to_string()));
+                    self.relisted
+                        .send_modify(|r| r.error = Some(crate::types::error_chain(&e)));
                     wait = failure_backoff;
                     failure_backoff = (failure_backoff * 2).min(FAILURE_BACKOFF_MAX);
                     continue;

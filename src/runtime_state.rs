@@ -77,7 +77,7 @@ pub fn watch(
             let now = match runtime.conditions().await {
                 Ok(conditions) => errors(&conditions),
                 Err(e) => {
-                    tracing::debug!(error = %e, "cannot read the runtime's status");
+                    tracing::debug!(error = %crate::types::error_chain(&e), "cannot read the runtime's status");
                     vec!["container runtime is down".to_string()]
                 }
             };

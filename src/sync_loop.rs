@@ -25,7 +25,7 @@ use crate::types::{Allocatable, PodOperation, PodUid, Refusal, Source, full_name
 const EVICTION_GRACE_SECONDS: i64 = 1;
 
 /// Timing of the loop.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Config {
     /// How often pods whose resync time has come are synced (upstream: 1 s).
     pub tick: Duration,
@@ -42,6 +42,9 @@ pub struct Config {
     pub resources: Option<Arc<crate::cm::Resources>>,
     /// allowedUnsafeSysctls: the unsafe sysctls pods may ask for.
     pub allowed_unsafe_sysctls: Vec<String>,
+    /// The pods' statuses, for the pod counts: a pod that has run to its end is no longer
+    /// active. Without them no pod counts as finished.
+    pub statuses: Option<crate::status::Reader>,
 }
 
 impl Default for Config {
@@ -54,6 +57,7 @@ impl Default for Config {
             pressure: None,
             resources: None,
             allowed_unsafe_sysctls: Vec::new(),
+            statuses: None,
         }
     }
 }
@@ -621,11 +625,11 @@ impl<S: PodSyncer> SyncLoop<S> {
             .cloned()
             .collect();
         self.syncer.housekeep(admitted).await;
-        self.record_pod_counts();
         let running = match self.syncer.runtime_pods().await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "housekeeping cannot list the runtime's pods");
+                self.record_pod_counts();
                 return;
             }
         };
@@ -657,13 +661,25 @@ impl<S: PodSyncer> SyncLoop<S> {
             crate::metrics::get().orphaned_runtime_pod();
             self.terminate_runtime_pod(pod);
         }
+        self.record_pod_counts();
     }
 
-    /// The pod counts upstream takes at housekeeping: the pods the sources want, those of them
-    /// admitted (active), and the pod workers by lifecycle, by whether a source still wants
-    /// their pod (desired), no longer does (orphan) or never did (runtime_only), and by whether
-    /// it is static. A worker is gone once its pod is terminated, so none counts as terminated.
+    /// The pod counts upstream takes at housekeeping: the pods the sources want; those of them
+    /// admitted, or still being terminated, that have not run to their end (active); and the
+    /// pod workers by lifecycle (a worker whose pod ran to its end counts as terminated), by
+    /// whether a source still wants their pod (desired), no longer does (orphan) or never did
+    /// (runtime_only), and by whether it is static.
     fn record_pod_counts(&self) {
+        let finished = |uid: &PodUid| {
+            self.config.statuses.as_ref().is_some_and(|s| {
+                s.get(uid).is_some_and(|e| {
+                    matches!(
+                        e.pod.status.as_ref().and_then(|st| st.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+                })
+            })
+        };
         let is_static = |p: &Pod| crate::pod::source(p) != Some(Source::Api);
         let split = |pods: Vec<&Arc<Pod>>| {
             let statics = pods.iter().filter(|p| is_static(p)).count();
@@ -675,7 +691,11 @@ impl<S: PodSyncer> SyncLoop<S> {
         let active = desired
             .iter()
             .copied()
-            .filter(|p| self.admitted.contains_key(&PodUid::of(p)))
+            .filter(|p| {
+                let uid = PodUid::of(p);
+                (self.admitted.contains_key(&uid) || self.workers.is_terminating(&uid))
+                    && !finished(&uid)
+            })
             .collect();
         let mut working = std::collections::BTreeMap::new();
         for lifecycle in ["sync", "terminating", "terminated"] {
@@ -690,7 +710,13 @@ impl<S: PodSyncer> SyncLoop<S> {
             }
         }
         for (uid, terminating, statics) in self.workers.census() {
-            let lifecycle = if terminating { "terminating" } else { "sync" };
+            let lifecycle = if terminating {
+                "terminating"
+            } else if finished(uid) {
+                "terminated"
+            } else {
+                "sync"
+            };
             let key = match statics {
                 None => (lifecycle, "runtime_only", "unknown"),
                 Some(s) => (

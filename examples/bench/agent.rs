@@ -3,7 +3,7 @@
 //! know, the floor's too). The kubelet is frozen (SIGSTOP) between its runs, so that it never
 //! runs beside another side. nodelet is not: it follows containerd's container event stream,
 //! and containerd holds up CRI calls (the floor's) while a subscriber stops reading; between
-//! its runs it idles with no pods, as it did beside the floor before the kubelet came.
+//! its runs it idles with no pods.
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -164,8 +164,7 @@ impl Agent {
             );
         }
         std::fs::create_dir_all(dir.join("manifests"))?;
-        let host = HostChanges::record(KUBELET_CGROUP_ROOT)?;
-        let healthz = free_port()?;
+        let (port, healthz) = (free_port()?, free_port()?);
         let config = dir.join("config.yaml");
         std::fs::write(
             &config,
@@ -173,12 +172,13 @@ impl Agent {
                 dir,
                 endpoint,
                 cgroup_root: &format!("/{KUBELET_CGROUP_ROOT}"),
-                port: free_port()?,
+                port,
                 read_only_port: 0,
                 healthz_port: healthz,
                 extra: "maxPods: 200\n",
             }),
         )?;
+        let host = HostChanges::record(KUBELET_CGROUP_ROOT)?;
         let mut command = Command::new(binary);
         command
             .arg("--config")
@@ -188,16 +188,15 @@ impl Agent {
             .arg("--cert-dir")
             .arg(dir.join("pki"))
             .args(["--hostname-override", NODE]);
-        let child = spawn(command, log).context("start the kubelet")?;
-        // The test bed's teardown kills it too, if the bench dies without doing so.
-        if let Some(bed) = endpoint.parent() {
-            let mut companions = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(bed.join("companions"))?;
-            writeln!(companions, "{} {}", child.id(), binary.display())?;
-        }
-        Ok(Agent {
+        let child = match spawn(command, log) {
+            Ok(child) => child,
+            Err(e) => {
+                host.undo(dir);
+                return Err(e.context("start the kubelet"));
+            }
+        };
+        // From here on, dropping the agent stops the kubelet and undoes its changes.
+        let agent = Agent {
             kind: Kind::Kubelet,
             child,
             dir: dir.to_path_buf(),
@@ -205,7 +204,16 @@ impl Agent {
             containerd_pid: containerd_pid(endpoint),
             healthz,
             host: Some(host),
-        })
+        };
+        // The test bed's teardown kills it too, if the bench dies without doing so.
+        if let Some(bed) = endpoint.parent() {
+            let mut companions = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(bed.join("companions"))?;
+            writeln!(companions, "{} {}", agent.pid(), binary.display())?;
+        }
+        Ok(agent)
     }
 
     pub fn pid(&self) -> u32 {
@@ -399,6 +407,12 @@ impl Drop for Agent {
         if let Some(host) = &self.host {
             host.undo(&self.dir);
         }
+        // Whatever the agent left under its cgroup root (all of it, once its pods are gone).
+        let root = match self.kind {
+            Kind::Nodelet => CGROUP_ROOT,
+            Kind::Kubelet => KUBELET_CGROUP_ROOT,
+        };
+        let _ = nodelet::cgroups::remove_tree(root);
     }
 }
 

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agent::{Agent, AgentRun, CGROUP_ROOT, KUBELET_CGROUP_ROOT};
+use agent::{Agent, AgentRun};
 use anyhow::{Context, Result, bail};
 use nodelet::pod_sync::convert::{MASKED_PATHS, READONLY_PATHS};
 use nodelet::runtime::{ANNOTATION_NODE_NAME, LABEL_POD_UID, RuntimeClient, cri};
@@ -656,8 +656,6 @@ async fn main() -> Result<()> {
     report.insert("footprint", serde_json::Value::Array(prints.clone()));
     drop(nodelet);
     drop(kubelet);
-    let _ = nodelet::cgroups::remove_tree(CGROUP_ROOT);
-    let _ = nodelet::cgroups::remove_tree(KUBELET_CGROUP_ROOT);
     let _ = nodelet::cgroups::remove_tree(FLOOR_CGROUP_ROOT);
     print_scenarios(&rows);
     print_footprints(&prints);

@@ -136,7 +136,7 @@ impl Core {
         let syncer = Arc::new(Syncer::new(runtime.clone(), ctx, parts));
         let wiring = (tracker.clone(), cancel.clone());
         let loop_parts = (allocatable, &resources, objects_writer);
-        let (sync_loop, pressure) = sync_loop(config, &syncer, loop_parts, wiring);
+        let (sync_loop, pressure) = sync_loop(config, &syncer, loop_parts, &status, wiring);
         let (events_tx, events) = mpsc::channel(1024);
         let pleg = pleg::Pleg::new(runtime.clone(), cache, config.feature("EventedPLEG"));
         let pleg_health = pleg.health();
@@ -509,6 +509,7 @@ fn sync_loop(
         &Arc<crate::cm::Resources>,
         crate::objects::Writer,
     ),
+    statuses: &status::Reader,
     (tracker, cancel): (TaskTracker, CancellationToken),
 ) -> (SyncLoop<Syncer>, tokio::sync::watch::Sender<Pressure>) {
     let (pressure, pressure_rx) = tokio::sync::watch::channel(Pressure::default());
@@ -518,6 +519,7 @@ fn sync_loop(
         pressure: Some(pressure_rx),
         resources: Some(resources.clone()),
         allowed_unsafe_sysctls: config.allowed_unsafe_sysctls.clone(),
+        statuses: Some(statuses.clone()),
         ..Default::default()
     };
     let sync_loop = SyncLoop::new(loop_config, syncer.clone(), objects, tracker, cancel);

@@ -96,7 +96,7 @@ impl Syncer {
             Duration::from_secs(
                 match grace_from {
                     GraceFrom::Spec => grace_period_seconds(pod),
-                    GraceFrom::Containers => c.grace_seconds.unwrap_or(30),
+                    GraceFrom::Containers => c.grace_seconds.unwrap_or(grace_period_seconds(pod)),
                 }
                 .max(0) as u64,
             )

@@ -45,14 +45,19 @@ impl Syncer {
                 .terminating_since
                 .get_or_insert_with(tokio::time::Instant::now)
         });
-        // A pod only the runtime has is stopped with its containers' own grace periods: the
-        // longest of them, as last seen, bounds its stop (the default when none is known).
+        // A pod only the runtime has is stopped with its containers' own grace periods (the
+        // default for one that has none): the longest of them, as last seen, bounds its stop.
         let grace = match grace_from {
             GraceFrom::Spec => grace_period_seconds(pod),
             GraceFrom::Containers => self
                 .cache
                 .get(&uid)
-                .and_then(|rt| rt.containers.iter().filter_map(|c| c.grace_seconds).max())
+                .and_then(|rt| {
+                    rt.containers
+                        .iter()
+                        .map(|c| c.grace_seconds.unwrap_or(grace_period_seconds(pod)))
+                        .max()
+                })
                 .unwrap_or_else(|| grace_period_seconds(pod)),
         };
         let grace = Duration::from_secs(grace.max(0) as u64);

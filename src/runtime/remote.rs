@@ -887,7 +887,7 @@ pub async fn wait_for_runtime(
             Ok(v) => return Ok(v),
             Err(e) if started.elapsed() + Duration::from_secs(1) >= deadline => return Err(e),
             Err(e) => {
-                tracing::warn!(endpoint = %endpoint.display(), attempt, error = %e, "container runtime not answering yet; retrying");
+                tracing::warn!(endpoint = %endpoint.display(), attempt, error = %crate::types::error_chain(&e), "container runtime not answering yet; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }

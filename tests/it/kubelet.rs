@@ -68,11 +68,12 @@ impl HostChanges {
     }
 }
 
+/// Every cgroup hierarchy's mount point (v1's, and the unified one).
 fn cgroup_mounts() -> Vec<PathBuf> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains(" - cgroup "))
+        .filter(|l| l.contains(" - cgroup ") || l.contains(" - cgroup2 "))
         .filter_map(|l| l.split(' ').nth(4))
         .map(PathBuf::from)
         .collect()
@@ -90,8 +91,8 @@ pub struct Settings<'a> {
     pub extra: &'a str,
 }
 
-/// The KubeletConfiguration of a standalone kubelet on a cgroup v1 host, with no API server to
-/// authenticate against, leaving the host's iptables and images alone; its static pods in
+/// The KubeletConfiguration of a standalone kubelet: no API server to authenticate against,
+/// cgroup v1 and swap allowed, the host's iptables and images left alone; its static pods in
 /// `dir/manifests`, its pod logs in `dir/pods`.
 pub fn config(s: &Settings<'_>) -> String {
     format!(
