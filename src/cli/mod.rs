@@ -68,32 +68,7 @@ enum Command {
         namespace: String,
     },
     /// Print a container's log.
-    Logs {
-        pod: String,
-        #[arg(short, long, default_value = "default")]
-        namespace: String,
-        /// The container (needed when the pod has several).
-        #[arg(short, long)]
-        container: Option<String>,
-        /// Keep printing new lines until the container stops.
-        #[arg(short, long)]
-        follow: bool,
-        /// The previous instance of the container.
-        #[arg(short, long)]
-        previous: bool,
-        /// Only the last N lines (-1: all).
-        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
-        tail: i64,
-        /// Prefix each line with its time.
-        #[arg(long)]
-        timestamps: bool,
-        /// Only lines newer than this (e.g. 5s, 2m, 3h).
-        #[arg(long)]
-        since: Option<String>,
-        /// Stop after this many bytes.
-        #[arg(long)]
-        limit_bytes: Option<i64>,
-    },
+    Logs(LogsArgs),
     /// Run a command in a container: `nodelet exec POD [-c C] [-it] -- CMD [ARG...]`.
     Exec {
         pod: String,
@@ -112,34 +87,67 @@ enum Command {
     },
     /// Add a debugging container to a static pod (what `kubectl debug` does through the API
     /// server): `nodelet debug POD --image I [--target C] [-it] [-- CMD [ARG...]]`.
-    Debug {
-        pod: String,
-        #[arg(short, long, default_value = "default")]
-        namespace: String,
-        /// The debugging container's image.
-        #[arg(long)]
-        image: String,
-        /// Share this container's process namespace.
-        #[arg(long)]
-        target: Option<String>,
-        /// The debugging container's name (default: debugger-XXXXX).
-        #[arg(short, long)]
-        container: Option<String>,
-        /// Keep stdin open and attach to the container.
-        #[arg(short = 'i', long)]
-        stdin: bool,
-        /// Allocate a terminal (with -i: an interactive shell).
-        #[arg(short, long)]
-        tty: bool,
-        /// The command (default: the image's).
-        #[arg(last = true)]
-        command: Vec<String>,
-    },
+    Debug(DebugArgs),
     /// List the node's recent events.
     Events {
         #[command(flatten)]
         scope: Scope,
     },
+}
+
+/// `logs`' arguments.
+#[derive(clap::Args, Debug)]
+struct LogsArgs {
+    pod: String,
+    #[arg(short, long, default_value = "default")]
+    namespace: String,
+    /// The container (needed when the pod has several).
+    #[arg(short, long)]
+    container: Option<String>,
+    /// Keep printing new lines until the container stops.
+    #[arg(short, long)]
+    follow: bool,
+    /// The previous instance of the container.
+    #[arg(short, long)]
+    previous: bool,
+    /// Only the last N lines (-1: all).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    tail: i64,
+    /// Prefix each line with its time.
+    #[arg(long)]
+    timestamps: bool,
+    /// Only lines newer than this (e.g. 5s, 2m, 3h).
+    #[arg(long)]
+    since: Option<String>,
+    /// Stop after this many bytes.
+    #[arg(long)]
+    limit_bytes: Option<i64>,
+}
+
+/// `debug`'s arguments.
+#[derive(clap::Args, Debug)]
+struct DebugArgs {
+    pod: String,
+    #[arg(short, long, default_value = "default")]
+    namespace: String,
+    /// The debugging container's image.
+    #[arg(long)]
+    image: String,
+    /// Share this container's process namespace.
+    #[arg(long)]
+    target: Option<String>,
+    /// The debugging container's name (default: debugger-XXXXX).
+    #[arg(short, long)]
+    container: Option<String>,
+    /// Keep stdin open and attach to the container.
+    #[arg(short = 'i', long)]
+    stdin: bool,
+    /// Allocate a terminal (with -i: an interactive shell).
+    #[arg(short, long)]
+    tty: bool,
+    /// The command (default: the image's).
+    #[arg(last = true)]
+    command: Vec<String>,
 }
 
 /// Why a command failed; printed as `nodelet: <message>`.
@@ -334,17 +342,8 @@ fn is_pods(resource: &str) -> Result<(), Error> {
 
 async fn run(cli: Cli) -> Result<u8, Error> {
     let mut client = connect(&root_dir(cli.root_dir)?).await?;
-    let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Get { resource, .. } if resource == "cleanups" => {
-            let cleanups = client
-                .list_cleanups(proto::ListCleanupsRequest {})
-                .await?
-                .into_inner()
-                .cleanups;
-            let cleanups: Vec<crate::status::Cleanup> = parse_all(&cleanups)?;
-            let _ = out.write_all(print::cleanups(&cleanups).as_bytes());
-        }
+        Command::Get { resource, .. } if resource == "cleanups" => get_cleanups(&mut client).await,
         Command::Get {
             resource,
             name,
@@ -352,31 +351,7 @@ async fn run(cli: Cli) -> Result<u8, Error> {
             output,
         } => {
             is_pods(&resource)?;
-            let pods = client
-                .list_pods(proto::ListPodsRequest {})
-                .await?
-                .into_inner()
-                .pods;
-            let pods: Vec<Pod> = parse_all(&pods)?;
-            let pods: Vec<Pod> = pods
-                .into_iter()
-                .filter(|p| {
-                    scope.all_namespaces
-                        || p.metadata.namespace.as_deref() == Some(&scope.namespace)
-                })
-                .filter(|p| name.is_none() || p.metadata.name == name)
-                .collect();
-            if let (Some(n), true) = (&name, pods.is_empty()) {
-                return Err(Error::Call(format!("pods {n:?} not found")));
-            }
-            let text = print::pods(
-                &pods,
-                output.as_deref(),
-                scope.all_namespaces,
-                name.is_some(),
-            )
-            .map_err(Error::Usage)?;
-            let _ = out.write_all(text.as_bytes());
+            get_pods(&mut client, name, scope, output.as_deref()).await
         }
         Command::Describe {
             resource,
@@ -384,125 +359,11 @@ async fn run(cli: Cli) -> Result<u8, Error> {
             namespace,
         } => {
             is_pods(&resource)?;
-            let got = client
-                .get_pod(proto::GetPodRequest { namespace, name })
-                .await?
-                .into_inner();
-            let pod: Pod = parse(&got.pod)?;
-            let events: Vec<Event> = parse_all(&got.events)?;
-            // An older agent sends no diagnosis: the pod is described without one.
-            let diagnosis = serde_json::from_str(&got.diagnosis).unwrap_or_default();
-            let _ = out.write_all(print::describe(&pod, &events, &diagnosis).as_bytes());
+            describe(&mut client, namespace, name).await
         }
-        Command::Events { scope } => {
-            let namespace = if scope.all_namespaces {
-                String::new()
-            } else {
-                scope.namespace
-            };
-            let events = client
-                .list_events(proto::ListEventsRequest { namespace })
-                .await?
-                .into_inner()
-                .events;
-            let events: Vec<Event> = parse_all(&events)?;
-            if events.is_empty() {
-                eprintln!("No events found.");
-            } else {
-                let text = print::events(&events, scope.all_namespaces);
-                let _ = out.write_all(text.as_bytes());
-            }
-        }
-        Command::Logs {
-            pod,
-            namespace,
-            container,
-            follow,
-            previous,
-            tail,
-            timestamps,
-            since,
-            limit_bytes,
-        } => {
-            let since_seconds = match since {
-                Some(text) => crate::config::parse_duration(&text)
-                    .map_err(|e| Error::Usage(format!("--since {text:?}: {e}")))
-                    .map(|d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX))?,
-                None => 0,
-            };
-            let mut chunks = client
-                .logs(proto::LogsRequest {
-                    namespace,
-                    pod,
-                    container: container.unwrap_or_default(),
-                    follow,
-                    previous,
-                    tail_lines: tail,
-                    timestamps,
-                    since_seconds,
-                    limit_bytes: limit_bytes.unwrap_or(0),
-                })
-                .await?
-                .into_inner();
-            while let Some(chunk) = chunks.message().await? {
-                if out
-                    .write_all(&chunk.data)
-                    .and_then(|()| out.flush())
-                    .is_err()
-                {
-                    break;
-                }
-            }
-        }
-        Command::Debug {
-            pod,
-            namespace,
-            image,
-            target,
-            container,
-            stdin,
-            tty,
-            command,
-        } => {
-            drop(out);
-            let name = match container {
-                Some(name) => name,
-                None => {
-                    let name = debugger_name();
-                    eprintln!("Defaulting debug container name to {name}.");
-                    name
-                }
-            };
-            let mut spec = serde_json::json!({
-                "name": name, "image": image, "imagePullPolicy": "IfNotPresent",
-                "terminationMessagePolicy": "File", "stdin": stdin, "tty": tty,
-            });
-            if !command.is_empty() {
-                spec["command"] = serde_json::json!(command);
-            }
-            if let Some(target) = target {
-                spec["targetContainerName"] = serde_json::json!(target);
-            }
-            let request = proto::DebugRequest {
-                namespace: namespace.clone(),
-                pod: pod.clone(),
-                container: spec.to_string(),
-            };
-            client.debug(request).await?;
-            if !(stdin || tty) {
-                return Ok(0);
-            }
-            wait_running(&mut client, &namespace, &pod, &name).await?;
-            let start = proto::ExecStart {
-                namespace,
-                pod,
-                container: name,
-                command: Vec::new(),
-                stdin,
-                tty,
-            };
-            return exec(&mut client, start).await;
-        }
+        Command::Events { scope } => events(&mut client, scope).await,
+        Command::Logs(args) => logs(&mut client, args).await,
+        Command::Debug(args) => debug(&mut client, args).await,
         Command::Exec {
             pod,
             namespace,
@@ -511,7 +372,6 @@ async fn run(cli: Cli) -> Result<u8, Error> {
             tty,
             command,
         } => {
-            drop(out);
             let start = proto::ExecStart {
                 namespace,
                 pod,
@@ -520,10 +380,166 @@ async fn run(cli: Cli) -> Result<u8, Error> {
                 stdin,
                 tty,
             };
-            return exec(&mut client, start).await;
+            exec(&mut client, start).await
+        }
+    }
+}
+
+/// `get cleanups`.
+async fn get_cleanups(client: &mut AdminClient<Channel>) -> Result<u8, Error> {
+    let cleanups = client
+        .list_cleanups(proto::ListCleanupsRequest {})
+        .await?
+        .into_inner()
+        .cleanups;
+    let cleanups: Vec<crate::status::Cleanup> = parse_all(&cleanups)?;
+    let _ = std::io::stdout().write_all(print::cleanups(&cleanups).as_bytes());
+    Ok(0)
+}
+
+/// `get pods [NAME]`.
+async fn get_pods(
+    client: &mut AdminClient<Channel>,
+    name: Option<String>,
+    scope: Scope,
+    output: Option<&str>,
+) -> Result<u8, Error> {
+    let pods = client
+        .list_pods(proto::ListPodsRequest {})
+        .await?
+        .into_inner()
+        .pods;
+    let pods: Vec<Pod> = parse_all(&pods)?;
+    let pods: Vec<Pod> = pods
+        .into_iter()
+        .filter(|p| {
+            scope.all_namespaces || p.metadata.namespace.as_deref() == Some(&scope.namespace)
+        })
+        .filter(|p| name.is_none() || p.metadata.name == name)
+        .collect();
+    if let (Some(n), true) = (&name, pods.is_empty()) {
+        return Err(Error::Call(format!("pods {n:?} not found")));
+    }
+    let text =
+        print::pods(&pods, output, scope.all_namespaces, name.is_some()).map_err(Error::Usage)?;
+    let _ = std::io::stdout().write_all(text.as_bytes());
+    Ok(0)
+}
+
+/// `describe pod NAME`.
+async fn describe(
+    client: &mut AdminClient<Channel>,
+    namespace: String,
+    name: String,
+) -> Result<u8, Error> {
+    let got = client
+        .get_pod(proto::GetPodRequest { namespace, name })
+        .await?
+        .into_inner();
+    let pod: Pod = parse(&got.pod)?;
+    let events: Vec<Event> = parse_all(&got.events)?;
+    // An older agent sends no diagnosis: the pod is described without one.
+    let diagnosis = serde_json::from_str(&got.diagnosis).unwrap_or_default();
+    let _ = std::io::stdout().write_all(print::describe(&pod, &events, &diagnosis).as_bytes());
+    Ok(0)
+}
+
+/// `events`.
+async fn events(client: &mut AdminClient<Channel>, scope: Scope) -> Result<u8, Error> {
+    let namespace = if scope.all_namespaces {
+        String::new()
+    } else {
+        scope.namespace
+    };
+    let events = client
+        .list_events(proto::ListEventsRequest { namespace })
+        .await?
+        .into_inner()
+        .events;
+    let events: Vec<Event> = parse_all(&events)?;
+    if events.is_empty() {
+        eprintln!("No events found.");
+    } else {
+        let text = print::events(&events, scope.all_namespaces);
+        let _ = std::io::stdout().write_all(text.as_bytes());
+    }
+    Ok(0)
+}
+
+/// `logs POD`: the log as it comes, until it ends or stdout closes.
+async fn logs(client: &mut AdminClient<Channel>, args: LogsArgs) -> Result<u8, Error> {
+    let since_seconds = match args.since {
+        Some(text) => crate::config::parse_duration(&text)
+            .map_err(|e| Error::Usage(format!("--since {text:?}: {e}")))
+            .map(|d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX))?,
+        None => 0,
+    };
+    let mut chunks = client
+        .logs(proto::LogsRequest {
+            namespace: args.namespace,
+            pod: args.pod,
+            container: args.container.unwrap_or_default(),
+            follow: args.follow,
+            previous: args.previous,
+            tail_lines: args.tail,
+            timestamps: args.timestamps,
+            since_seconds,
+            limit_bytes: args.limit_bytes.unwrap_or(0),
+        })
+        .await?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = chunks.message().await? {
+        if out
+            .write_all(&chunk.data)
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            break;
         }
     }
     Ok(0)
+}
+
+/// `debug POD`: adds the debugging container, then attaches to it when asked (-i, -t).
+async fn debug(client: &mut AdminClient<Channel>, args: DebugArgs) -> Result<u8, Error> {
+    let name = match args.container {
+        Some(name) => name,
+        None => {
+            let name = debugger_name();
+            eprintln!("Defaulting debug container name to {name}.");
+            name
+        }
+    };
+    let mut spec = serde_json::json!({
+        "name": name, "image": args.image, "imagePullPolicy": "IfNotPresent",
+        "terminationMessagePolicy": "File", "stdin": args.stdin, "tty": args.tty,
+    });
+    if !args.command.is_empty() {
+        spec["command"] = serde_json::json!(args.command);
+    }
+    if let Some(target) = args.target {
+        spec["targetContainerName"] = serde_json::json!(target);
+    }
+    let request = proto::DebugRequest {
+        namespace: args.namespace.clone(),
+        pod: args.pod.clone(),
+        container: spec.to_string(),
+    };
+    client.debug(request).await?;
+    if !(args.stdin || args.tty) {
+        return Ok(0);
+    }
+    wait_running(client, &args.namespace, &args.pod, &name).await?;
+    let start = proto::ExecStart {
+        namespace: args.namespace,
+        pod: args.pod,
+        container: name,
+        command: Vec::new(),
+        stdin: args.stdin,
+        tty: args.tty,
+    };
+    exec(client, start).await
 }
 
 /// `debugger-` and five lower-case letters or digits, as kubectl names them.
