@@ -226,7 +226,8 @@ const BUILD_INFO_LABELS: &[&str] = &[
     "platform",
 ];
 
-/// The process-wide registry.
+/// The process-wide registry. Its body is one declaration per family (name, help, type,
+/// labels), kept together as a table rather than cut into functions.
 pub fn get() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| Metrics {

@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Event, Pod};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStatus, Event, Pod, PodSpec, PodStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -347,43 +349,9 @@ pub fn describe(
     diagnosis: &crate::status::Diagnosis,
 ) -> String {
     let mut out = String::new();
-    let m = &pod.metadata;
     let spec = pod.spec.clone().unwrap_or_default();
     let status = pod.status.clone().unwrap_or_default();
-    let field = |out: &mut String, k: &str, v: &str| {
-        let _ = writeln!(out, "{:<14}{v}", format!("{k}:"));
-    };
-    field(&mut out, "Name", m.name.as_deref().unwrap_or_default());
-    field(
-        &mut out,
-        "Namespace",
-        m.namespace.as_deref().unwrap_or_default(),
-    );
-    if let Some(p) = &spec.priority {
-        field(&mut out, "Priority", &p.to_string());
-    }
-    let node = match (&spec.node_name, &status.host_ip) {
-        (Some(n), Some(ip)) => format!("{n}/{ip}"),
-        (Some(n), None) => n.clone(),
-        _ => "<none>".into(),
-    };
-    field(&mut out, "Node", &node);
-    if let Some(t) = &status.start_time {
-        field(&mut out, "Start Time", &t.0.to_string());
-    }
-    map_lines(&mut out, "Labels:", m.labels.as_ref());
-    map_lines(&mut out, "Annotations:", m.annotations.as_ref());
-    field(&mut out, "Status", &pod_status(pod));
-    if let Some(r) = &status.reason {
-        field(&mut out, "Reason", r);
-    }
-    if let Some(msg) = &status.message {
-        field(&mut out, "Message", msg);
-    }
-    field(&mut out, "IP", status.pod_ip.as_deref().unwrap_or("<none>"));
-    if let Some(q) = &status.qos_class {
-        field(&mut out, "QoS Class", q);
-    }
+    describe_header(&mut out, pod, &spec, &status);
     for (title, init) in [("Init Containers:", true), ("Containers:", false)] {
         let list = if init {
             spec.init_containers.clone().unwrap_or_default()
@@ -396,55 +364,7 @@ pub fn describe(
         let _ = writeln!(out, "{title}");
         let all = statuses(pod, init);
         for c in &list {
-            let s = all.iter().find(|s| s.name == c.name);
-            let _ = writeln!(out, "  {}:", c.name);
-            let line = |out: &mut String, k: &str, v: &str| {
-                let _ = writeln!(out, "    {:<16}{v}", format!("{k}:"));
-            };
-            if let Some(id) = s.and_then(|s| s.container_id.clone()) {
-                line(&mut out, "Container ID", &id);
-            }
-            line(&mut out, "Image", c.image.as_deref().unwrap_or_default());
-            if let Some(id) = s.map(|s| s.image_id.clone()).filter(|i| !i.is_empty()) {
-                line(&mut out, "Image ID", &id);
-            }
-            let ports: Vec<String> = c
-                .ports
-                .iter()
-                .flatten()
-                .map(|p| {
-                    format!(
-                        "{}/{}",
-                        p.container_port,
-                        p.protocol.as_deref().unwrap_or("TCP")
-                    )
-                })
-                .collect();
-            line(
-                &mut out,
-                "Port",
-                &if ports.is_empty() {
-                    "<none>".into()
-                } else {
-                    ports.join(", ")
-                },
-            );
-            if let Some(cmd) = &c.command {
-                line(&mut out, "Command", &cmd.join(" "));
-            }
-            if let Some(args) = &c.args {
-                line(&mut out, "Args", &args.join(" "));
-            }
-            if let Some(s) = s {
-                if let Some(state) = &s.state {
-                    state_lines(&mut out, "State:", state);
-                }
-                if let Some(last) = s.last_state.as_ref().filter(|l| l.terminated.is_some()) {
-                    state_lines(&mut out, "Last State:", last);
-                }
-                line(&mut out, "Ready", if s.ready { "True" } else { "False" });
-                line(&mut out, "Restart Count", &s.restart_count.to_string());
-            }
+            describe_container(&mut out, c, all.iter().find(|s| s.name == c.name));
         }
     }
     let conditions = status.conditions.clone().unwrap_or_default();
@@ -457,9 +377,102 @@ pub fn describe(
         out.push_str(&table(&rows));
     }
     diagnosis_lines(&mut out, diagnosis);
+    describe_events(&mut out, events_of_pod);
+    out
+}
+
+/// The pod's own fields, from its name to its QoS class.
+fn describe_header(out: &mut String, pod: &Pod, spec: &PodSpec, status: &PodStatus) {
+    let m = &pod.metadata;
+    let field = |out: &mut String, k: &str, v: &str| {
+        let _ = writeln!(out, "{:<14}{v}", format!("{k}:"));
+    };
+    field(out, "Name", m.name.as_deref().unwrap_or_default());
+    field(out, "Namespace", m.namespace.as_deref().unwrap_or_default());
+    if let Some(p) = &spec.priority {
+        field(out, "Priority", &p.to_string());
+    }
+    let node = match (&spec.node_name, &status.host_ip) {
+        (Some(n), Some(ip)) => format!("{n}/{ip}"),
+        (Some(n), None) => n.clone(),
+        _ => "<none>".into(),
+    };
+    field(out, "Node", &node);
+    if let Some(t) = &status.start_time {
+        field(out, "Start Time", &t.0.to_string());
+    }
+    map_lines(out, "Labels:", m.labels.as_ref());
+    map_lines(out, "Annotations:", m.annotations.as_ref());
+    field(out, "Status", &pod_status(pod));
+    if let Some(r) = &status.reason {
+        field(out, "Reason", r);
+    }
+    if let Some(msg) = &status.message {
+        field(out, "Message", msg);
+    }
+    field(out, "IP", status.pod_ip.as_deref().unwrap_or("<none>"));
+    if let Some(q) = &status.qos_class {
+        field(out, "QoS Class", q);
+    }
+}
+
+/// One container of the pod, with its status `s` when it has one.
+fn describe_container(out: &mut String, c: &Container, s: Option<&ContainerStatus>) {
+    let _ = writeln!(out, "  {}:", c.name);
+    let line = |out: &mut String, k: &str, v: &str| {
+        let _ = writeln!(out, "    {:<16}{v}", format!("{k}:"));
+    };
+    if let Some(id) = s.and_then(|s| s.container_id.clone()) {
+        line(out, "Container ID", &id);
+    }
+    line(out, "Image", c.image.as_deref().unwrap_or_default());
+    if let Some(id) = s.map(|s| s.image_id.clone()).filter(|i| !i.is_empty()) {
+        line(out, "Image ID", &id);
+    }
+    let ports: Vec<String> = c
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.container_port,
+                p.protocol.as_deref().unwrap_or("TCP")
+            )
+        })
+        .collect();
+    line(
+        out,
+        "Port",
+        &if ports.is_empty() {
+            "<none>".into()
+        } else {
+            ports.join(", ")
+        },
+    );
+    if let Some(cmd) = &c.command {
+        line(out, "Command", &cmd.join(" "));
+    }
+    if let Some(args) = &c.args {
+        line(out, "Args", &args.join(" "));
+    }
+    if let Some(s) = s {
+        if let Some(state) = &s.state {
+            state_lines(out, "State:", state);
+        }
+        if let Some(last) = s.last_state.as_ref().filter(|l| l.terminated.is_some()) {
+            state_lines(out, "Last State:", last);
+        }
+        line(out, "Ready", if s.ready { "True" } else { "False" });
+        line(out, "Restart Count", &s.restart_count.to_string());
+    }
+}
+
+/// The pod's events, as kubectl lists them under a description.
+fn describe_events(out: &mut String, events_of_pod: &[Event]) {
     if events_of_pod.is_empty() {
         let _ = writeln!(out, "Events:       <none>");
-        return out;
+        return;
     }
     let _ = writeln!(out, "Events:");
     let mut rows = vec![
@@ -480,7 +493,6 @@ pub fn describe(
         ]);
     }
     out.push_str(&table(&rows));
-    out
 }
 
 /// What ended pods left on the node, one row per thing left.
