@@ -489,8 +489,50 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
         .into_iter()
         .map(|(key, value)| cri::KeyValue { key, value })
         .collect();
+    let mut mounts = mounts(input)?;
+    let (labels, annotations) = labels_and_annotations(input);
+    if let Some(userns) = input.userns {
+        for m in &mut mounts {
+            m.uid_mappings.clone_from(&userns.uids);
+            m.gid_mappings.clone_from(&userns.gids);
+        }
+    }
+    Ok(cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: input.restart_count,
+        }),
+        image: Some(cri::ImageSpec {
+            image: input.image_ref.to_string(),
+            user_specified_image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command: c
+            .command
+            .iter()
+            .flatten()
+            .map(|s| expand(s, &vars))
+            .collect(),
+        args: c.args.iter().flatten().map(|s| expand(s, &vars)).collect(),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs,
+        mounts,
+        labels,
+        annotations,
+        log_path: container_log_path(&c.name, input.restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(linux_config(pod, c, input)),
+        ..Default::default()
+    })
+}
+
+/// The container's mounts, in upstream's order: the volumes, then /etc/hosts, then the
+/// termination log.
+fn mounts(input: &ContainerInput<'_>) -> Result<Vec<cri::Mount>, String> {
+    let c = input.container;
     let mut mounts = Vec::new();
-    // In upstream's order: the volumes, then /etc/hosts, then the termination log.
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let Some(volume) = input.volumes.get(&m.name) else {
             return Err(format!("volumeMount {}: volume is not set up", m.name));
@@ -572,6 +614,18 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
             ..Default::default()
         });
     }
+    Ok(mounts)
+}
+
+/// The container's CRI labels and annotations, with upstream's names: what names it, and what
+/// the agent reads back from the runtime (hashes, restart count, termination message, grace
+/// period, resources, ports, preStop handler).
+fn labels_and_annotations(
+    input: &ContainerInput<'_>,
+) -> (HashMap<String, String>, HashMap<String, String>) {
+    let ContainerInput {
+        pod, container: c, ..
+    } = *input;
     let mut labels = HashMap::new();
     let (name, namespace, uid) = meta(pod);
     labels.insert(LABEL_POD_NAME.to_string(), name.to_string());
@@ -613,41 +667,7 @@ pub fn container_config(input: &ContainerInput<'_>) -> Result<cri::ContainerConf
             serde_json::to_string(handler).unwrap_or_default(),
         );
     }
-    if let Some(userns) = input.userns {
-        for m in &mut mounts {
-            m.uid_mappings.clone_from(&userns.uids);
-            m.gid_mappings.clone_from(&userns.gids);
-        }
-    }
-    Ok(cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata {
-            name: c.name.clone(),
-            attempt: input.restart_count,
-        }),
-        image: Some(cri::ImageSpec {
-            image: input.image_ref.to_string(),
-            user_specified_image: c.image.clone().unwrap_or_default(),
-            ..Default::default()
-        }),
-        command: c
-            .command
-            .iter()
-            .flatten()
-            .map(|s| expand(s, &vars))
-            .collect(),
-        args: c.args.iter().flatten().map(|s| expand(s, &vars)).collect(),
-        working_dir: c.working_dir.clone().unwrap_or_default(),
-        envs,
-        mounts,
-        labels,
-        annotations,
-        log_path: container_log_path(&c.name, input.restart_count),
-        stdin: c.stdin.unwrap_or(false),
-        stdin_once: c.stdin_once.unwrap_or(false),
-        tty: c.tty.unwrap_or(false),
-        linux: Some(linux_config(pod, c, input)),
-        ..Default::default()
-    })
+    (labels, annotations)
 }
 
 /// Adds what the device plugins answered for a container to its CRI config, as upstream
