@@ -167,7 +167,7 @@ bench: deps k8s runtime-up images registries control-plane-images
 		--endpoint unix://$(NODELET_TESTBED)/containerd.sock \
 		--nodelet $(TARGET_DIR)/release/nodelet --out target/bench \
 		--kubelet $(K8S_BIN)/kubelet --kubelet-endpoint unix://$(KUBELET_BED)/containerd.sock \
-		--containerd-pid $$(cat $(NODELET_TESTBED)/containerd.pid) $(BENCH_ARGS) || status=$$?; \
+		$(BENCH_ARGS) || status=$$?; \
 	$(TESTBED) down || true; exit $$status
 
 # The test suite runs the same decoding in smoke mode; this runs libFuzzer on it for longer.

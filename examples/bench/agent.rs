@@ -55,6 +55,8 @@ impl Kind {
 
 pub struct Agent {
     pub kind: Kind,
+    /// The node name it runs as.
+    node: String,
     child: Child,
     dir: PathBuf,
     pub rt: RuntimeClient,
@@ -112,11 +114,11 @@ fn spawn(mut command: Command, log: &Path) -> Result<Child> {
 }
 
 impl Agent {
-    /// nodelet with its directories under `dir`, the bench's node name and cgroup root, and
-    /// `extra` flags.
+    /// nodelet on the runtime at `endpoint` as node `node`, with its directories under `dir`,
+    /// the bench's cgroup root, and `extra` flags.
     pub fn nodelet(
         binary: &Path,
-        endpoint: &Path,
+        (endpoint, node): (&Path, &str),
         dir: &Path,
         extra: &[&str],
         log: &Path,
@@ -137,13 +139,14 @@ impl Agent {
             .arg(dir.join("pods"))
             .arg("--container-logs-dir")
             .arg(dir.join("containers"))
-            .args(["--hostname-override", NODE, "--max-pods", "200"])
+            .args(["--hostname-override", node, "--max-pods", "200"])
             .arg(format!("--healthz-port={healthz}"))
             .arg(format!("--cgroup-root=/{CGROUP_ROOT}"))
             .args(extra);
         let child = spawn(command, log).context("start nodelet")?;
         Ok(Agent {
             kind: Kind::Nodelet,
+            node: node.to_string(),
             child,
             dir: dir.to_path_buf(),
             rt: RuntimeClient::new(endpoint, endpoint, Duration::from_secs(120)),
@@ -198,6 +201,7 @@ impl Agent {
         // From here on, dropping the agent stops the kubelet and undoes its changes.
         let agent = Agent {
             kind: Kind::Kubelet,
+            node: NODE.to_string(),
             child,
             dir: dir.to_path_buf(),
             rt: RuntimeClient::new(endpoint, endpoint, Duration::from_secs(120)),
@@ -249,16 +253,21 @@ impl Agent {
         self.ready().await
     }
 
+    /// Its static pod directory.
+    pub fn manifests(&self) -> PathBuf {
+        self.dir.join("manifests")
+    }
+
     pub fn write(&self, i: usize, host_network: bool, run: usize) -> Result<()> {
-        let tmp = self.dir.join(format!("manifests/.b{i}.tmp"));
+        let tmp = self.manifests().join(format!(".b{i}.tmp"));
         std::fs::write(&tmp, manifest(i, host_network, run))?;
-        std::fs::rename(tmp, self.dir.join(format!("manifests/b{i}.yaml")))?;
+        std::fs::rename(tmp, self.manifests().join(format!("b{i}.yaml")))?;
         Ok(())
     }
 
     pub fn remove(&self, i: usize) -> Result<()> {
         Ok(std::fs::remove_file(
-            self.dir.join(format!("manifests/b{i}.yaml")),
+            self.manifests().join(format!("b{i}.yaml")),
         )?)
     }
 
@@ -272,7 +281,7 @@ impl Agent {
             .into_iter()
             .filter(|s| {
                 self.kind == Kind::Kubelet
-                    || s.annotations.get(ANNOTATION_NODE_NAME).map(String::as_str) == Some(NODE)
+                    || s.annotations.get(ANNOTATION_NODE_NAME) == Some(&self.node)
             })
             .collect();
         let ids: std::collections::HashSet<&str> =

@@ -6,11 +6,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::Api;
@@ -19,9 +19,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use nodelet::runtime::RuntimeClient;
 
+use crate::agent::Agent;
+
 /// The node name, also its identity's CN.
 const NODE: &str = "bench-cluster";
-const CGROUP_ROOT: &str = "nodelet-bench-cluster";
 const LABEL: &str = "nodelet-bench";
 
 /// A control plane in `dir`, stopped (and its directory removed) on drop.
@@ -56,56 +57,6 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let _ = self.run(&["down", &self.dir.display().to_string()]);
-    }
-}
-
-/// nodelet in cluster mode.
-struct Agent {
-    child: Child,
-    manifests: PathBuf,
-}
-
-impl Agent {
-    fn start(binary: &Path, endpoint: &Path, dir: &Path, kubeconfig: &str) -> Result<Agent> {
-        let manifests = dir.join("manifests");
-        std::fs::create_dir_all(&manifests)?;
-        let child = Command::new(binary)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--pod-manifest-path")
-            .arg(&manifests)
-            .arg(format!(
-                "--container-runtime-endpoint=unix://{}",
-                endpoint.display()
-            ))
-            .arg("--root-dir")
-            .arg(dir.join("root"))
-            .arg("--pod-logs-dir")
-            .arg(dir.join("pods"))
-            .arg("--container-logs-dir")
-            .arg(dir.join("containers"))
-            // The standalone agent's flags: it serves the authenticated port too (the
-            // default, as a kubelet in a cluster must), so the footprints compare like for like.
-            .args(["--hostname-override", NODE, "--healthz-port", "0"])
-            .args([
-                "--max-pods",
-                "200",
-                "--cgroup-root",
-                &format!("/{CGROUP_ROOT}"),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start nodelet in cluster mode")?;
-        Ok(Agent { child, manifests })
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -219,12 +170,12 @@ async fn through_files(agent: &Agent, seen: &Seen, n: usize, round: usize) -> Re
     let names: Vec<String> = (0..n).map(|i| format!("s{round}-{i}")).collect();
     let started = Instant::now();
     for name in &names {
-        let tmp = agent.manifests.join(format!(".{name}.tmp"));
+        let tmp = agent.manifests().join(format!(".{name}.tmp"));
         std::fs::write(
             &tmp,
             pod_yaml(name, false).replace(&format!("  nodeName: {NODE}\n"), ""),
         )?;
-        std::fs::rename(&tmp, agent.manifests.join(format!("{name}.yaml")))?;
+        std::fs::rename(&tmp, agent.manifests().join(format!("{name}.yaml")))?;
     }
     let mirrors: Vec<String> = names.iter().map(|n| format!("{n}-{NODE}")).collect();
     wait("mirror pods Running", || seen.running(&mirrors).is_some()).await?;
@@ -232,7 +183,7 @@ async fn through_files(agent: &Agent, seen: &Seen, n: usize, round: usize) -> Re
         .running(&mirrors)
         .map_or(0.0, |t| t.duration_since(started).as_secs_f64());
     for name in &names {
-        std::fs::remove_file(agent.manifests.join(format!("{name}.yaml")))?;
+        std::fs::remove_file(agent.manifests().join(format!("{name}.yaml")))?;
     }
     wait("mirror pods gone", || seen.gone(&mirrors)).await?;
     Ok(took)
@@ -329,7 +280,15 @@ pub async fn run(
     Api::<ServiceAccount>::namespaced(admin.clone(), "default")
         .create(&PostParams::default(), &account)
         .await?;
-    let agent = Agent::start(nodelet, endpoint, &work.join("cluster-agent"), &kubeconfig)?;
+    // The standalone agent with a kubeconfig: it serves the authenticated port too (the
+    // default, as a kubelet in a cluster must), so the footprints compare like for like.
+    let agent = Agent::nodelet(
+        nodelet,
+        (endpoint, NODE),
+        &work.join("cluster-agent"),
+        &["--kubeconfig", &kubeconfig],
+        &work.join("cluster-agent.log"),
+    )?;
     let seen = watch(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let mut rows = Vec::new();
@@ -389,7 +348,7 @@ pub async fn run(
         });
         eprintln!("status latency: {status}");
     }
-    let pid = agent.child.id();
+    let pid = agent.pid();
     let mut prints = Vec::new();
     let footprints: &[usize] = if part == Part::Status { &[] } else { &[0, max] };
     for &n in footprints {
@@ -413,6 +372,5 @@ pub async fn run(
     }
     drop(agent);
     drop(cp);
-    let _ = nodelet::cgroups::remove_tree(CGROUP_ROOT);
     Ok(serde_json::json!({"scenarios": rows, "status_latency": status, "footprint": prints}))
 }

@@ -14,7 +14,7 @@
 //!
 //! Usage: bench --endpoint unix:///path.sock --nodelet PATH [--out DIR] [--pairs N]
 //!              [--kubelet PATH --kubelet-endpoint unix:///other.sock]
-//!              [--footprint-secs S] [--containerd-pid PID] [--work-dir DIR] [--sizes B,M]
+//!              [--footprint-secs S] [--work-dir DIR] [--sizes B,M]
 //!              [--full | --only footprint|pleg|bootstrap|status]
 
 mod agent;
@@ -51,7 +51,6 @@ struct Args {
     /// always 10.
     pairs: usize,
     footprint: Duration,
-    containerd_pid: Option<u32>,
     /// Pod counts of the burst and max-pods scenarios (30 and 110; smaller for a smoke run).
     sizes: (usize, usize),
     /// Where the agent's directories and the floor's pod files go (a fresh directory inside
@@ -78,7 +77,6 @@ fn args() -> Result<Args> {
         out: PathBuf::from("target/bench"),
         pairs: 0,
         footprint: Duration::ZERO,
-        containerd_pid: None,
         sizes: (30, 110),
         work_dir: std::env::temp_dir(),
         footprint_only: false,
@@ -105,7 +103,6 @@ fn args() -> Result<Args> {
             "--out" => a.out = PathBuf::from(value),
             "--pairs" => a.pairs = value.parse()?,
             "--footprint-secs" => a.footprint = Duration::from_secs(value.parse()?),
-            "--containerd-pid" => a.containerd_pid = Some(value.parse()?),
             "--work-dir" => a.work_dir = PathBuf::from(value),
             "--sizes" => {
                 let (burst, max) = value.split_once(',').context("--sizes BURST,MAX")?;
@@ -442,25 +439,30 @@ async fn scenario(
         rounds: Vec::new(),
     };
     for i in 0..rounds {
-        let floor_first = i % 2 == 0;
-        let mut kubelet = None;
-        let mut floor_run = None;
-        if floor_first {
-            floor_run = Some(floor(rt, n, host_network, at, image, logs).await?);
-        } else if let Some(k) = sides.kubelet {
-            kubelet = Some(thawed(k, n, host_network).await?);
-        }
-        let nodelet = thawed(sides.nodelet, n, host_network).await?;
-        if !floor_first {
-            floor_run = Some(floor(rt, n, host_network, at, image, logs).await?);
-        } else if let Some(k) = sides.kubelet {
-            kubelet = Some(thawed(k, n, host_network).await?);
-        }
-        out.rounds.push(Round {
-            floor: floor_run.context("the floor ran")?,
-            nodelet,
-            kubelet,
-        });
+        let kubelet = async || match sides.kubelet {
+            Some(k) => thawed(k, n, host_network).await.map(Some),
+            None => Ok(None),
+        };
+        let round = if i % 2 == 0 {
+            let floor = floor(rt, n, host_network, at, image, logs).await?;
+            let nodelet = thawed(sides.nodelet, n, host_network).await?;
+            let kubelet = kubelet().await?;
+            Round {
+                floor,
+                nodelet,
+                kubelet,
+            }
+        } else {
+            let kubelet = kubelet().await?;
+            let nodelet = thawed(sides.nodelet, n, host_network).await?;
+            let floor = floor(rt, n, host_network, at, image, logs).await?;
+            Round {
+                floor,
+                nodelet,
+                kubelet,
+            }
+        };
+        out.rounds.push(round);
     }
     Ok(out)
 }
@@ -587,7 +589,7 @@ async fn main() -> Result<()> {
     }
     let nodelet = Agent::nodelet(
         &a.nodelet,
-        &a.endpoint,
+        (&a.endpoint, NODE),
         &work.path().join("agent"),
         &[],
         &a.out.join("nodelet.log"),
@@ -871,7 +873,7 @@ async fn pleg_comparison(a: &Args, work: &Path) -> Result<serde_json::Value> {
     let start = |mode: &str, extra: &[&str]| {
         Agent::nodelet(
             &a.nodelet,
-            &a.endpoint,
+            (&a.endpoint, NODE),
             &work.join(format!("pleg-{mode}")),
             extra,
             &a.out.join(format!("nodelet-pleg-{mode}.log")),
@@ -894,7 +896,7 @@ async fn pleg_comparison(a: &Args, work: &Path) -> Result<serde_json::Value> {
         agent.ready().await?;
         agent.start_pods(n, false).await?;
         quiesce().await;
-        let idle = footprint(agent.pid(), a.containerd_pid, a.footprint).await;
+        let idle = footprint(agent.pid(), agent.containerd_pid, a.footprint).await;
         agent.stop_pods(n).await?;
         let start = starts.remove(mode).unwrap_or_default();
         println!(
