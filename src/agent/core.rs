@@ -364,7 +364,7 @@ fn cgroup_manager(
     let cgroups = crate::cgroups::Manager::new(crate::cgroups::Config {
         root: config.cgroup_root.clone(),
         per_qos: config.cgroups_per_qos,
-        enforce_allocatable: config.enforce_pods_allocatable,
+        enforce_allocatable: config.enforce_node_allocatable.pods,
         driver: match driver {
             crate::config::CgroupDriver::Cgroupfs => crate::cgroups::Driver::Cgroupfs,
             crate::config::CgroupDriver::Systemd => crate::cgroups::Driver::Systemd,
@@ -434,7 +434,7 @@ fn pod_context(
 
 /// The hidden test-only backoff (`--testing-backoff`), said when in use.
 fn test_backoff(config: &Config) -> Option<Duration> {
-    let initial = config.testing.backoff?;
+    let initial = config.testing_backoff?;
     tracing::warn!(?initial, "test-only backoff in use (--testing-backoff)");
     Some(initial)
 }
@@ -489,8 +489,7 @@ fn image_puller(
             qps: config.registry_pull_qps,
             burst: config.registry_burst,
             backoff_initial: config
-                .testing
-                .backoff
+                .testing_backoff
                 .unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
             credential_providers,
             progress_deadline: config.image_pull_progress_deadline,
@@ -537,7 +536,7 @@ fn eviction_manager(
 ) -> eviction::Manager {
     let interval = test_period(
         "testing-eviction-period",
-        config.testing.eviction_period,
+        config.testing_eviction_period,
         EVICTION_INTERVAL,
     );
     eviction::Manager {

@@ -110,13 +110,13 @@ pub(super) fn memory_reservation(
 pub(super) fn enforce_reserves(config: &Config, cgroups: &crate::cgroups::Manager) -> Result<()> {
     for (enforced, cgroup, reserve, field) in [
         (
-            config.enforce_kube_reserved,
+            config.enforce_node_allocatable.kube_reserved,
             &config.kube_reserved_cgroup,
             &config.kube_reserved,
             "kubeReservedCgroup (--kube-reserved-cgroup)",
         ),
         (
-            config.enforce_system_reserved,
+            config.enforce_node_allocatable.system_reserved,
             &config.system_reserved_cgroup,
             &config.system_reserved,
             "systemReservedCgroup (--system-reserved-cgroup)",

@@ -22,7 +22,7 @@ pub(super) fn spawn(config: &Config, core: &Core, cancel: &CancellationToken) {
         gc,
         test_period(
             "testing-image-gc-period",
-            config.testing.image_gc_period,
+            config.testing_image_gc_period,
             Duration::from_secs(300),
         ),
         cancel.clone(),
@@ -36,7 +36,7 @@ pub(super) fn spawn(config: &Config, core: &Core, cancel: &CancellationToken) {
                 },
                 interval: test_period(
                     "testing-log-rotation-period",
-                    config.testing.log_rotation_period,
+                    config.testing_log_rotation_period,
                     config.container_log_monitor_interval,
                 ),
                 node_name: config.node_name.clone(),

@@ -52,6 +52,9 @@ pub fn format(d: Duration) -> String {
     if ms == 0 {
         return "0s".into();
     }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
     let (h, m, s, rem_ms) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
     let mut out = String::new();
     if h > 0 {
@@ -95,5 +98,6 @@ mod tests {
         assert_eq!(format(Duration::from_secs(20)), "20s");
         assert_eq!(format(Duration::from_secs(3600)), "1h0m0s");
         assert_eq!(format(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format(Duration::from_millis(100)), "100ms");
     }
 }

@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
-use super::fields::{FIELDS, Kind, Raw, RawValue};
+use super::fields::{Kind, Raw, RawValue};
+use super::{Config, FIELDS};
 
-/// The clap command: every knob of [`FIELDS`] as a `--flag`.
+/// The clap command: every knob of [`FIELDS`] as a `--flag`, its help ending in its default.
 pub fn command() -> Command {
     let mut cmd = Command::new("nodelet")
         .about("nodelet: a node agent that does the kubelet's job")
@@ -22,8 +23,11 @@ pub fn command() -> Command {
         )
         // Like the kubelet's flag parser: a flag given again overrides the earlier value.
         .args_override_self(true);
-    for f in FIELDS.iter().filter(|f| !f.flag.is_empty()) {
-        let mut arg = Arg::new(f.name).long(f.flag).help(f.help);
+    for (f, default) in FIELDS.iter().zip(Config::defaults_shown()) {
+        if f.flag.is_empty() {
+            continue;
+        }
+        let mut arg = Arg::new(f.name).long(f.flag).help(help(f.help, &default));
         arg = match f.kind {
             Kind::Scalar => arg.num_args(1),
             Kind::Bool => arg
@@ -49,6 +53,31 @@ pub fn command() -> Command {
         cmd = cmd.arg(arg);
     }
     cmd
+}
+
+/// A knob's help text and its default, unless the text says it (a default that depends on other
+/// knobs) or there is none to say.
+fn help(text: &'static str, default: &serde_json::Value) -> String {
+    match default_text(default) {
+        Some(shown) if !text.contains("[default") => format!("{text} [default {shown}]"),
+        _ => text.to_string(),
+    }
+}
+
+/// A default as `--help` says it: none for an empty one or an object.
+pub(super) fn default_text(default: &serde_json::Value) -> Option<String> {
+    match default {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Bool(_) | serde_json::Value::Number(_) => Some(default.to_string()),
+        serde_json::Value::Array(items) if !items.is_empty() => Some(
+            items
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        _ => None,
+    }
 }
 
 /// The knobs set on the command line, as raw text; problems found are appended to `errors`.
