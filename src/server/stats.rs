@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use crate::cgroups::pressure::{self, Pressure, Pressures, Psi};
 use crate::runtime::{
     ContainerState, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, RuntimeClient, cri,
 };
@@ -29,6 +30,16 @@ pub struct Source {
     /// The cgroups reported as system containers (kubelet, runtime, misc, pods), by name;
     /// `None`: the agent's own.
     pub system_containers: Vec<(String, Option<String>)>,
+}
+
+impl Source {
+    /// The cgroup the pods live in: the `pods` system container's.
+    fn pods_cgroup(&self) -> Option<&str> {
+        self.system_containers
+            .iter()
+            .find(|(name, _)| name == "pods")
+            .and_then(|(_, path)| path.as_deref())
+    }
 }
 
 /// Each system container's CPU time (ns) at the last scrape, for a usage rate.
@@ -123,7 +134,13 @@ fn value(v: &Option<cri::UInt64Value>) -> u64 {
     v.as_ref().map_or(0, |v| v.value)
 }
 
-fn container_entry(s: &cri::ContainerStats, time: &str, created: Option<i64>) -> Value {
+fn container_entry(
+    s: &cri::ContainerStats,
+    time: &str,
+    created: Option<i64>,
+    pressure: Option<&Pressure>,
+    swap_off: bool,
+) -> Value {
     let name = s
         .attributes
         .as_ref()
@@ -155,6 +172,18 @@ fn container_entry(s: &cri::ContainerStats, time: &str, created: Option<i64>) ->
             "inodesUsed": value(&layer.inodes_used),
         },
     });
+    // Swap as the runtime reports it; on a node without swap, none is used or to be had.
+    if let Some(swap) = &s.swap {
+        entry["swap"] = json!({"time": time, "swapUsageBytes": value(&swap.swap_usage_bytes)});
+        if let Some(available) = &swap.swap_available_bytes {
+            entry["swap"]["swapAvailableBytes"] = json!(available.value);
+        }
+    } else if swap_off {
+        entry["swap"] = json!({"time": time, "swapUsageBytes": 0, "swapAvailableBytes": 0});
+    }
+    if let Some(pressure) = pressure {
+        add_pressure(&mut entry, pressure, time);
+    }
     // A container starts when it is created, as upstream's CRI stats say.
     if let Some(ns) = created.filter(|ns| *ns > 0) {
         let at = k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(ns));
@@ -233,12 +262,26 @@ fn pod_usage(pod_ref: Value, containers: Vec<Value>, time: &str) -> Value {
     if let Some(available) = available.filter(|a| !a.is_empty()) {
         stats["memory"]["availableBytes"] = json!(available.iter().sum::<u64>());
     }
+    // Swap where it is known for a container, summed; what is left, where each has a limit.
+    if containers.iter().any(|c| c.get("swap").is_some()) {
+        stats["swap"] = json!({
+            "time": time,
+            "swapUsageBytes": sum(&containers, "swap", "swapUsageBytes"),
+        });
+        let available: Option<u64> = containers
+            .iter()
+            .map(|c| c["swap"]["swapAvailableBytes"].as_u64().filter(|b| *b > 0))
+            .sum();
+        if let Some(available) = available {
+            stats["swap"]["swapAvailableBytes"] = json!(available);
+        }
+    }
     stats["containers"] = Value::Array(containers);
     stats
 }
 
-/// The node's CPU (its usage rate since the last reading) and memory, from /proc.
-fn node_usage(time: &str) -> (Value, Value) {
+/// The node's CPU (its usage rate since the last reading), memory and swap, from /proc.
+fn node_usage(time: &str) -> (Value, Value, Value) {
     let cpu_ns = node_cpu_ns().unwrap_or(0);
     let now = Instant::now();
     let nano_cores = {
@@ -265,7 +308,13 @@ fn node_usage(time: &str) -> (Value, Value) {
         "usageBytes": total.saturating_sub(free),
         "workingSetBytes": total.saturating_sub(available),
     });
-    (cpu, memory)
+    let swap_free = mem.get("SwapFree").copied().unwrap_or(0);
+    let swap = json!({
+        "time": time,
+        "swapAvailableBytes": swap_free,
+        "swapUsageBytes": mem.get("SwapTotal").copied().unwrap_or(0).saturating_sub(swap_free),
+    });
+    (cpu, memory, swap)
 }
 
 /// Only the CPU and memory of the node, its pods and their running containers (with their
@@ -273,14 +322,14 @@ fn node_usage(time: &str) -> (Value, Value) {
 /// walks and network reads of the whole summary (upstream's GetCPUAndMemoryStats).
 pub async fn cpu_and_memory(source: &Source) -> crate::runtime::Result<Value> {
     let time = crate::types::now().to_string();
-    let pods: Vec<Value> = running_containers(source, &time)
+    let pods: Vec<Value> = running_containers(source, &time, None)
         .await?
         .into_values()
         .map(|(pod_ref, containers)| pod_usage(pod_ref, containers, &time))
         .collect();
-    let (cpu, memory) = node_usage(&time);
+    let (cpu, memory, swap) = node_usage(&time);
     Ok(json!({
-        "node": { "nodeName": source.node_name, "cpu": cpu, "memory": memory },
+        "node": { "nodeName": source.node_name, "cpu": cpu, "memory": memory, "swap": swap },
         "pods": pods,
     }))
 }
@@ -301,6 +350,40 @@ fn node_extras(node: &mut Value, time: &str) {
     }
 }
 
+/// PSI as upstream's summary shows it.
+fn psi(p: &Psi) -> Value {
+    let stall = |s: &pressure::Stall| json!({"total": s.total, "avg10": s.avg10, "avg60": s.avg60, "avg300": s.avg300});
+    json!({"full": stall(&p.full), "some": stall(&p.some)})
+}
+
+/// Adds pressure to a node's, pod's or container's stats: under cpu and memory, and as io.
+fn add_pressure(stats: &mut Value, p: &Pressure, time: &str) {
+    if let Some(cpu) = &p.cpu
+        && stats.get("cpu").is_some()
+    {
+        stats["cpu"]["psi"] = psi(cpu);
+    }
+    if let Some(memory) = &p.memory
+        && stats.get("memory").is_some()
+    {
+        stats["memory"]["psi"] = psi(memory);
+    }
+    if let Some(io) = &p.io {
+        stats["io"] = json!({"time": time, "psi": psi(io)});
+    }
+}
+
+/// The pressure of each system container named by a cgroup path (the agent's own, `None`,
+/// is left out: it is the cgroup of whatever started it).
+fn system_pressures(paths: &[Option<&str>]) -> Vec<Option<Pressure>> {
+    let named: Vec<&str> = paths.iter().flatten().copied().collect();
+    let mut found = pressure::of(&named).into_iter();
+    paths
+        .iter()
+        .map(|p| p.and_then(|_| found.next().flatten()))
+        .collect()
+}
+
 /// Each pod's running containers' stats with the pod's reference, by pod UID. Exited containers
 /// are left out, as upstream leaves them out: a restarted container would show twice, once
 /// with nothing used. Their start (creation) times and states come from the runtime's container
@@ -308,6 +391,7 @@ fn node_extras(node: &mut Value, time: &str) {
 async fn running_containers(
     source: &Source,
     time: &str,
+    pressures: Option<&Pressures>,
 ) -> crate::runtime::Result<BTreeMap<String, (Value, Vec<Value>)>> {
     let stats = source.runtime.container_stats().await?;
     let listed = match source.runtime.list_containers(None).await {
@@ -321,6 +405,7 @@ async fn running_containers(
             None
         }
     };
+    let swap_off = meminfo().get("SwapTotal").is_some_and(|total| *total == 0);
     let mut pods: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
     for s in &stats {
         let Some(attrs) = &s.attributes else { continue };
@@ -342,7 +427,10 @@ async fn running_containers(
             (pod_ref, Vec::new())
         });
         let created = known.flatten().map(|(at, _)| *at);
-        entry.1.push(container_entry(s, time, created));
+        let pressure = pressures.and_then(|p| p.containers.get(&attrs.id));
+        entry
+            .1
+            .push(container_entry(s, time, created, pressure, swap_off));
     }
     Ok(pods)
 }
@@ -350,7 +438,16 @@ async fn running_containers(
 /// The summary, or the runtime's error.
 pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     let time = crate::types::now().to_string();
-    let pods = running_containers(source, &time).await?;
+    // Pressure is read off the async workers: one walk of the pods' cgroups.
+    let pods_cgroup = source.pods_cgroup().map(str::to_string);
+    let pressures = tokio::task::spawn_blocking(move || {
+        pods_cgroup
+            .map(|root| pressure::pods(&root))
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap_or_default();
+    let pods = running_containers(source, &time, Some(&pressures)).await?;
     // The newest ready sandbox of each pod, for its network.
     let mut sandboxes = std::collections::HashMap::new();
     for sb in source.runtime.list_sandboxes(None).await? {
@@ -365,7 +462,12 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
         pods.into_iter()
             .map(|(uid, (pod_ref, containers))| {
                 let network = networks.remove(&uid);
-                pod_stats(&job_source, &uid, pod_ref, containers, network, &job_time)
+                let mut stats =
+                    pod_stats(&job_source, &uid, pod_ref, containers, network, &job_time);
+                if let Some(pressure) = pressures.pods.get(&uid) {
+                    add_pressure(&mut stats, pressure, &job_time);
+                }
+                stats
             })
             .collect::<Vec<Value>>()
     })
@@ -375,7 +477,7 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
         Vec::new()
     });
 
-    let (cpu, memory) = node_usage(&time);
+    let (cpu, memory, swap) = node_usage(&time);
     let now = Instant::now();
     let image_fs = match source.runtime.image_fs().await {
         Ok(Some((mount, used))) => {
@@ -390,6 +492,7 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
             "nodeName": source.node_name,
             "cpu": cpu,
             "memory": memory,
+            "swap": swap,
             "fs": fs_stats(&source.root_dir.to_string_lossy(), &time),
             // One filesystem holds the images and the containers' layers, as the runtime
             // reports no other: upstream then shows it as both.
@@ -401,6 +504,7 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
         summary["node"]["network"] = network;
     }
     node_extras(&mut summary["node"], &time);
+    add_pressure(&mut summary["node"], &pressure::node(), &time);
     // Each container's writable layer lives on that filesystem: its capacity and inodes.
     for pod in summary["pods"].as_array_mut().into_iter().flatten() {
         for c in pod["containers"].as_array_mut().into_iter().flatten() {
@@ -420,7 +524,14 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
         .system_containers
         .iter()
         .zip(crate::cgroups::usages(&paths))
-        .filter_map(|((name, _), usage)| Some(system_container(name, usage?, &time, now)))
+        .zip(system_pressures(&paths))
+        .filter_map(|(((name, _), usage), pressure)| {
+            let mut stats = system_container(name, usage?, &time, now);
+            if let Some(pressure) = pressure {
+                add_pressure(&mut stats, &pressure, &time);
+            }
+            Some(stats)
+        })
         .collect();
     Ok(summary)
 }

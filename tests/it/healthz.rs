@@ -278,6 +278,24 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     );
     assert!(stats["startTime"].is_string(), "{stats}");
     assert!(stats["containers"][0]["startTime"].is_string(), "{stats}");
+    // Pressure stall information of the node (/proc/pressure), and of the pod and its
+    // container from their cgroups on the unified hierarchy (mounted beside v1 here).
+    for (what, at) in [
+        ("node", n),
+        ("pod", stats),
+        ("container", &stats["containers"][0]),
+    ] {
+        for psi in [&at["cpu"]["psi"], &at["memory"]["psi"], &at["io"]["psi"]] {
+            assert!(
+                psi["some"]["total"].is_u64() && psi["full"]["avg10"].is_f64(),
+                "the {what}'s pressure: {at}"
+            );
+        }
+    }
+    // No swap on these machines: none used, none to be had.
+    for at in [&n["swap"], &stats["swap"], &stats["containers"][0]["swap"]] {
+        assert_eq!(at["swapUsageBytes"], 0, "{at}");
+    }
 
     // A restarted container: its exited instance is not scraped beside the running one.
     node.write_manifest(

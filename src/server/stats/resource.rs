@@ -7,11 +7,13 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-/// One metric family: its name, help, type and samples (labels, value, timestamp in ms).
+/// One metric family: its name, help, type, stability and samples (labels, value, timestamp
+/// in ms).
 struct Family {
     name: &'static str,
     help: &'static str,
     kind: &'static str,
+    stability: &'static str,
     samples: Vec<(String, f64, Option<i64>)>,
 }
 
@@ -21,7 +23,16 @@ impl Family {
             name,
             help,
             kind,
+            stability: "STABLE",
             samples: Vec::new(),
+        }
+    }
+
+    /// A family upstream marks ALPHA.
+    fn alpha(name: &'static str, help: &'static str) -> Family {
+        Family {
+            stability: "ALPHA",
+            ..Family::new(name, help, "gauge")
         }
     }
 
@@ -29,7 +40,11 @@ impl Family {
         if self.samples.is_empty() {
             return;
         }
-        let _ = writeln!(out, "# HELP {} [STABLE] {}", self.name, self.help);
+        let _ = writeln!(
+            out,
+            "# HELP {} [{}] {}",
+            self.name, self.stability, self.help
+        );
         let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
         for (labels, value, at) in &self.samples {
             let _ = match at {
@@ -63,6 +78,21 @@ fn usage(stats: &Value, labels: &str, cpu: &mut Family, memory: &mut Family) {
     if let Some(bytes) = stats["memory"]["workingSetBytes"].as_u64() {
         let at = millis(&stats["memory"]["time"]);
         memory.samples.push((labels.into(), bytes as f64, at));
+    }
+}
+
+/// Adds `stats`' swap use (and, with `limit`, what it may use in all) labelled `labels`.
+fn swap(stats: &Value, labels: &str, usage: &mut Family, limit: Option<&mut Family>) {
+    let swap = &stats["swap"];
+    let at = millis(&swap["time"]);
+    let Some(used) = swap["swapUsageBytes"].as_u64() else {
+        return;
+    };
+    usage.samples.push((labels.into(), used as f64, at));
+    if let (Some(limit), Some(available)) = (limit, swap["swapAvailableBytes"].as_u64()) {
+        limit
+            .samples
+            .push((labels.into(), (available + used) as f64, at));
     }
 }
 
@@ -104,6 +134,22 @@ pub fn render(summary: Option<&Value>) -> String {
         "Current working set of the pod in bytes",
         "gauge",
     );
+    let mut node_swap = Family::alpha(
+        "node_swap_usage_bytes",
+        "Current swap usage of the node in bytes. Reported only on non-windows systems",
+    );
+    let mut container_swap = Family::alpha(
+        "container_swap_usage_bytes",
+        "Current amount of the container swap usage in bytes. Reported only on non-windows systems",
+    );
+    let mut container_swap_limit = Family::alpha(
+        "container_swap_limit_bytes",
+        "Current amount of the container swap limit in bytes. Reported only on non-windows systems",
+    );
+    let mut pod_swap = Family::alpha(
+        "pod_swap_usage_bytes",
+        "Current amount of the pod swap usage in bytes. Reported only on non-windows systems",
+    );
     let mut error = Family::new(
         "resource_scrape_error",
         "1 if there was an error while getting container metrics, 0 otherwise",
@@ -114,6 +160,7 @@ pub fn render(summary: Option<&Value>) -> String {
         .push((String::new(), f64::from(u8::from(summary.is_none())), None));
     if let Some(summary) = summary {
         usage(&summary["node"], "", &mut node_cpu, &mut node_memory);
+        swap(&summary["node"], "", &mut node_swap, None);
         for pod in summary["pods"].as_array().into_iter().flatten() {
             let (name, namespace) = (
                 escaped(&pod["podRef"]["name"]),
@@ -130,9 +177,16 @@ pub fn render(summary: Option<&Value>) -> String {
                         .push((labels.clone(), ms as f64 / 1e3, None));
                 }
                 usage(c, &labels, &mut container_cpu, &mut container_memory);
+                swap(
+                    c,
+                    &labels,
+                    &mut container_swap,
+                    Some(&mut container_swap_limit),
+                );
             }
             let labels = format!("{{namespace=\"{namespace}\",pod=\"{name}\"}}");
             usage(pod, &labels, &mut pod_cpu, &mut pod_memory);
+            swap(pod, &labels, &mut pod_swap, None);
         }
     }
     let mut out = String::new();
@@ -140,10 +194,14 @@ pub fn render(summary: Option<&Value>) -> String {
         &container_cpu,
         &container_memory,
         &container_start,
+        &container_swap_limit,
+        &container_swap,
         &node_cpu,
         &node_memory,
+        &node_swap,
         &pod_cpu,
         &pod_memory,
+        &pod_swap,
         &error,
     ] {
         family.render(&mut out);
@@ -162,6 +220,7 @@ mod tests {
             "node": {
                 "cpu": {"time": time, "usageCoreNanoSeconds": 2_500_000_000u64},
                 "memory": {"time": time, "workingSetBytes": 1024},
+                "swap": {"time": time, "swapUsageBytes": 0, "swapAvailableBytes": 0},
             },
             "pods": [{
                 "podRef": {"name": "web", "namespace": "default", "uid": "u"},
@@ -172,6 +231,7 @@ mod tests {
                     "startTime": "2026-12-06T09:00:00Z",
                     "cpu": {"time": time, "usageCoreNanoSeconds": 500_000_000u64},
                     "memory": {"time": time, "workingSetBytes": 256},
+                    "swap": {"time": time, "swapUsageBytes": 64, "swapAvailableBytes": 1024},
                 }],
             }],
         });
@@ -188,6 +248,10 @@ mod tests {
             format!("container_memory_working_set_bytes{{container=\"c\",namespace=\"default\",pod=\"web\"}} 256 {ms}"),
             "container_start_time_seconds{container=\"c\",namespace=\"default\",pod=\"web\"} 1796547600".to_string(),
             "resource_scrape_error 0".to_string(),
+            "# HELP node_swap_usage_bytes [ALPHA] Current swap usage of the node in bytes. Reported only on non-windows systems".to_string(),
+            format!("node_swap_usage_bytes 0 {ms}"),
+            format!("container_swap_usage_bytes{{container=\"c\",namespace=\"default\",pod=\"web\"}} 64 {ms}"),
+            format!("container_swap_limit_bytes{{container=\"c\",namespace=\"default\",pod=\"web\"}} 1088 {ms}"),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }
