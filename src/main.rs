@@ -133,7 +133,7 @@ fn run(args: Vec<std::ffi::OsString>) -> Result<(), Exit> {
     for gate in loaded.config.feature_gates.keys() {
         if !nodelet::config::FEATURE_GATES
             .iter()
-            .any(|(known, _)| known == gate)
+            .any(|(known, _, _)| known == gate)
         {
             tracing::warn!(gate = %gate, "feature gate is not one nodelet acts on; ignored");
         }

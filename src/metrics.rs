@@ -206,6 +206,7 @@ pub struct Metrics {
     node_name: Family,
     cgroup_version: Family,
     build_info: Family,
+    feature_enabled: Family,
     desired_pods: Family,
     active_pods: Family,
     working_pods: Family,
@@ -369,6 +370,12 @@ pub fn get() -> &'static Metrics {
             "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
             "gauge",
             BUILD_INFO_LABELS,
+        ),
+        feature_enabled: Family::new(
+            "kubernetes_feature_enabled",
+            "This metric records the data about the stage and enablement of a k8s feature.",
+            "gauge",
+            &["name", "stage"],
         ),
         desired_pods: Family::new(
             "kubelet_desired_pods",
@@ -541,6 +548,14 @@ impl Metrics {
         self.orphaned_runtime_pods.add(&[], 0.0);
     }
 
+    /// The feature gates nodelet acts on: name, stage and whether each is on.
+    pub fn set_features(&self, gates: &[(&str, &str, bool)]) {
+        for (name, stage, on) in gates {
+            self.feature_enabled
+                .set(&[name, stage], f64::from(u8::from(*on)));
+        }
+    }
+
     /// The pod counts housekeeping takes.
     pub fn set_pod_counts(&self, counts: &PodCounts) {
         for (family, (api, statics)) in [
@@ -594,6 +609,7 @@ impl Metrics {
             &self.node_name,
             &self.cgroup_version,
             &self.build_info,
+            &self.feature_enabled,
             &self.desired_pods,
             &self.active_pods,
             &self.working_pods,

@@ -92,6 +92,7 @@ impl Core {
             if crate::cgroups::unified() { 2 } else { 1 },
             crate::config::KUBELET_VERSION,
         );
+        crate::metrics::get().set_features(&config.features());
         let tracker = TaskTracker::new();
         let runtime_handlers = runtime_handlers(&runtime).await;
         let ctx = pod_context(config, &runtime_handlers, &version.runtime_name, node, cfs);

@@ -140,6 +140,32 @@ pub struct Usage {
     pub rss: u64,
     pub page_faults: u64,
     pub major_page_faults: u64,
+    /// The memory limit; `None` when there is none.
+    pub limit: Option<u64>,
+    /// Swap in use (zero where swap is not accounted).
+    pub swap: u64,
+}
+
+/// The memory limit of the cgroup at `dir`, unless unlimited (v1 writes the largest page
+/// count as its "none"; v2 writes `max`).
+fn limit(dir: &Path, v2: bool) -> Option<u64> {
+    if v2 {
+        read_u64(&dir.join("memory.max"))
+    } else {
+        read_u64(&dir.join("memory.limit_in_bytes")).filter(|l| *l < 1 << 62)
+    }
+}
+
+/// The swap the cgroup at `dir` uses: v2's memory.swap.current; on v1 what memory and swap
+/// use together less memory alone, where the kernel accounts swap.
+fn swap(dir: &Path, v2: bool) -> u64 {
+    if v2 {
+        read_u64(&dir.join("memory.swap.current")).unwrap_or(0)
+    } else {
+        read_u64(&dir.join("memory.memsw.usage_in_bytes"))
+            .zip(read_u64(&dir.join("memory.usage_in_bytes")))
+            .map_or(0, |(both, memory)| both.saturating_sub(memory))
+    }
 }
 
 /// The usage of the cgroup at `path` (relative to each hierarchy) among `mounts`.
@@ -180,6 +206,8 @@ pub(super) fn of_paths(mounts: &[Mount], memory_path: &str, cpu_path: &str) -> O
         rss: stat_field(&dir, rss).unwrap_or(0),
         page_faults: stat_field(&dir, faults).unwrap_or(0),
         major_page_faults: stat_field(&dir, major).unwrap_or(0),
+        limit: limit(&dir, v2),
+        swap: swap(&dir, v2),
     })
 }
 

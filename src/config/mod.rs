@@ -229,16 +229,17 @@ pub struct ConfigError {
     pub problems: Vec<String>,
 }
 
-/// The feature gates nodelet acts on, with its defaults. Others are accepted and warned about.
-pub const FEATURE_GATES: &[(&str, bool)] = &[
+/// The feature gates nodelet acts on, with its defaults and upstream's stage (as
+/// `kubernetes_feature_enabled` labels it). Others are accepted and warned about.
+pub const FEATURE_GATES: &[(&str, bool, &str)] = &[
     // Container events from the runtime wake the PLEG, which then relists every 300 s instead
     // of every second (upstream's gate is off by default; nodelet's is on where the runtime
     // streams events, and falls back to the 1 s relist where it does not).
-    ("EventedPLEG", true),
+    ("EventedPLEG", true, "ALPHA"),
     // A cpuCFSQuotaPeriod other than 100ms (upstream's alpha gate, off by default).
-    ("CustomCPUCFSQuotaPeriod", false),
+    ("CustomCPUCFSQuotaPeriod", false, "ALPHA"),
     // qosReserved acted on (upstream's alpha gate, off by default).
-    ("QOSReserved", false),
+    ("QOSReserved", false, "ALPHA"),
 ];
 
 /// Upstream's CFS quota period.
@@ -250,9 +251,17 @@ impl Config {
         self.feature_gates.get(name).copied().unwrap_or_else(|| {
             FEATURE_GATES
                 .iter()
-                .find(|(gate, _)| *gate == name)
-                .is_some_and(|(_, on)| *on)
+                .find(|(gate, _, _)| *gate == name)
+                .is_some_and(|(_, on, _)| *on)
         })
+    }
+
+    /// Each gate nodelet acts on: its name, its stage and whether it is on.
+    pub fn features(&self) -> Vec<(&'static str, &'static str, bool)> {
+        FEATURE_GATES
+            .iter()
+            .map(|(name, _, stage)| (*name, *stage, self.feature(name)))
+            .collect()
     }
 }
 

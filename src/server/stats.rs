@@ -58,7 +58,7 @@ fn system_container(name: &str, u: crate::cgroups::Usage, time: &str, now: Insta
         last.insert(name.to_string(), (now, u.cpu_ns));
         rate.unwrap_or(0)
     };
-    json!({
+    let mut stats = json!({
         "name": name,
         "startTime": START.get_or_init(|| crate::types::now().to_string()),
         "cpu": {
@@ -74,7 +74,12 @@ fn system_container(name: &str, u: crate::cgroups::Usage, time: &str, now: Insta
             "pageFaults": u.page_faults,
             "majorPageFaults": u.major_page_faults,
         },
-    })
+        "swap": {"time": time, "swapUsageBytes": u.swap},
+    });
+    if let Some(limit) = u.limit {
+        stats["memory"]["availableBytes"] = json!(limit.saturating_sub(u.working_set));
+    }
+    stats
 }
 
 /// When the agent first reported its system containers: their start time (the cgroups' own
