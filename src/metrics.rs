@@ -46,7 +46,8 @@ impl Family {
 
     fn render(&self, out: &mut String) {
         let values = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        // As upstream's client: a labelled family shows only once it has a series.
+        // As upstream's client: a labelled family shows only once it has a series, one
+        // without labels shows zero until set.
         if values.is_empty() && !self.labels.is_empty() {
             return;
         }
@@ -55,6 +56,9 @@ impl Family {
             "# HELP {} {}\n# TYPE {} {}",
             self.name, self.help, self.name, self.kind
         );
+        if values.is_empty() {
+            let _ = writeln!(out, "{} 0", self.name);
+        }
         for (values, v) in values.iter() {
             let _ = writeln!(
                 out,
@@ -107,16 +111,35 @@ struct Histogram {
     name: &'static str,
     help: &'static str,
     labels: &'static [&'static str],
+    buckets: &'static [f64],
     values: Mutex<BTreeMap<Vec<String>, HistogramData>>,
 }
 
 impl Histogram {
+    /// A histogram of durations, in [`BUCKETS`].
     const fn new(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
+        Histogram::with_buckets(name, help, labels, BUCKETS)
+    }
+
+    const fn with_buckets(
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+        buckets: &'static [f64],
+    ) -> Self {
         Histogram {
             name,
             help,
             labels,
+            buckets,
             values: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn empty(&self) -> HistogramData {
+        HistogramData {
+            counts: vec![0; self.buckets.len()],
+            ..Default::default()
         }
     }
 
@@ -124,11 +147,8 @@ impl Histogram {
         let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
         let data = values
             .entry(labels.iter().map(|s| s.to_string()).collect())
-            .or_insert_with(|| HistogramData {
-                counts: vec![0; BUCKETS.len()],
-                ..Default::default()
-            });
-        for (i, bound) in BUCKETS.iter().enumerate() {
+            .or_insert_with(|| self.empty());
+        for (i, bound) in self.buckets.iter().enumerate() {
             if seconds <= *bound {
                 data.counts[i] += 1;
             }
@@ -138,9 +158,16 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String) {
-        let values = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        if values.is_empty() && !self.labels.is_empty() {
-            return;
+        let mut values = self
+            .values
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if values.is_empty() {
+            if !self.labels.is_empty() {
+                return;
+            }
+            values.insert(Vec::new(), self.empty());
         }
         let _ = writeln!(
             out,
@@ -148,7 +175,7 @@ impl Histogram {
             self.name, self.help, self.name
         );
         for (values, data) in values.iter() {
-            for (bound, count) in BUCKETS.iter().zip(&data.counts) {
+            for (bound, count) in self.buckets.iter().zip(&data.counts) {
                 let _ = writeln!(
                     out,
                     "{}_bucket{} {count}",
@@ -212,6 +239,19 @@ pub struct Metrics {
     working_pods: Family,
     mirror_pods: Family,
     orphaned_runtime_pods: Family,
+    pleg_last_seen: Family,
+    pleg_discard_events: Family,
+    run_podsandbox_duration: Histogram,
+    started_pods_errors: Family,
+    started_userns_pods: Family,
+    started_userns_pods_errors: Family,
+    containers_per_pod: Histogram,
+    pod_worker_start_duration: Histogram,
+    managed_ephemeral_containers: Family,
+    terminated_containers: Family,
+    sleep_terminated_early: Family,
+    http_fallbacks: Family,
+    cgroup_manager_duration: Histogram,
 }
 
 /// The labels of `kubernetes_build_info`, as upstream's.
@@ -407,6 +447,82 @@ pub fn get() -> &'static Metrics {
             "counter",
             &[],
         ),
+        pleg_last_seen: Family::new(
+            "kubelet_pleg_last_seen_seconds",
+            "Timestamp in seconds when PLEG was last seen active.",
+            "gauge",
+            &[],
+        ),
+        pleg_discard_events: Family::new(
+            "kubelet_pleg_discard_events",
+            "The number of discard events in PLEG.",
+            "counter",
+            &[],
+        ),
+        run_podsandbox_duration: Histogram::new(
+            "kubelet_run_podsandbox_duration_seconds",
+            "Duration in seconds of the run_podsandbox operations. Broken down by RuntimeClass.Handler.",
+            &["runtime_handler"],
+        ),
+        started_pods_errors: Family::new(
+            "kubelet_started_pods_errors_total",
+            "Cumulative number of errors when starting pods",
+            "counter",
+            &[],
+        ),
+        started_userns_pods: Family::new(
+            "kubelet_started_user_namespaced_pods_total",
+            "Cumulative number of pods with user namespaces started. This metric will only be collected on Linux.",
+            "counter",
+            &[],
+        ),
+        started_userns_pods_errors: Family::new(
+            "kubelet_started_user_namespaced_pods_errors_total",
+            "Cumulative number of errors when starting pods with user namespaces. This metric will only be collected on Linux.",
+            "counter",
+            &[],
+        ),
+        containers_per_pod: Histogram::with_buckets(
+            "kubelet_containers_per_pod_count",
+            "The number of containers per pod.",
+            &[],
+            &[1.0, 2.0, 4.0, 8.0, 16.0],
+        ),
+        pod_worker_start_duration: Histogram::new(
+            "kubelet_pod_worker_start_duration_seconds",
+            "Duration in seconds from kubelet seeing a pod to starting a worker.",
+            &[],
+        ),
+        managed_ephemeral_containers: Family::new(
+            "kubelet_managed_ephemeral_containers",
+            "Current number of ephemeral containers in pods managed by this kubelet.",
+            "gauge",
+            &[],
+        ),
+        terminated_containers: Family::new(
+            "kubelet_terminated_containers_total",
+            "Cumulative number of container terminations.",
+            "counter",
+            &["container_type", "exit_code", "reason"],
+        ),
+        sleep_terminated_early: Family::new(
+            "kubelet_sleep_action_terminated_early_total",
+            "The number of times lifecycle sleep handler got terminated before it finishes",
+            "counter",
+            &[],
+        ),
+        // nodelet's httpGet handlers never fall back from https to http: this stays zero.
+        http_fallbacks: Family::new(
+            "kubelet_lifecycle_handler_http_fallbacks_total",
+            "The number of times lifecycle handlers successfully fell back to http from https.",
+            "counter",
+            &[],
+        ),
+        cgroup_manager_duration: Histogram::new(
+            "kubelet_cgroup_manager_duration_seconds",
+            "Duration in seconds for cgroup manager operations. Broken down by method.",
+            &["operation_type"],
+        ),
     })
 }
 
@@ -416,6 +532,8 @@ pub struct PodCounts {
     pub active: (usize, usize),
     /// Pod workers by (lifecycle, config, static), upstream's label values.
     pub working: BTreeMap<(&'static str, &'static str, &'static str), usize>,
+    /// Ephemeral containers in the pods the sources want.
+    pub ephemeral_containers: usize,
 }
 
 /// One probe run, for /metrics/probes.
@@ -443,10 +561,63 @@ impl Metrics {
 
     pub fn pleg_relist(&self, took: Duration, since_last: Option<Duration>) {
         self.pleg_relist_duration.observe(&[], took.as_secs_f64());
+        self.pleg_seen();
         if let Some(interval) = since_last {
             self.pleg_relist_interval
                 .observe(&[], interval.as_secs_f64());
         }
+    }
+
+    /// The PLEG is alive: it relisted, or an event came.
+    pub fn pleg_seen(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.pleg_last_seen.set(&[], now.as_secs() as f64);
+    }
+
+    /// The runtime ran a pod sandbox with `handler` (empty: the default), or failed to; for a
+    /// pod in a user namespace of its own or not.
+    pub fn sandbox_run(&self, handler: &str, took: Duration, userns: bool, failed: bool) {
+        self.run_podsandbox_duration
+            .observe(&[handler], took.as_secs_f64());
+        if failed {
+            self.started_pods_errors.add(&[], 1.0);
+        }
+        if userns {
+            self.started_userns_pods.add(&[], 1.0);
+            if failed {
+                self.started_userns_pods_errors.add(&[], 1.0);
+            }
+        }
+    }
+
+    /// A pod worker started for a new pod of `containers` containers, `since_seen` after the
+    /// agent first saw the pod (when known).
+    pub fn pod_worker_started(&self, containers: usize, since_seen: Option<Duration>) {
+        self.containers_per_pod.observe(&[], containers as f64);
+        if let Some(took) = since_seen {
+            self.pod_worker_start_duration
+                .observe(&[], took.as_secs_f64());
+        }
+    }
+
+    /// A container's status turned terminated ("container", "init_container" or
+    /// "ephemeral_container").
+    pub fn container_terminated(&self, container_type: &str, exit_code: i32, reason: &str) {
+        self.terminated_containers
+            .add(&[container_type, &exit_code.to_string(), reason], 1.0);
+    }
+
+    /// A sleep hook was cut short by its grace period.
+    pub fn sleep_terminated_early(&self) {
+        self.sleep_terminated_early.add(&[], 1.0);
+    }
+
+    /// A cgroup operation ("create", "update" or "destroy") took `took`.
+    pub fn cgroup_operation(&self, operation: &str, took: Duration) {
+        self.cgroup_manager_duration
+            .observe(&[operation], took.as_secs_f64());
     }
 
     /// The container event stream opened (`true`) or failed to open or broke (`false`).
@@ -558,6 +729,8 @@ impl Metrics {
 
     /// The pod counts housekeeping takes.
     pub fn set_pod_counts(&self, counts: &PodCounts) {
+        self.managed_ephemeral_containers
+            .set(&[], counts.ephemeral_containers as f64);
         for (family, (api, statics)) in [
             (&self.desired_pods, counts.desired),
             (&self.active_pods, counts.active),
@@ -615,6 +788,15 @@ impl Metrics {
             &self.working_pods,
             &self.mirror_pods,
             &self.orphaned_runtime_pods,
+            &self.pleg_last_seen,
+            &self.pleg_discard_events,
+            &self.started_pods_errors,
+            &self.started_userns_pods,
+            &self.started_userns_pods_errors,
+            &self.managed_ephemeral_containers,
+            &self.terminated_containers,
+            &self.sleep_terminated_early,
+            &self.http_fallbacks,
         ] {
             f.render(&mut out);
         }
@@ -624,6 +806,10 @@ impl Metrics {
             &self.pleg_relist_interval,
             &self.pod_worker_duration,
             &self.pod_start_duration,
+            &self.run_podsandbox_duration,
+            &self.containers_per_pod,
+            &self.pod_worker_start_duration,
+            &self.cgroup_manager_duration,
         ] {
             h.render(&mut out);
         }

@@ -133,6 +133,10 @@ impl<S: PodSyncer> PodWorkers<S> {
             w.tx.send_replace(work);
             return true;
         }
+        if let Work::Sync(pod) = &work {
+            let containers = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+            crate::metrics::get().pod_worker_started(containers, crate::pod::since_seen(pod));
+        }
         let (tx, rx) = watch::channel(work);
         self.workers.insert(
             uid.clone(),

@@ -37,6 +37,41 @@ pub struct Writer {
     changed: watch::Sender<u64>,
 }
 
+/// Counts each container whose status turned terminated between `old` and `new`, as
+/// upstream's status manager counts them.
+fn count_terminations(old: Option<&PodStatus>, new: &PodStatus) {
+    use k8s_openapi::api::core::v1::ContainerStatus;
+    fn groups(s: &PodStatus) -> [(&'static str, &[ContainerStatus]); 3] {
+        [
+            ("init_container", s.init_container_statuses.as_deref()),
+            ("container", s.container_statuses.as_deref()),
+            (
+                "ephemeral_container",
+                s.ephemeral_container_statuses.as_deref(),
+            ),
+        ]
+        .map(|(kind, list)| (kind, list.unwrap_or_default()))
+    }
+    fn terminated(c: &ContainerStatus) -> Option<(i32, &str)> {
+        let t = c.state.as_ref()?.terminated.as_ref()?;
+        Some((t.exit_code, t.reason.as_deref().unwrap_or_default()))
+    }
+    let before = old.map(groups);
+    for (i, (kind, statuses)) in groups(new).into_iter().enumerate() {
+        for c in statuses {
+            let Some((code, reason)) = terminated(c) else {
+                continue;
+            };
+            let was = before
+                .as_ref()
+                .and_then(|b| b[i].1.iter().find(|o| o.name == c.name));
+            if was.and_then(terminated).is_none() {
+                crate::metrics::get().container_terminated(kind, code, reason);
+            }
+        }
+    }
+}
+
 /// Reads statuses; clone freely.
 #[derive(Clone)]
 pub struct Reader {
@@ -68,6 +103,7 @@ impl Writer {
             {
                 return false;
             }
+            count_terminations(old.and_then(|e| e.pod.status.as_ref()), &status);
             let version = old.map_or(1, |e| e.version + 1);
             let mut stored = pod.clone();
             stored.status = Some(status);

@@ -731,10 +731,16 @@ impl<S: PodSyncer> SyncLoop<S> {
             };
             *working.entry(key).or_default() += 1;
         }
+        let ephemeral_containers = desired
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref())
+            .map(Vec::len)
+            .sum();
         crate::metrics::get().set_pod_counts(&crate::metrics::PodCounts {
             desired: split(desired),
             active: split(active),
             working,
+            ephemeral_containers,
         });
     }
 

@@ -432,11 +432,11 @@ impl Manager {
         let Some(path) = self.pod_path(pod) else {
             return Ok(());
         };
-        if self.applied().get(&path) == Some(&limits)
-            && Cgroup::load(self.hierarchy(), path.as_str()).exists()
-        {
+        let exists = Cgroup::load(self.hierarchy(), path.as_str()).exists();
+        if exists && self.applied().get(&path) == Some(&limits) {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let mut builder = CgroupBuilder::new(&path)
             .cpu()
             .shares(self.cpu(limits.cpu_shares))
@@ -455,6 +455,8 @@ impl Manager {
         builder
             .build(self.hierarchy())
             .map_err(cgroup_error(&path))?;
+        let operation = if exists { "update" } else { "create" };
+        crate::metrics::get().cgroup_operation(operation, started.elapsed());
         self.applied().insert(path, limits);
         Ok(())
     }
@@ -478,10 +480,12 @@ impl Manager {
             self.applied().remove(&path);
             let cg = Cgroup::load(self.hierarchy(), &path);
             if cg.exists() {
+                let started = std::time::Instant::now();
                 remove_tree(&path).map_err(|e| Error {
                     path: path.clone(),
                     message: e.to_string(),
                 })?;
+                crate::metrics::get().cgroup_operation("destroy", started.elapsed());
             }
         }
         Ok(())

@@ -23,7 +23,7 @@ pub use quantity::{container_quantity, format_quantity, parse_quantity};
 pub use signal::{cri_signal, signal_number};
 pub use static_pod::{
     ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SEEN,
-    ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static,
+    ANNOTATION_CONFIG_SOURCE, StaticOrigin, make_static, since_seen,
 };
 pub use validate::{
     api_object_reference, is_config_key, is_dns1123_label, is_dns1123_subdomain, is_qualified_name,

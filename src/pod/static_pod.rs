@@ -11,6 +11,19 @@ pub const ANNOTATION_CONFIG_HASH: &str = "kubernetes.io/config.hash";
 pub const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 /// When the agent first saw the pod.
 pub const ANNOTATION_CONFIG_SEEN: &str = "kubernetes.io/config.seen";
+
+/// How long ago the agent first saw the pod's config (its `config.seen` annotation).
+pub fn since_seen(pod: &k8s_openapi::api::core::v1::Pod) -> Option<std::time::Duration> {
+    let seen: k8s_openapi::jiff::Timestamp = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_CONFIG_SEEN)?
+        .parse()
+        .ok()?;
+    let took = crate::types::now().duration_since(seen).as_secs_f64();
+    Some(std::time::Duration::from_secs_f64(took.max(0.0)))
+}
 /// On a mirror pod: the hash of the static pod it mirrors.
 pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 

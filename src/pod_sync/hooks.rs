@@ -65,6 +65,9 @@ pub async fn run(
     if let Some(sleep) = &handler.sleep {
         let wanted = Duration::from_secs(sleep.seconds.max(0) as u64);
         tokio::time::sleep(wanted.min(timeout)).await;
+        if wanted > timeout {
+            crate::metrics::get().sleep_terminated_early();
+        }
         return Ok(());
     }
     if let Some(exec) = &handler.exec {

@@ -237,17 +237,7 @@ fn log_tail(text: &str) -> String {
 /// Counts a pod whose containers all run for the first time in the pod-start metric, from when
 /// the agent first saw its config.
 fn count_start(pod: &Pod) {
-    let seen = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(crate::pod::ANNOTATION_CONFIG_SEEN))
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
-    if let Some(seen) = seen {
-        let took = crate::types::now()
-            .duration_since(seen)
-            .as_secs_f64()
-            .max(0.0);
-        crate::metrics::get().pod_started(Duration::from_secs_f64(took));
+    if let Some(took) = crate::pod::since_seen(pod) {
+        crate::metrics::get().pod_started(took);
     }
 }

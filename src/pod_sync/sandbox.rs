@@ -114,7 +114,13 @@ impl Syncer {
             &uid,
             "the runtime to create the pod sandbox (its network included)".into(),
         );
-        let id = self.runtime.run_pod_sandbox(config.clone(), handler).await;
+        let started = std::time::Instant::now();
+        let own_userns = spec(pod).host_users == Some(false);
+        let id = self
+            .runtime
+            .run_pod_sandbox(config.clone(), handler.clone())
+            .await;
+        crate::metrics::get().sandbox_run(&handler, started.elapsed(), own_userns, id.is_err());
         drop(slot);
         let id = id.inspect_err(|e| {
             self.events.warning(

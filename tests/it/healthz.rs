@@ -183,6 +183,31 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     ] {
         assert!(value(family).is_some(), "{family} missing in {body}");
     }
+    // The pod's start, as upstream counts its steps: one sandbox run with the default handler,
+    // a worker started for a pod of one container, its cgroup made, and no error.
+    for (series, least) in [
+        (
+            "kubelet_run_podsandbox_duration_seconds_count{runtime_handler=\"\"}",
+            1.0,
+        ),
+        ("kubelet_containers_per_pod_count_bucket{le=\"1\"}", 1.0),
+        ("kubelet_pod_worker_start_duration_seconds_count", 1.0),
+        (
+            "kubelet_cgroup_manager_duration_seconds_count{operation_type=\"create\"}",
+            1.0,
+        ),
+        ("kubelet_pleg_last_seen_seconds", 1.0),
+    ] {
+        assert!(
+            value(series).is_some_and(|v| v >= least),
+            "{series} below {least} in {body}"
+        );
+    }
+    assert_eq!(
+        value("kubelet_started_pods_errors_total"),
+        Some(0.0),
+        "{body}"
+    );
     assert_eq!(
         value(&format!("kubelet_node_name{{node=\"{}\"}}", node.name)),
         Some(1.0),
@@ -308,6 +333,16 @@ async fn the_read_only_api_serves_pods_and_metrics() {
         })
     })
     .await;
+
+    // Its exit is counted as upstream's status manager counts it.
+    let exited = "kubelet_terminated_containers_total{container_type=\"container\",exit_code=\"1\",reason=\"Error\"}";
+    let (_, body) = get(port, "/metrics").await.unwrap();
+    assert!(
+        parse_prometheus(&body)
+            .iter()
+            .any(|(s, v)| s == exited && *v >= 1.0),
+        "{exited} in {body}"
+    );
 
     // What metrics-server scrapes: each series with its value and the sample's time in ms.
     let (code, body) = get(port, "/metrics/resource").await.unwrap();
