@@ -377,10 +377,34 @@ fn resize_conditions(input: &Input<'_>) -> Vec<PodCondition> {
         .collect()
 }
 
-/// Computes the pod's status.
-pub fn generate(input: &Input<'_>) -> PodStatus {
+/// The pod's container statuses by kind, and how far its init containers got.
+struct Statuses {
+    /// Every init container's, sidecars included, in spec order.
+    init: Vec<ContainerStatus>,
+    regular_init: Vec<ContainerStatus>,
+    sidecars: Vec<ContainerStatus>,
+    app: Vec<ContainerStatus>,
+    /// The init containers not done yet.
+    incomplete: Vec<String>,
+}
+
+impl Statuses {
+    fn initialized(&self) -> bool {
+        self.incomplete.is_empty()
+    }
+
+    fn kinds(&self) -> Kinds<'_> {
+        Kinds {
+            init: &self.regular_init,
+            sidecars: &self.sidecars,
+            app: &self.app,
+        }
+    }
+}
+
+/// Each container's status, and whether the init containers are done.
+fn statuses(input: &Input<'_>) -> Statuses {
     let s = spec(input.pod);
-    let policy = s.restart_policy.as_deref().unwrap_or("Always");
     let is_sidecar: Vec<bool> = s
         .init_containers
         .iter()
@@ -413,8 +437,8 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         .containers
         .iter()
         .any(|c| s.containers.iter().any(|w| w.name == c.name));
-    let init_done = |(i, c): (usize, &ContainerStatus)| {
-        if is_sidecar[i] {
+    let done = |sidecar: bool, c: &ContainerStatus| {
+        if sidecar {
             app_started
                 || (c.state.as_ref().is_some_and(|st| st.running.is_some())
                     && c.started == Some(true))
@@ -422,41 +446,44 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
             succeeded(c)
         }
     };
-    let incomplete: Vec<&str> = init
-        .iter()
-        .enumerate()
-        .filter(|&(i, c)| !init_done((i, c)))
-        .map(|(_, c)| c.name.as_str())
-        .collect();
-    let initialized = incomplete.is_empty();
-    let regular_init: Vec<ContainerStatus> = init
+    let incomplete: Vec<String> = init
         .iter()
         .zip(&is_sidecar)
-        .filter(|(_, sidecar)| !**sidecar)
-        .map(|(c, _)| c.clone())
+        .filter(|&(c, &sidecar)| !done(sidecar, c))
+        .map(|(c, _)| c.name.clone())
         .collect();
-    let app_default = if initialized {
+    let app_default = if incomplete.is_empty() {
         "ContainerCreating"
     } else {
         "PodInitializing"
     };
-    let app: Vec<ContainerStatus> = s
+    let app = s
         .containers
         .iter()
         .map(|c| container_status(input, c, app_default))
         .collect();
-    let sidecar_status: Vec<ContainerStatus> = init
+    let (sidecars, regular_init): (Vec<_>, Vec<_>) = init
         .iter()
+        .cloned()
         .zip(&is_sidecar)
-        .filter(|(_, sidecar)| **sidecar)
-        .map(|(c, _)| c.clone())
-        .collect();
-    let kinds = Kinds {
-        init: &regular_init,
-        sidecars: &sidecar_status,
-        app: &app,
-    };
-    let mut phase = phase(policy, &kinds, !initialized);
+        .partition(|(_, sidecar)| **sidecar);
+    Statuses {
+        regular_init: regular_init.into_iter().map(|(c, _)| c).collect(),
+        sidecars: sidecars.into_iter().map(|(c, _)| c).collect(),
+        init,
+        app,
+        incomplete,
+    }
+}
+
+/// The pod's phase by upstream's rules, held back while a container still runs, and kept
+/// once a pod that does not restart finished.
+fn pod_phase(input: &Input<'_>, statuses: &Statuses) -> &'static str {
+    let policy = spec(input.pod)
+        .restart_policy
+        .as_deref()
+        .unwrap_or("Always");
+    let mut phase = phase(policy, &statuses.kinds(), !statuses.initialized());
     // A pod is not reported finished while any of its containers still runs (upstream holds
     // the terminal phase back until the pod's termination is done): the phase stays the old one.
     if (phase == "Succeeded" || phase == "Failed")
@@ -482,52 +509,45 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
             "Failed"
         };
     }
-    let terminal = phase == "Succeeded" || phase == "Failed";
+    phase
+}
+
+/// The pod's conditions: sandbox, initialized, ready (with readiness gates), containers
+/// ready, scheduled and the resize conditions, each for the spec generation it describes.
+fn pod_conditions(input: &Input<'_>, statuses: &Statuses, terminal: bool) -> Vec<PodCondition> {
     // Sidecars count for readiness as the app containers do (upstream, since sidecars).
-    let unready: Vec<&str> = sidecar_status
+    let unready: Vec<&str> = statuses
+        .sidecars
         .iter()
-        .chain(&app)
+        .chain(&statuses.app)
         .filter(|c| !c.ready)
         .map(|c| c.name.as_str())
         .collect();
+    let unready_message = format!("containers with unready status: [{}]", unready.join(" "));
     let gates = unready_gates(input.pod);
     let (ready_reason, ready_message) = if terminal {
         ("PodCompleted", None)
     } else if unready.is_empty() && !gates.is_empty() {
         ("ReadinessGatesNotReady", Some(gates.join(", ")))
     } else {
-        (
-            "ContainersNotReady",
-            Some(format!(
-                "containers with unready status: [{}]",
-                unready.join(" ")
-            )),
-        )
+        ("ContainersNotReady", Some(unready_message.clone()))
     };
     let sandbox_ready = input
         .rt
         .latest_sandbox()
         .is_some_and(|sb| sb.state == SandboxState::Ready);
-    let now = &input.now;
-    let old = input.old;
-    let conditions = vec![
-        condition(
-            old,
-            now,
-            "PodReadyToStartContainers",
-            sandbox_ready,
-            None,
-            None,
-        ),
+    let (old, now) = (input.old, &input.now);
+    let conditions = [
+        condition(old, now, "PodReadyToStartContainers", sandbox_ready, None, None),
         condition(
             old,
             now,
             "Initialized",
-            initialized,
+            statuses.initialized(),
             Some("ContainersNotInitialized"),
             Some(format!(
                 "containers with incomplete status: [{}]",
-                incomplete.join(" ")
+                statuses.incomplete.join(" ")
             )),
         ),
         condition(
@@ -536,7 +556,7 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
             "Ready",
             unready.is_empty() && gates.is_empty() && !terminal,
             Some(ready_reason),
-            ready_message.clone(),
+            ready_message,
         ),
         condition(
             old,
@@ -548,24 +568,28 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
             } else {
                 "ContainersNotReady"
             }),
-            (!terminal).then(|| format!("containers with unready status: [{}]", unready.join(" "))),
+            (!terminal).then_some(unready_message),
         ),
         condition(old, now, "PodScheduled", true, None, None),
     ];
-    let conditions = conditions
-        .into_iter()
-        .chain(resize_conditions(input))
-        .collect::<Vec<_>>();
     // Which spec this status describes (upstream's observedGeneration, on the pod and on the
     // conditions the node owns).
-    let generation = input.pod.metadata.generation;
-    let conditions = conditions
+    conditions
         .into_iter()
+        .chain(resize_conditions(input))
         .map(|c| PodCondition {
-            observed_generation: generation,
+            observed_generation: input.pod.metadata.generation,
             ..c
         })
-        .collect();
+        .collect()
+}
+
+/// Computes the pod's status.
+pub fn generate(input: &Input<'_>) -> PodStatus {
+    let s = spec(input.pod);
+    let statuses = statuses(input);
+    let phase = pod_phase(input, &statuses);
+    let conditions = pod_conditions(input, &statuses, phase == "Succeeded" || phase == "Failed");
     // Ephemeral containers are never ready and count for nothing else (upstream).
     let ephemeral: Vec<ContainerStatus> = crate::pod::ephemeral_containers(s)
         .iter()
@@ -580,24 +604,27 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
     } else {
         input.pod_ips.clone()
     };
+    let host_ip = (!input.host_ip.is_empty()).then(|| input.host_ip.to_string());
+    let Statuses { init, app, .. } = statuses;
     PodStatus {
         phase: Some(phase.into()),
         conditions: Some(conditions),
-        host_ip: (!input.host_ip.is_empty()).then(|| input.host_ip.to_string()),
-        host_ips: (!input.host_ip.is_empty()).then(|| {
-            vec![HostIP {
-                ip: input.host_ip.to_string(),
-            }]
-        }),
+        host_ips: host_ip.clone().map(|ip| vec![HostIP { ip }]),
+        host_ip,
         pod_ip: pod_ips.first().cloned(),
         pod_ips: (!pod_ips.is_empty())
             .then(|| pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
-        start_time: Some(old.and_then(|o| o.start_time.clone()).unwrap_or(Time(*now))),
+        start_time: Some(
+            input
+                .old
+                .and_then(|o| o.start_time.clone())
+                .unwrap_or(Time(input.now)),
+        ),
         qos_class: Some(qos_class(input.pod).into()),
         init_container_statuses: (!init.is_empty()).then_some(init),
         container_statuses: Some(by_name(app)),
         ephemeral_container_statuses: (!ephemeral.is_empty()).then(|| by_name(ephemeral)),
-        observed_generation: generation,
+        observed_generation: input.pod.metadata.generation,
         allocated_resources: pod_resources(input.pod, false),
         resources: pod_requirements(input.pod),
         ..Default::default()
