@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Container as SpecContainer, Pod};
+use k8s_openapi::api::core::v1::{Container as SpecContainer, Pod, PodSpec};
 
 use super::convert::{ResourcesDigest, resources_digest};
 use crate::pod::{container_changed, spec};
@@ -150,41 +150,15 @@ pub use crate::pod::is_sidecar;
 pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
     let s = spec(pod);
     let policy = s.restart_policy.as_deref().unwrap_or("Always");
-    let mut plan = Plan::default();
     let ready: Vec<_> = rt
         .sandboxes
         .iter()
         .filter(|sb| sb.state == SandboxState::Ready)
         .collect();
-    let current = match ready.as_slice() {
-        [only] => Some(*only),
-        _ => None,
+    let [current] = ready.as_slice() else {
+        return in_new_sandbox(pod, rt, policy);
     };
-    let Some(current) = current else {
-        // A finished pod is not brought back; under Never, neither is one whose containers
-        // already ran (upstream does not recreate its sandbox).
-        if finished(pod, rt) || (policy == "Never" && !rt.containers.is_empty()) {
-            return plan;
-        }
-        plan.kill_pod = !rt.sandboxes.is_empty() || !rt.containers.is_empty();
-        plan.create_sandbox = Some(rt.latest_sandbox().map_or(0, |sb| sb.attempt + 1));
-        match s.init_containers.iter().flatten().next() {
-            Some(first) => plan.start.push(start(rt, first, true)),
-            None => {
-                plan.start = s
-                    .containers
-                    .iter()
-                    // Under OnFailure, containers that already succeeded stay done.
-                    .filter(|c| {
-                        !(policy == "OnFailure"
-                            && rt.latest_container(&c.name).is_some_and(exited_ok))
-                    })
-                    .map(|c| start(rt, c, false))
-                    .collect()
-            }
-        }
-        return plan;
-    };
+    let mut plan = Plan::default();
     if finished(pod, rt) {
         // The pod is done: what still runs (sidecars, or those beside a failed init container)
         // is stopped in upstream's termination order, and its sandbox with it; its containers
@@ -201,142 +175,212 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
         return plan;
     }
     plan.sandbox_id = Some(current.id.clone());
-    let in_sandbox = |name: &str| {
-        rt.containers
-            .iter()
-            .find(|c| c.name == name && c.sandbox_id == current.id)
-    };
     collect_garbage(rt, &current.id, &mut plan);
+    let at = InSandbox {
+        rt,
+        sandbox: &current.id,
+        probes,
+        policy,
+    };
+    if plan_init(&mut plan, &at, s) {
+        return plan;
+    }
+    plan_app(&mut plan, &at, s);
+    plan_ephemeral(&mut plan, rt, s);
+    plan
+}
 
+/// The plan of a pod without a ready sandbox: a new one, and its first containers (the first
+/// init container, or every app container).
+fn in_new_sandbox(pod: &Pod, rt: &PodRuntime, policy: &str) -> Plan {
+    let s = spec(pod);
+    let mut plan = Plan::default();
+    // A finished pod is not brought back; under Never, neither is one whose containers
+    // already ran (upstream does not recreate its sandbox).
+    if finished(pod, rt) || (policy == "Never" && !rt.containers.is_empty()) {
+        return plan;
+    }
+    plan.kill_pod = !rt.sandboxes.is_empty() || !rt.containers.is_empty();
+    plan.create_sandbox = Some(rt.latest_sandbox().map_or(0, |sb| sb.attempt + 1));
+    match s.init_containers.iter().flatten().next() {
+        Some(first) => plan.start.push(start(rt, first, true)),
+        None => {
+            plan.start = s
+                .containers
+                .iter()
+                // Under OnFailure, containers that already succeeded stay done.
+                .filter(|c| {
+                    !(policy == "OnFailure"
+                        && rt.latest_container(&c.name).is_some_and(exited_ok))
+                })
+                .map(|c| start(rt, c, false))
+                .collect()
+        }
+    }
+    plan
+}
+
+/// The pod as the runtime holds it in its ready sandbox, and what is planned against.
+struct InSandbox<'a> {
+    rt: &'a PodRuntime,
+    sandbox: &'a str,
+    probes: &'a ProbeView,
+    policy: &'a str,
+}
+
+impl<'a> InSandbox<'a> {
+    /// The container of this name in the ready sandbox.
+    fn container(&self, name: &str) -> Option<&'a Container> {
+        self.rt
+            .containers
+            .iter()
+            .find(|c| c.name == name && c.sandbox_id == self.sandbox)
+    }
+}
+
+/// Plans the init containers; true when the plan stops at one of them (the app containers
+/// wait).
+fn plan_init(plan: &mut Plan, at: &InSandbox<'_>, s: &PodSpec) -> bool {
+    let inits = || s.init_containers.iter().flatten();
     // Once every regular init container succeeded and every sidecar started (its startup probe
     // passed), or once an app container ran, the pod is initialized for good: init containers
     // are not run again, and only sidecars are kept running.
-    let regular_done = s
-        .init_containers
-        .iter()
-        .flatten()
+    let regular_done = inits()
         .filter(|c| !is_sidecar(c))
-        .all(|c| in_sandbox(&c.name).is_some_and(exited_ok));
-    let sidecars_started = s
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| is_sidecar(c))
-        .all(|c| {
-            in_sandbox(&c.name).is_some_and(|c| {
-                c.state == ContainerState::Running && !probes.unstarted.contains(&c.id)
-            })
-        });
-    let app_started = s.containers.iter().any(|c| in_sandbox(&c.name).is_some());
+        .all(|c| at.container(&c.name).is_some_and(exited_ok));
+    let sidecars_started = inits().filter(|c| is_sidecar(c)).all(|c| {
+        at.container(&c.name).is_some_and(|c| {
+            c.state == ContainerState::Running && !at.probes.unstarted.contains(&c.id)
+        })
+    });
+    let app_started = s.containers.iter().any(|c| at.container(&c.name).is_some());
     let initialized = regular_done && (sidecars_started || app_started);
-    let app_done = policy != "Always"
+    let app_done = at.policy != "Always"
         && s.containers.iter().all(|c| {
-            in_sandbox(&c.name)
-                .is_some_and(|c| c.state == ContainerState::Exited && !restarts(policy, c))
+            at.container(&c.name)
+                .is_some_and(|c| c.state == ContainerState::Exited && !restarts(at.policy, c))
         });
-    for init in s.init_containers.iter().flatten() {
-        let current = in_sandbox(&init.name);
-        if is_sidecar(init) {
-            let Some(c) = current else {
-                if !app_done {
-                    plan.start.push(start(rt, init, true));
-                }
-                if !initialized {
-                    return plan;
-                }
-                continue;
-            };
-            match c.state {
-                ContainerState::Running if container_changed(&c.digest, &c.user_image, init) => {
-                    plan.kill.push(kill(c, "container spec changed"));
-                    plan.start.push(start(rt, init, true));
-                }
-                ContainerState::Running => {
-                    if let Some(u) = probes.unhealthy.get(&c.id) {
-                        plan.kill.push(Kill {
-                            grace: u.grace,
-                            ..kill(c, &u.reason)
-                        });
-                        plan.start.push(start(rt, init, true));
-                    } else if !initialized && probes.unstarted.contains(&c.id) {
-                        return plan;
-                    } else {
-                        resize(&mut plan, rt, c, init, true);
-                    }
-                }
-                _ if app_done => {}
-                ContainerState::Exited => plan.start.push(start(rt, init, true)),
-                ContainerState::Created | ContainerState::Unknown => {
-                    plan.kill.push(kill(c, "container is not running"));
-                    plan.start.push(start(rt, init, true));
-                }
-            }
-            if !initialized && !plan.start.is_empty() {
-                return plan;
-            }
-            continue;
-        }
-        if initialized {
-            continue;
-        }
-        match current {
-            Some(c) if exited_ok(c) => continue,
-            Some(c) if c.state == ContainerState::Running => return plan,
-            None => {
-                plan.start.push(start(rt, init, true));
-                return plan;
-            }
-            Some(c) => {
-                if policy != "Never" {
-                    if c.state != ContainerState::Exited {
-                        plan.kill.push(kill(c, "init container is not running"));
-                    }
-                    plan.start.push(start(rt, init, true));
-                }
-                return plan;
-            }
+    for init in inits() {
+        let stops = if is_sidecar(init) {
+            plan_sidecar(plan, at, init, initialized, app_done)
+        } else {
+            !initialized && plan_regular_init(plan, at, init)
+        };
+        if stops {
+            return true;
         }
     }
+    false
+}
 
+/// Plans a sidecar; true when the pod is not initialized yet and waits for it.
+fn plan_sidecar(
+    plan: &mut Plan,
+    at: &InSandbox<'_>,
+    init: &SpecContainer,
+    initialized: bool,
+    app_done: bool,
+) -> bool {
+    let Some(c) = at.container(&init.name) else {
+        if !app_done {
+            plan.start.push(start(at.rt, init, true));
+        }
+        return !initialized;
+    };
+    match c.state {
+        ContainerState::Running if container_changed(&c.digest, &c.user_image, init) => {
+            plan.kill.push(kill(c, "container spec changed"));
+            plan.start.push(start(at.rt, init, true));
+        }
+        ContainerState::Running => {
+            if let Some(u) = at.probes.unhealthy.get(&c.id) {
+                plan.kill.push(Kill {
+                    grace: u.grace,
+                    ..kill(c, &u.reason)
+                });
+                plan.start.push(start(at.rt, init, true));
+            } else if !initialized && at.probes.unstarted.contains(&c.id) {
+                return true;
+            } else {
+                resize(plan, at.rt, c, init, true);
+            }
+        }
+        _ if app_done => {}
+        ContainerState::Exited => plan.start.push(start(at.rt, init, true)),
+        ContainerState::Created | ContainerState::Unknown => {
+            plan.kill.push(kill(c, "container is not running"));
+            plan.start.push(start(at.rt, init, true));
+        }
+    }
+    !initialized && !plan.start.is_empty()
+}
+
+/// Plans a regular init container of a pod not yet initialized; true unless it already
+/// succeeded (the next one's turn).
+fn plan_regular_init(plan: &mut Plan, at: &InSandbox<'_>, init: &SpecContainer) -> bool {
+    match at.container(&init.name) {
+        Some(c) if exited_ok(c) => false,
+        Some(c) if c.state == ContainerState::Running => true,
+        None => {
+            plan.start.push(start(at.rt, init, true));
+            true
+        }
+        Some(c) => {
+            if at.policy != "Never" {
+                if c.state != ContainerState::Exited {
+                    plan.kill.push(kill(c, "init container is not running"));
+                }
+                plan.start.push(start(at.rt, init, true));
+            }
+            true
+        }
+    }
+}
+
+/// Plans the app containers: started, restarted by the restart policy or a failed probe,
+/// replaced when their spec changed, or resized.
+fn plan_app(plan: &mut Plan, at: &InSandbox<'_>, s: &PodSpec) {
     for want in &s.containers {
-        let Some(c) = in_sandbox(&want.name) else {
-            plan.start.push(start(rt, want, false));
+        let Some(c) = at.container(&want.name) else {
+            plan.start.push(start(at.rt, want, false));
             continue;
         };
         let spec_changed = container_changed(&c.digest, &c.user_image, want);
         match c.state {
             ContainerState::Running if spec_changed => {
                 plan.kill.push(kill(c, "container spec changed"));
-                plan.start.push(start(rt, want, false));
+                plan.start.push(start(at.rt, want, false));
             }
             ContainerState::Running => {
-                if let Some(u) = probes.unhealthy.get(&c.id) {
+                if let Some(u) = at.probes.unhealthy.get(&c.id) {
                     plan.kill.push(Kill {
                         grace: u.grace,
                         ..kill(c, &u.reason)
                     });
-                    if policy != "Never" {
-                        plan.start.push(start(rt, want, false));
+                    if at.policy != "Never" {
+                        plan.start.push(start(at.rt, want, false));
                     }
                 } else {
-                    resize(&mut plan, rt, c, want, false);
+                    resize(plan, at.rt, c, want, false);
                 }
             }
             ContainerState::Exited => {
-                if restarts(policy, c) {
-                    plan.start.push(start(rt, want, false));
+                if restarts(at.policy, c) {
+                    plan.start.push(start(at.rt, want, false));
                 }
             }
             ContainerState::Created | ContainerState::Unknown => {
                 plan.kill.push(kill(c, "container is not running"));
-                plan.start.push(start(rt, want, false));
+                plan.start.push(start(at.rt, want, false));
             }
         }
     }
-    // Ephemeral containers run once, as upstream: never restarted, nor started again in a new
-    // sandbox.
-    // One that targets a container joins that container's process namespace, so it waits
-    // for the target to exist.
+}
+
+/// Ephemeral containers run once, as upstream: never restarted, nor started again in a new
+/// sandbox. One that targets a container joins that container's process namespace, so it
+/// waits for the target to exist.
+fn plan_ephemeral(plan: &mut Plan, rt: &PodRuntime, s: &PodSpec) {
     for want in crate::pod::ephemeral_containers(s) {
         if rt.latest_container(&want.name).is_some() {
             continue;
@@ -359,7 +403,6 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
             ..start(rt, &want, false)
         });
     }
-    plan
 }
 
 /// A running container whose spec's resources differ from the limits it runs with is resized
