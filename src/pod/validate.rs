@@ -2,7 +2,10 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, HostPathVolumeSource, KeyToPath, Pod, PodSpec,
+    ProjectedVolumeSource, Volume,
+};
 use serde_json::Value;
 
 /// Is `s` a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253 characters)?
@@ -178,6 +181,19 @@ const SUPPORTED_VOLUMES: &[&str] = &[
 /// Every problem of a decoded, defaulted pod, each as `field.path: what is wrong`. Empty means valid.
 pub fn validate(pod: &Pod) -> Vec<String> {
     let mut p = Vec::new();
+    check_metadata(&mut p, pod);
+    let Some(spec) = &pod.spec else {
+        p.push("spec: required".into());
+        return p;
+    };
+    check_spec(&mut p, spec);
+    let volumes = check_volumes(&mut p, spec);
+    check_containers(&mut p, spec, &volumes);
+    p
+}
+
+/// The pod's name, UID, namespace and grace period.
+fn check_metadata(p: &mut Vec<String>, pod: &Pod) {
     match pod.metadata.name.as_deref() {
         None | Some("") => p.push("metadata.name: required".into()),
         Some(n) if !is_dns1123_subdomain(n) => p.push(format!(
@@ -208,21 +224,21 @@ pub fn validate(pod: &Pod) -> Vec<String> {
             "metadata.namespace: {ns:?} is not a DNS-1123 label"
         ));
     }
-    let Some(spec) = &pod.spec else {
-        p.push("spec: required".into());
-        return p;
-    };
+}
+
+/// The pod-wide fields of the spec.
+fn check_spec(p: &mut Vec<String>, spec: &PodSpec) {
     if spec.containers.is_empty() {
         p.push("spec.containers: at least one container is required".into());
     }
     check_one_of(
-        &mut p,
+        p,
         "spec.restartPolicy",
         spec.restart_policy.as_deref(),
         &["Always", "OnFailure", "Never"],
     );
     check_one_of(
-        &mut p,
+        p,
         "spec.dnsPolicy",
         spec.dns_policy.as_deref(),
         &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"],
@@ -246,6 +262,10 @@ pub fn validate(pod: &Pod) -> Vec<String> {
             }
         }
     }
+}
+
+/// Each volume, with a unique name; the names declared.
+fn check_volumes<'a>(p: &mut Vec<String>, spec: &'a PodSpec) -> HashSet<&'a str> {
     let mut volume_names = HashSet::new();
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         let field = format!("spec.volumes[{i}]");
@@ -258,8 +278,13 @@ pub fn validate(pod: &Pod) -> Vec<String> {
         if !volume_names.insert(v.name.as_str()) {
             p.push(format!("{field}.name: duplicate volume {:?}", v.name));
         }
-        check_volume(&mut p, &field, v);
+        check_volume(p, &field, v);
     }
+    volume_names
+}
+
+/// Each init and app container, with a unique name.
+fn check_containers(p: &mut Vec<String>, spec: &PodSpec, volume_names: &HashSet<&str>) {
     let mut container_names = HashSet::new();
     let init = spec
         .init_containers
@@ -285,7 +310,7 @@ pub fn validate(pod: &Pod) -> Vec<String> {
                 c.name
             ));
         }
-        check_container(&mut p, &field, c, &volume_names);
+        check_container(p, &field, c, volume_names);
         let os = spec.os.as_ref().map(|o| o.name.as_str());
         if c.lifecycle
             .as_ref()
@@ -297,7 +322,6 @@ pub fn validate(pod: &Pod) -> Vec<String> {
             ));
         }
     }
-    p
 }
 
 fn check_one_of(p: &mut Vec<String>, field: &str, value: Option<&str>, allowed: &[&str]) {
@@ -356,30 +380,7 @@ fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
         );
     }
     if let Some(hp) = &v.host_path {
-        if !hp.path.starts_with('/') {
-            p.push(format!(
-                "{field}.hostPath.path: {:?} must be an absolute path",
-                hp.path
-            ));
-        }
-        if hp.path.split('/').any(|part| part == "..") {
-            p.push(format!("{field}.hostPath.path: must not contain '..'"));
-        }
-        check_one_of(
-            p,
-            &format!("{field}.hostPath.type"),
-            hp.type_.as_deref(),
-            &[
-                "",
-                "DirectoryOrCreate",
-                "Directory",
-                "FileOrCreate",
-                "File",
-                "Socket",
-                "CharDevice",
-                "BlockDevice",
-            ],
-        );
+        check_host_path(p, &format!("{field}.hostPath"), hp);
     }
     if let Some(cm) = &v.config_map {
         let f = format!("{field}.configMap");
@@ -396,42 +397,7 @@ fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
         check_downward(p, &f, d.items.as_deref().unwrap_or_default());
     }
     if let Some(pr) = &v.projected {
-        let f = format!("{field}.projected");
-        check_mode(p, &format!("{f}.defaultMode"), pr.default_mode);
-        for (i, source) in pr.sources.iter().flatten().enumerate() {
-            let sf = format!("{f}.sources[{i}]");
-            if let Some(cm) = &source.config_map {
-                check_object(
-                    p,
-                    &format!("{sf}.configMap"),
-                    &cm.name,
-                    cm.items.as_deref(),
-                    None,
-                );
-            } else if let Some(s) = &source.secret {
-                check_object(
-                    p,
-                    &format!("{sf}.secret"),
-                    &s.name,
-                    s.items.as_deref(),
-                    None,
-                );
-            } else if let Some(d) = &source.downward_api {
-                check_downward(
-                    p,
-                    &format!("{sf}.downwardAPI"),
-                    d.items.as_deref().unwrap_or_default(),
-                );
-            } else if source.service_account_token.is_some() {
-                p.push(format!(
-                    "{sf}.serviceAccountToken: service account tokens come from an API server; they need cluster mode (--kubeconfig)"
-                ));
-            } else {
-                p.push(format!(
-                    "{sf}: only configMap, secret and downwardAPI sources are supported"
-                ));
-            }
-        }
+        check_projected(p, &format!("{field}.projected"), pr);
     }
     if let Some(ed) = &v.empty_dir {
         check_one_of(
@@ -440,6 +406,73 @@ fn check_volume(p: &mut Vec<String>, field: &str, v: &Volume) {
             ed.medium.as_deref(),
             &["", "Memory"],
         );
+    }
+}
+
+/// A hostPath volume: an absolute path without '..', of a known type.
+fn check_host_path(p: &mut Vec<String>, field: &str, hp: &HostPathVolumeSource) {
+    if !hp.path.starts_with('/') {
+        p.push(format!(
+            "{field}.path: {:?} must be an absolute path",
+            hp.path
+        ));
+    }
+    if hp.path.split('/').any(|part| part == "..") {
+        p.push(format!("{field}.path: must not contain '..'"));
+    }
+    check_one_of(
+        p,
+        &format!("{field}.type"),
+        hp.type_.as_deref(),
+        &[
+            "",
+            "DirectoryOrCreate",
+            "Directory",
+            "FileOrCreate",
+            "File",
+            "Socket",
+            "CharDevice",
+            "BlockDevice",
+        ],
+    );
+}
+
+/// A projected volume: configMap, secret and downwardAPI sources (tokens need a cluster).
+fn check_projected(p: &mut Vec<String>, field: &str, pr: &ProjectedVolumeSource) {
+    check_mode(p, &format!("{field}.defaultMode"), pr.default_mode);
+    for (i, source) in pr.sources.iter().flatten().enumerate() {
+        let sf = format!("{field}.sources[{i}]");
+        if let Some(cm) = &source.config_map {
+            check_object(
+                p,
+                &format!("{sf}.configMap"),
+                &cm.name,
+                cm.items.as_deref(),
+                None,
+            );
+        } else if let Some(s) = &source.secret {
+            check_object(
+                p,
+                &format!("{sf}.secret"),
+                &s.name,
+                s.items.as_deref(),
+                None,
+            );
+        } else if let Some(d) = &source.downward_api {
+            check_downward(
+                p,
+                &format!("{sf}.downwardAPI"),
+                d.items.as_deref().unwrap_or_default(),
+            );
+        } else if source.service_account_token.is_some() {
+            p.push(format!(
+                "{sf}.serviceAccountToken: service account tokens come from an API server; they need cluster mode (--kubeconfig)"
+            ));
+        } else {
+            p.push(format!(
+                "{sf}: only configMap, secret and downwardAPI sources are supported"
+            ));
+        }
     }
 }
 
@@ -550,6 +583,30 @@ fn check_quantity(p: &mut Vec<String>, field: &str, resource: &str, text: &str) 
 }
 
 fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &HashSet<&str>) {
+    check_resources(p, field, c);
+    if c.image.as_deref().unwrap_or("").trim().is_empty() {
+        p.push(format!("{field}.image: required"));
+    }
+    check_one_of(
+        p,
+        &format!("{field}.imagePullPolicy"),
+        c.image_pull_policy.as_deref(),
+        &["Always", "IfNotPresent", "Never"],
+    );
+    check_ports(p, field, c);
+    if let Some(signal) = c.lifecycle.as_ref().and_then(|l| l.stop_signal.as_deref())
+        && super::signal_number(signal).is_none()
+    {
+        p.push(format!(
+            "{field}.lifecycle.stopSignal: {signal:?} is not a Linux signal name (e.g. SIGTERM, SIGUSR1, SIGRTMIN+1)"
+        ));
+    }
+    check_env(p, field, c);
+    check_mounts(p, field, c, volumes);
+}
+
+/// The container's resource limits and requests: each a valid quantity.
+fn check_resources(p: &mut Vec<String>, field: &str, c: &Container) {
     let resources = c.resources.as_ref();
     for (kind, map) in [
         ("limits", resources.and_then(|r| r.limits.as_ref())),
@@ -564,15 +621,10 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
             );
         }
     }
-    if c.image.as_deref().unwrap_or("").trim().is_empty() {
-        p.push(format!("{field}.image: required"));
-    }
-    check_one_of(
-        p,
-        &format!("{field}.imagePullPolicy"),
-        c.image_pull_policy.as_deref(),
-        &["Always", "IfNotPresent", "Never"],
-    );
+}
+
+/// The container's ports: in range, with a known protocol and unique valid names.
+fn check_ports(p: &mut Vec<String>, field: &str, c: &Container) {
     let mut port_names = HashSet::new();
     for (i, port) in c.ports.iter().flatten().enumerate() {
         let pf = format!("{field}.ports[{i}]");
@@ -602,13 +654,10 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
             }
         }
     }
-    if let Some(signal) = c.lifecycle.as_ref().and_then(|l| l.stop_signal.as_deref())
-        && super::signal_number(signal).is_none()
-    {
-        p.push(format!(
-            "{field}.lifecycle.stopSignal: {signal:?} is not a Linux signal name (e.g. SIGTERM, SIGUSR1, SIGRTMIN+1)"
-        ));
-    }
+}
+
+/// The container's environment: variable names, and the objects they and envFrom refer to.
+fn check_env(p: &mut Vec<String>, field: &str, c: &Container) {
     for (i, env) in c.env.iter().flatten().enumerate() {
         if env.name.is_empty() || env.name.contains('=') {
             p.push(format!(
@@ -649,6 +698,11 @@ fn check_container(p: &mut Vec<String>, field: &str, c: &Container, volumes: &Ha
             ));
         }
     }
+}
+
+/// The container's volume mounts: of a declared volume, at a unique path, with a valid
+/// propagation and relative sub-paths.
+fn check_mounts(p: &mut Vec<String>, field: &str, c: &Container, volumes: &HashSet<&str>) {
     let mut mount_paths = HashSet::new();
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let mf = format!("{field}.volumeMounts[{i}]");

@@ -210,8 +210,7 @@ fn in_new_sandbox(pod: &Pod, rt: &PodRuntime, policy: &str) -> Plan {
                 .iter()
                 // Under OnFailure, containers that already succeeded stay done.
                 .filter(|c| {
-                    !(policy == "OnFailure"
-                        && rt.latest_container(&c.name).is_some_and(exited_ok))
+                    !(policy == "OnFailure" && rt.latest_container(&c.name).is_some_and(exited_ok))
                 })
                 .map(|c| start(rt, c, false))
                 .collect()

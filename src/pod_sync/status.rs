@@ -538,7 +538,14 @@ fn pod_conditions(input: &Input<'_>, statuses: &Statuses, terminal: bool) -> Vec
         .is_some_and(|sb| sb.state == SandboxState::Ready);
     let (old, now) = (input.old, &input.now);
     let conditions = [
-        condition(old, now, "PodReadyToStartContainers", sandbox_ready, None, None),
+        condition(
+            old,
+            now,
+            "PodReadyToStartContainers",
+            sandbox_ready,
+            None,
+            None,
+        ),
         condition(
             old,
             now,
