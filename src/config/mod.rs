@@ -369,6 +369,7 @@ fn resolve(config: &mut Config, raw: &Raw) {
 }
 
 /// The checks that take more than one knob: each is a rule broken, the knob it names and why.
+/// Its body is the table of those rules, kept together rather than cut into functions.
 fn check(c: &Config, r: &mut Reader<'_>) {
     let enforced = c.enforce_node_allocatable;
     let period = c.cpu_cfs_quota_period;

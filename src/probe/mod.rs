@@ -374,52 +374,15 @@ impl Worker {
             if gated {
                 continue;
             }
-            let target = check::Target {
-                container_id: &self.container_id,
-                pod_ip: &self.pod_ip,
-                ports: &ports,
+            let Some(ok) = self.attempt(&ports, &cancel).await else {
+                return;
             };
-            let began = std::time::Instant::now();
-            let outcome = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = check::attempt(&self.probe, &target, &self.runtime) => r,
-            };
-            crate::metrics::get().probe(&crate::metrics::ProbeRun {
-                probe_type: self.kind.metric_name(),
-                success: outcome.is_ok(),
-                container: &self.container.name,
-                pod: &self.target.name,
-                namespace: &self.target.namespace,
-                pod_uid: &self.uid.0,
-                took: began.elapsed(),
-            });
-            self.diagnoses.probed(
-                &self.uid,
-                &self.container.name,
-                self.kind.metric_name(),
-                outcome.as_ref().err().map(String::as_str),
-            );
-            match &outcome {
-                Ok(warning) => {
-                    successes += 1;
-                    failures = 0;
-                    if let Some(warning) = warning {
-                        self.events.warning(
-                            self.target.clone(),
-                            "ProbeWarning",
-                            format!("{} probe warning: {warning}", self.kind.metric_name()),
-                        );
-                    }
-                }
-                Err(why) => {
-                    failures += 1;
-                    successes = 0;
-                    self.events.warning(
-                        self.target.clone(),
-                        "Unhealthy",
-                        format!("{} probe failed: {why}", self.kind.metric_name()),
-                    );
-                }
+            if ok {
+                successes += 1;
+                failures = 0;
+            } else {
+                failures += 1;
+                successes = 0;
             }
             let result = if successes >= success_threshold {
                 Some(true)
@@ -428,26 +391,73 @@ impl Worker {
             } else {
                 None
             };
-            let Some(success) = result else { continue };
-            if !self.results.set(&self.container_id, self.kind, success) {
-                continue;
-            }
-            if self.kind == Kind::Startup && success {
-                self.started.notify_waiters();
-            }
-            let _ = self.updates.send(Update {
-                uid: self.uid.clone(),
-                container: self.container.name.clone(),
-                kind: self.kind,
-                success,
-            });
-            // A started container's startup probe is done; a failed liveness or startup probe
-            // ends with the container, whose successor gets a new worker.
-            if (self.kind == Kind::Startup && success) || (self.kind != Kind::Readiness && !success)
+            if let Some(success) = result
+                && self.report(success)
             {
                 return;
             }
         }
+    }
+
+    /// One probe of the container, with its metrics, diagnosis and events: whether it
+    /// succeeded; `None` when the worker was cancelled.
+    async fn attempt(
+        &self,
+        ports: &[k8s_openapi::api::core::v1::ContainerPort],
+        cancel: &CancellationToken,
+    ) -> Option<bool> {
+        let target = check::Target {
+            container_id: &self.container_id,
+            pod_ip: &self.pod_ip,
+            ports,
+        };
+        let began = std::time::Instant::now();
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return None,
+            r = check::attempt(&self.probe, &target, &self.runtime) => r,
+        };
+        crate::metrics::get().probe(&crate::metrics::ProbeRun {
+            probe_type: self.kind.metric_name(),
+            success: outcome.is_ok(),
+            container: &self.container.name,
+            pod: &self.target.name,
+            namespace: &self.target.namespace,
+            pod_uid: &self.uid.0,
+            took: began.elapsed(),
+        });
+        self.diagnoses.probed(
+            &self.uid,
+            &self.container.name,
+            self.kind.metric_name(),
+            outcome.as_ref().err().map(String::as_str),
+        );
+        let (reason, message) = match &outcome {
+            Ok(None) => return Some(true),
+            Ok(Some(warning)) => ("ProbeWarning", format!("probe warning: {warning}")),
+            Err(why) => ("Unhealthy", format!("probe failed: {why}")),
+        };
+        let message = format!("{} {message}", self.kind.metric_name());
+        self.events.warning(self.target.clone(), reason, message);
+        Some(outcome.is_ok())
+    }
+
+    /// Records a result that passed its threshold and tells the pod's sync about a change;
+    /// true when the worker is done: a started container's startup probe, or a failed
+    /// liveness or startup probe (the container's successor gets a new worker).
+    fn report(&self, success: bool) -> bool {
+        if !self.results.set(&self.container_id, self.kind, success) {
+            return false;
+        }
+        if self.kind == Kind::Startup && success {
+            self.started.notify_waiters();
+        }
+        let _ = self.updates.send(Update {
+            uid: self.uid.clone(),
+            container: self.container.name.clone(),
+            kind: self.kind,
+            success,
+        });
+        (self.kind == Kind::Startup && success) || (self.kind != Kind::Readiness && !success)
     }
 }
 

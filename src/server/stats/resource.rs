@@ -3,55 +3,97 @@
 //! and each container's start time, taken from the summary, with upstream's names, help texts
 //! and sample timestamps.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde_json::Value;
 
-/// One metric family: its name, help, type, stability and samples (labels, value, timestamp
-/// in ms).
-struct Family {
-    name: &'static str,
-    help: &'static str,
-    kind: &'static str,
-    stability: &'static str,
-    samples: Vec<(String, f64, Option<i64>)>,
-}
+/// Every family served, in name order as upstream's: name, help, type and stability.
+const FAMILIES: &[(&str, &str, &str, &str)] = &[
+    (
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed by the container in core-seconds",
+        "counter",
+        "STABLE",
+    ),
+    (
+        "container_memory_working_set_bytes",
+        "Current working set of the container in bytes",
+        "gauge",
+        "STABLE",
+    ),
+    (
+        "container_start_time_seconds",
+        "Start time of the container since unix epoch in seconds",
+        "gauge",
+        "STABLE",
+    ),
+    (
+        "container_swap_limit_bytes",
+        "Current amount of the container swap limit in bytes. Reported only on non-windows systems",
+        "gauge",
+        "ALPHA",
+    ),
+    (
+        "container_swap_usage_bytes",
+        "Current amount of the container swap usage in bytes. Reported only on non-windows systems",
+        "gauge",
+        "ALPHA",
+    ),
+    (
+        "node_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed by the node in core-seconds",
+        "counter",
+        "STABLE",
+    ),
+    (
+        "node_memory_working_set_bytes",
+        "Current working set of the node in bytes",
+        "gauge",
+        "STABLE",
+    ),
+    (
+        "node_swap_usage_bytes",
+        "Current swap usage of the node in bytes. Reported only on non-windows systems",
+        "gauge",
+        "ALPHA",
+    ),
+    (
+        "pod_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed by the pod in core-seconds",
+        "counter",
+        "STABLE",
+    ),
+    (
+        "pod_memory_working_set_bytes",
+        "Current working set of the pod in bytes",
+        "gauge",
+        "STABLE",
+    ),
+    (
+        "pod_swap_usage_bytes",
+        "Current amount of the pod swap usage in bytes. Reported only on non-windows systems",
+        "gauge",
+        "ALPHA",
+    ),
+    (
+        "resource_scrape_error",
+        "1 if there was an error while getting container metrics, 0 otherwise",
+        "gauge",
+        "STABLE",
+    ),
+];
 
-impl Family {
-    fn new(name: &'static str, help: &'static str, kind: &'static str) -> Family {
-        Family {
-            name,
-            help,
-            kind,
-            stability: "STABLE",
-            samples: Vec::new(),
-        }
-    }
+/// Samples by family name: labels, value and timestamp in ms.
+#[derive(Default)]
+struct Samples(BTreeMap<String, Vec<(String, f64, Option<i64>)>>);
 
-    /// A family upstream marks ALPHA.
-    fn alpha(name: &'static str, help: &'static str) -> Family {
-        Family {
-            stability: "ALPHA",
-            ..Family::new(name, help, "gauge")
-        }
-    }
-
-    fn render(&self, out: &mut String) {
-        if self.samples.is_empty() {
-            return;
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {} [{}] {}",
-            self.name, self.stability, self.help
-        );
-        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
-        for (labels, value, at) in &self.samples {
-            let _ = match at {
-                Some(ms) => writeln!(out, "{}{labels} {value} {ms}", self.name),
-                None => writeln!(out, "{}{labels} {value}", self.name),
-            };
-        }
+impl Samples {
+    fn push(&mut self, family: String, labels: &str, value: f64, at: Option<i64>) {
+        self.0
+            .entry(family)
+            .or_default()
+            .push((labels.to_string(), value, at));
     }
 }
 
@@ -69,98 +111,40 @@ fn escaped(v: &Value) -> String {
         .replace('\n', "\\n")
 }
 
-/// Adds `stats`' CPU time (core-seconds) to `cpu` and working set to `memory`, labelled `labels`.
-fn usage(stats: &Value, labels: &str, cpu: &mut Family, memory: &mut Family) {
+/// Adds the CPU time (core-seconds), working set and swap use of `stats`, the node's, a
+/// pod's or a container's (`kind`), labelled `labels`; a container's swap limit too.
+fn usage(out: &mut Samples, kind: &str, stats: &Value, labels: &str) {
     if let Some(ns) = stats["cpu"]["usageCoreNanoSeconds"].as_u64() {
         let at = millis(&stats["cpu"]["time"]);
-        cpu.samples.push((labels.into(), ns as f64 / 1e9, at));
+        let name = format!("{kind}_cpu_usage_seconds_total");
+        out.push(name, labels, ns as f64 / 1e9, at);
     }
     if let Some(bytes) = stats["memory"]["workingSetBytes"].as_u64() {
         let at = millis(&stats["memory"]["time"]);
-        memory.samples.push((labels.into(), bytes as f64, at));
+        let name = format!("{kind}_memory_working_set_bytes");
+        out.push(name, labels, bytes as f64, at);
     }
-}
-
-/// Adds `stats`' swap use (and, with `limit`, what it may use in all) labelled `labels`.
-fn swap(stats: &Value, labels: &str, usage: &mut Family, limit: Option<&mut Family>) {
     let swap = &stats["swap"];
-    let at = millis(&swap["time"]);
-    let Some(used) = swap["swapUsageBytes"].as_u64() else {
-        return;
-    };
-    usage.samples.push((labels.into(), used as f64, at));
-    if let (Some(limit), Some(available)) = (limit, swap["swapAvailableBytes"].as_u64()) {
-        limit
-            .samples
-            .push((labels.into(), (available + used) as f64, at));
+    if let Some(used) = swap["swapUsageBytes"].as_u64() {
+        let at = millis(&swap["time"]);
+        out.push(format!("{kind}_swap_usage_bytes"), labels, used as f64, at);
+        if let Some(available) = swap["swapAvailableBytes"].as_u64()
+            && kind == "container"
+        {
+            let limit = (available + used) as f64;
+            out.push("container_swap_limit_bytes".into(), labels, limit, at);
+        }
     }
 }
 
 /// The resource metrics of `summary` (the `/stats/summary` document), in the text format;
 /// `scrape_failed` when the summary could not be read.
 pub fn render(summary: Option<&Value>) -> String {
-    let mut node_cpu = Family::new(
-        "node_cpu_usage_seconds_total",
-        "Cumulative cpu time consumed by the node in core-seconds",
-        "counter",
-    );
-    let mut node_memory = Family::new(
-        "node_memory_working_set_bytes",
-        "Current working set of the node in bytes",
-        "gauge",
-    );
-    let mut container_start = Family::new(
-        "container_start_time_seconds",
-        "Start time of the container since unix epoch in seconds",
-        "gauge",
-    );
-    let mut container_cpu = Family::new(
-        "container_cpu_usage_seconds_total",
-        "Cumulative cpu time consumed by the container in core-seconds",
-        "counter",
-    );
-    let mut container_memory = Family::new(
-        "container_memory_working_set_bytes",
-        "Current working set of the container in bytes",
-        "gauge",
-    );
-    let mut pod_cpu = Family::new(
-        "pod_cpu_usage_seconds_total",
-        "Cumulative cpu time consumed by the pod in core-seconds",
-        "counter",
-    );
-    let mut pod_memory = Family::new(
-        "pod_memory_working_set_bytes",
-        "Current working set of the pod in bytes",
-        "gauge",
-    );
-    let mut node_swap = Family::alpha(
-        "node_swap_usage_bytes",
-        "Current swap usage of the node in bytes. Reported only on non-windows systems",
-    );
-    let mut container_swap = Family::alpha(
-        "container_swap_usage_bytes",
-        "Current amount of the container swap usage in bytes. Reported only on non-windows systems",
-    );
-    let mut container_swap_limit = Family::alpha(
-        "container_swap_limit_bytes",
-        "Current amount of the container swap limit in bytes. Reported only on non-windows systems",
-    );
-    let mut pod_swap = Family::alpha(
-        "pod_swap_usage_bytes",
-        "Current amount of the pod swap usage in bytes. Reported only on non-windows systems",
-    );
-    let mut error = Family::new(
-        "resource_scrape_error",
-        "1 if there was an error while getting container metrics, 0 otherwise",
-        "gauge",
-    );
-    error
-        .samples
-        .push((String::new(), f64::from(u8::from(summary.is_none())), None));
+    let mut samples = Samples::default();
+    let failed = f64::from(u8::from(summary.is_none()));
+    samples.push("resource_scrape_error".into(), "", failed, None);
     if let Some(summary) = summary {
-        usage(&summary["node"], "", &mut node_cpu, &mut node_memory);
-        swap(&summary["node"], "", &mut node_swap, None);
+        usage(&mut samples, "node", &summary["node"], "");
         for pod in summary["pods"].as_array().into_iter().flatten() {
             let (name, namespace) = (
                 escaped(&pod["podRef"]["name"]),
@@ -172,39 +156,33 @@ pub fn render(summary: Option<&Value>) -> String {
                     escaped(&c["name"])
                 );
                 if let Some(ms) = millis(&c["startTime"]).filter(|ms| *ms > 0) {
-                    container_start
-                        .samples
-                        .push((labels.clone(), ms as f64 / 1e3, None));
+                    let started = ms as f64 / 1e3;
+                    samples.push(
+                        "container_start_time_seconds".into(),
+                        &labels,
+                        started,
+                        None,
+                    );
                 }
-                usage(c, &labels, &mut container_cpu, &mut container_memory);
-                swap(
-                    c,
-                    &labels,
-                    &mut container_swap,
-                    Some(&mut container_swap_limit),
-                );
+                usage(&mut samples, "container", c, &labels);
             }
             let labels = format!("{{namespace=\"{namespace}\",pod=\"{name}\"}}");
-            usage(pod, &labels, &mut pod_cpu, &mut pod_memory);
-            swap(pod, &labels, &mut pod_swap, None);
+            usage(&mut samples, "pod", pod, &labels);
         }
     }
     let mut out = String::new();
-    for family in [
-        &container_cpu,
-        &container_memory,
-        &container_start,
-        &container_swap_limit,
-        &container_swap,
-        &node_cpu,
-        &node_memory,
-        &node_swap,
-        &pod_cpu,
-        &pod_memory,
-        &pod_swap,
-        &error,
-    ] {
-        family.render(&mut out);
+    for (name, help, kind, stability) in FAMILIES {
+        let Some(list) = samples.0.get(*name) else {
+            continue;
+        };
+        let _ = writeln!(out, "# HELP {name} [{stability}] {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value, at) in list {
+            let _ = match at {
+                Some(ms) => writeln!(out, "{name}{labels} {value} {ms}"),
+                None => writeln!(out, "{name}{labels} {value}"),
+            };
+        }
     }
     out
 }
