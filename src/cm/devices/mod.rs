@@ -506,52 +506,16 @@ impl DeviceManager {
         count: usize,
     ) -> Result<Held, Error> {
         let _choosing = self.choosing.lock().await;
-        let (mut client, options, candidates, reusable) = {
-            let state = self.lock();
-            if let Some(held) = state
-                .pods
-                .get(uid)
-                .and_then(|p| p.containers.get(&container.name))
-                .and_then(|c| c.get(resource))
-            {
-                return Ok(held.clone());
-            }
-            let r = state
-                .resources
-                .get(resource)
-                .filter(|r| r.client.is_some())
-                .ok_or_else(|| Error::NoPlugin(resource.to_string()))?;
-            let reusable = reusable_devices(pod, state.pods.get(uid), resource);
-            let taken: HashSet<&str> = state.pods.values().flat_map(|p| p.held(resource)).collect();
-            let free = r
-                .devices
-                .iter()
-                .filter(|(id, d)| d.healthy && !taken.contains(id.as_str()))
-                .map(|(id, _)| id.clone());
-            let mut candidates: Vec<String> = reusable.iter().cloned().chain(free).collect();
-            let affinity = state
-                .pods
-                .get(uid)
-                .and_then(|p| p.affinity.get(&container.name));
-            if let Some(mask) = affinity {
-                let aligned = |id: &String| {
-                    r.devices
-                        .get(id)
-                        .is_some_and(|d| mask.any_of(&numa_nodes(&d.numa)))
-                };
-                let (mut inside, outside): (Vec<String>, Vec<String>) =
-                    candidates.into_iter().partition(|id| aligned(id));
-                if inside.len() < count {
-                    inside.extend(outside);
-                }
-                candidates = inside;
-            }
-            let client = r
-                .client
-                .clone()
-                .ok_or_else(|| Error::NoPlugin(resource.into()))?;
-            (client, r.options, candidates, reusable)
-        };
+        let (mut client, options, candidates, reusable) =
+            match self.choice(pod, uid, container, resource, count)? {
+                Choice::Held(held) => return Ok(held),
+                Choice::Pick {
+                    client,
+                    options,
+                    candidates,
+                    reusable,
+                } => (client, options, candidates, reusable),
+            };
         if candidates.len() < count {
             return Err(Error::Unavailable {
                 resource: resource.to_string(),
@@ -561,32 +525,11 @@ impl DeviceManager {
         }
         let must: Vec<String> = reusable.iter().take(count).cloned().collect();
         let mut ids: Vec<String> = candidates.iter().take(count).cloned().collect();
-        if options.get_preferred_allocation_available {
-            let request = proto::PreferredAllocationRequest {
-                container_requests: vec![proto::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: candidates.clone(),
-                    must_include_device_i_ds: must.clone(),
-                    allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
-                }],
-            };
-            let call = client.get_preferred_allocation(request);
-            let answer = ask(resource, "suggest devices (GetPreferredAllocation)", call).await?;
-            let preferred = answer
-                .container_responses
-                .into_iter()
-                .next()
-                .map(|r| r.device_i_ds)
-                .unwrap_or_default();
-            // A suggestion is taken only when it is one the manager could have made.
-            let distinct: BTreeSet<&String> = preferred.iter().collect();
-            if distinct.len() == count
-                && preferred.iter().all(|id| candidates.contains(id))
-                && must.iter().all(|id| preferred.contains(id))
-            {
-                ids = preferred;
-            } else {
-                tracing::warn!(resource, suggested = ?preferred, "a device plugin's preferred allocation is not usable; choosing by itself");
-            }
+        if options.get_preferred_allocation_available
+            && let Some(preferred) =
+                preferred(&mut client, resource, &candidates, &must, count).await?
+        {
+            ids = preferred;
         }
         let call = client.allocate(proto::AllocateRequest {
             container_requests: vec![proto::ContainerAllocateRequest {
@@ -611,6 +554,68 @@ impl DeviceManager {
             .insert(resource.to_string(), held.clone());
         self.save(&state);
         Ok(held)
+    }
+
+    /// The devices the container holds of `resource`, or the plugin and the devices to choose
+    /// from: those the pod may reuse first, then the healthy free ones, those on the NUMA nodes
+    /// the topology manager chose first where they are enough.
+    fn choice(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        container: &Container,
+        resource: &str,
+        count: usize,
+    ) -> Result<Choice, Error> {
+        let state = self.lock();
+        if let Some(held) = state
+            .pods
+            .get(uid)
+            .and_then(|p| p.containers.get(&container.name))
+            .and_then(|c| c.get(resource))
+        {
+            return Ok(Choice::Held(held.clone()));
+        }
+        let r = state
+            .resources
+            .get(resource)
+            .filter(|r| r.client.is_some())
+            .ok_or_else(|| Error::NoPlugin(resource.to_string()))?;
+        let reusable = reusable_devices(pod, state.pods.get(uid), resource);
+        let taken: HashSet<&str> = state.pods.values().flat_map(|p| p.held(resource)).collect();
+        let free = r
+            .devices
+            .iter()
+            .filter(|(id, d)| d.healthy && !taken.contains(id.as_str()))
+            .map(|(id, _)| id.clone());
+        let mut candidates: Vec<String> = reusable.iter().cloned().chain(free).collect();
+        let affinity = state
+            .pods
+            .get(uid)
+            .and_then(|p| p.affinity.get(&container.name));
+        if let Some(mask) = affinity {
+            let aligned = |id: &String| {
+                r.devices
+                    .get(id)
+                    .is_some_and(|d| mask.any_of(&numa_nodes(&d.numa)))
+            };
+            let (mut inside, outside): (Vec<String>, Vec<String>) =
+                candidates.into_iter().partition(|id| aligned(id));
+            if inside.len() < count {
+                inside.extend(outside);
+            }
+            candidates = inside;
+        }
+        let client = r
+            .client
+            .clone()
+            .ok_or_else(|| Error::NoPlugin(resource.into()))?;
+        Ok(Choice::Pick {
+            client,
+            options: r.options,
+            candidates,
+            reusable,
+        })
     }
 
     /// Gives a pod's devices back (its containers are gone).
@@ -711,6 +716,53 @@ async fn ask<T>(
             call,
             source,
         })
+}
+
+/// What a container's devices are chosen from (see [`DeviceManager::choice`]).
+enum Choice {
+    Held(Held),
+    Pick {
+        client: plugin::Client,
+        options: proto::DevicePluginOptions,
+        candidates: Vec<String>,
+        reusable: Vec<String>,
+    },
+}
+
+/// The plugin's suggestion of `count` devices among `candidates` that include `must`; `None`
+/// when it is not one the manager could have made (then it chooses by itself).
+async fn preferred(
+    client: &mut plugin::Client,
+    resource: &str,
+    candidates: &[String],
+    must: &[String],
+    count: usize,
+) -> Result<Option<Vec<String>>, Error> {
+    let request = proto::PreferredAllocationRequest {
+        container_requests: vec![proto::ContainerPreferredAllocationRequest {
+            available_device_i_ds: candidates.to_vec(),
+            must_include_device_i_ds: must.to_vec(),
+            allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
+        }],
+    };
+    let call = client.get_preferred_allocation(request);
+    let answer = ask(resource, "suggest devices (GetPreferredAllocation)", call).await?;
+    let preferred = answer
+        .container_responses
+        .into_iter()
+        .next()
+        .map(|r| r.device_i_ds)
+        .unwrap_or_default();
+    let distinct: BTreeSet<&String> = preferred.iter().collect();
+    if distinct.len() == count
+        && preferred.iter().all(|id| candidates.contains(id))
+        && must.iter().all(|id| preferred.contains(id))
+    {
+        Ok(Some(preferred))
+    } else {
+        tracing::warn!(resource, suggested = ?preferred, "a device plugin's preferred allocation is not usable; choosing by itself");
+        Ok(None)
+    }
 }
 
 /// The devices a container may take over from the pod's regular init containers, which have
