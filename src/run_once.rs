@@ -172,86 +172,118 @@ fn report(
     ];
     let mut json_pods = Vec::new();
     for (pod, status, outcome) in pods {
-        let st = status.clone().unwrap_or_default();
-        let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
-        let started = st.start_time.as_ref().map(|t| t.0);
-        let all: Vec<(bool, ContainerStatus)> = st
-            .init_container_statuses
-            .iter()
-            .flatten()
-            .map(|c| (true, c.clone()))
-            .chain(
-                st.container_statuses
-                    .iter()
-                    .flatten()
-                    .map(|c| (false, c.clone())),
-            )
-            .collect();
-        let finished = all.iter().filter_map(|(_, c)| container_times(c).1).max();
-        let end = if *outcome == Outcome::Ok && phase == "Running" {
-            Some(at)
-        } else {
-            finished.or(Some(at))
-        };
-        table.push(vec![
-            full_name(pod),
-            String::new(),
-            phase.clone(),
-            String::new(),
-            String::new(),
-            duration_text(seconds_between(started.as_ref(), end.as_ref())),
-        ]);
-        let mut json_containers = Vec::new();
-        for (init, c) in &all {
-            let (from, to, exit, reason) = container_times(c);
-            let seconds = seconds_between(from.as_ref(), to.as_ref().or(Some(&at)));
-            table.push(vec![
-                String::new(),
-                if *init {
-                    format!("{} (init)", c.name)
-                } else {
-                    c.name.clone()
-                },
-                state_text(c),
-                exit.map_or_else(|| "-".into(), |e| e.to_string()),
-                c.restart_count.to_string(),
-                duration_text(seconds),
-            ]);
-            let log = config
-                .pod_logs_dir
-                .join(format!(
-                    "{}_{}_{}",
-                    crate::types::namespace(pod),
-                    pod.metadata.name.as_deref().unwrap_or_default(),
-                    pod.metadata.uid.as_deref().unwrap_or_default()
-                ))
-                .join(format!("{}/{}.log", c.name, c.restart_count));
-            json_containers.push(json!({
-                "name": c.name,
-                "init": init,
-                "state": state_text(c),
-                "reason": reason,
-                "exitCode": exit,
-                "restarts": c.restart_count,
-                "startedAt": from.map(|t| t.to_string()),
-                "finishedAt": to.map(|t| t.to_string()),
-                "logPath": log.display().to_string(),
-            }));
-        }
-        json_pods.push(json!({
-            "namespace": pod.metadata.namespace,
-            "name": pod.metadata.name,
-            "uid": pod.metadata.uid,
-            "phase": phase,
-            "result": match outcome { Outcome::Ok => "ok", Outcome::Failed => "failed", Outcome::Pending => "pending" },
-            "startTime": started.map(|t| t.to_string()),
-            "containers": json_containers,
-        }));
+        let (rows, json) = pod_report(config, pod, status.as_ref(), outcome, at);
+        table.extend(rows);
+        json_pods.push(json);
     }
+    let succeeded = pods.iter().all(|(_, _, o)| *o == Outcome::Ok);
+    (
+        aligned(&table),
+        json!({"succeeded": succeeded, "pods": json_pods}),
+    )
+}
+
+/// A pod's rows of the report (its own, then one per container) and its JSON.
+fn pod_report(
+    config: &Config,
+    pod: &Pod,
+    status: Option<&PodStatus>,
+    outcome: &Outcome,
+    at: Timestamp,
+) -> (Vec<Vec<String>>, serde_json::Value) {
+    let st = status.cloned().unwrap_or_default();
+    let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
+    let started = st.start_time.as_ref().map(|t| t.0);
+    let all: Vec<(bool, &ContainerStatus)> = st
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .map(|c| (true, c))
+        .chain(st.container_statuses.iter().flatten().map(|c| (false, c)))
+        .collect();
+    let finished = all.iter().filter_map(|(_, c)| container_times(c).1).max();
+    let end = if *outcome == Outcome::Ok && phase == "Running" {
+        Some(at)
+    } else {
+        finished.or(Some(at))
+    };
+    let mut rows = vec![vec![
+        full_name(pod),
+        String::new(),
+        phase.clone(),
+        String::new(),
+        String::new(),
+        duration_text(seconds_between(started.as_ref(), end.as_ref())),
+    ]];
+    let mut json_containers = Vec::new();
+    for (init, c) in all {
+        let (row, json) = container_report(config, pod, init, c, at);
+        rows.push(row);
+        json_containers.push(json);
+    }
+    let json = json!({
+        "namespace": pod.metadata.namespace,
+        "name": pod.metadata.name,
+        "uid": pod.metadata.uid,
+        "phase": phase,
+        "result": match outcome { Outcome::Ok => "ok", Outcome::Failed => "failed", Outcome::Pending => "pending" },
+        "startTime": started.map(|t| t.to_string()),
+        "containers": json_containers,
+    });
+    (rows, json)
+}
+
+/// A container's row of the report and its JSON (with its log's path).
+fn container_report(
+    config: &Config,
+    pod: &Pod,
+    init: bool,
+    c: &ContainerStatus,
+    at: Timestamp,
+) -> (Vec<String>, serde_json::Value) {
+    let (from, to, exit, reason) = container_times(c);
+    let seconds = seconds_between(from.as_ref(), to.as_ref().or(Some(&at)));
+    let row = vec![
+        String::new(),
+        if init {
+            format!("{} (init)", c.name)
+        } else {
+            c.name.clone()
+        },
+        state_text(c),
+        exit.map_or_else(|| "-".into(), |e| e.to_string()),
+        c.restart_count.to_string(),
+        duration_text(seconds),
+    ];
+    let log = config
+        .pod_logs_dir
+        .join(format!(
+            "{}_{}_{}",
+            crate::types::namespace(pod),
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            pod.metadata.uid.as_deref().unwrap_or_default()
+        ))
+        .join(format!("{}/{}.log", c.name, c.restart_count));
+    let json = json!({
+        "name": c.name,
+        "init": init,
+        "state": state_text(c),
+        "reason": reason,
+        "exitCode": exit,
+        "restarts": c.restart_count,
+        "startedAt": from.map(|t| t.to_string()),
+        "finishedAt": to.map(|t| t.to_string()),
+        "logPath": log.display().to_string(),
+    });
+    (row, json)
+}
+
+/// The table's cells padded to their columns' widths.
+fn aligned(table: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..6)
         .map(|i| table.iter().map(|row| row[i].len()).max().unwrap_or(0))
         .collect();
-    let text = table
+    table
         .iter()
         .map(|row| {
             row.iter()
@@ -263,9 +295,7 @@ fn report(
                 .to_string()
         })
         .collect::<Vec<_>>()
-        .join("\n");
-    let succeeded = pods.iter().all(|(_, _, o)| *o == Outcome::Ok);
-    (text, json!({"succeeded": succeeded, "pods": json_pods}))
+        .join("\n")
 }
 
 /// Each pod of the batch with its latest status and outcome.
