@@ -372,22 +372,7 @@ impl Puller {
         drop(step);
         let pulling = format!("registry {} to serve image {image:?}", r.domain);
         let step = req.diagnoses.begin(req.pod, pulling);
-        let keyring = Keyring::load(&self.config.root_dir);
-        let mut credentials: Vec<Credential> = req
-            .secrets
-            .iter()
-            .chain(std::iter::once(&keyring))
-            .flat_map(|k| k.lookup(&r.domain, &r.path))
-            .collect();
-        if let Some(providers) = &self.config.credential_providers {
-            credentials.extend(providers.lookup(&r.domain, &r.path).await);
-        }
-        let mut attempts: Vec<Option<cri::AuthConfig>> =
-            credentials.iter().map(|c| Some(c.auth_config())).collect();
-        if attempts.is_empty() {
-            attempts.push(None);
-        }
-        tracing::debug!(%image, credentials = credentials.len(), "credentials found for the pull");
+        let attempts = self.credentials(req, r).await;
         self.events.normal(
             req.target.clone(),
             "Pulling",
@@ -418,6 +403,41 @@ impl Puller {
                 .watched(req, &r.domain, &step, &mut progress, pull(auth))
                 .await;
         }
+        self.pulled(req, r, outcome, started, &progress).await
+    }
+
+    /// The credentials to try for the pull, in order: the pod's pull secrets, the node's
+    /// keyring, then the credential providers'; one attempt without any when there are none.
+    async fn credentials(&self, req: &Request<'_>, r: &Reference) -> Vec<Option<cri::AuthConfig>> {
+        let keyring = Keyring::load(&self.config.root_dir);
+        let mut credentials: Vec<Credential> = req
+            .secrets
+            .iter()
+            .chain(std::iter::once(&keyring))
+            .flat_map(|k| k.lookup(&r.domain, &r.path))
+            .collect();
+        if let Some(providers) = &self.config.credential_providers {
+            credentials.extend(providers.lookup(&r.domain, &r.path).await);
+        }
+        tracing::debug!(image = %req.image, credentials = credentials.len(), "credentials found for the pull");
+        let mut attempts: Vec<Option<cri::AuthConfig>> =
+            credentials.iter().map(|c| Some(c.auth_config())).collect();
+        if attempts.is_empty() {
+            attempts.push(None);
+        }
+        attempts
+    }
+
+    /// The pull's end: the image pulled (with its Pulled event), or the error and its event.
+    async fn pulled(
+        &self,
+        req: &Request<'_>,
+        r: &Reference,
+        outcome: Result<String, Watched>,
+        started: Instant,
+        progress: &progress::Progress,
+    ) -> Result<Image, Error> {
+        let image = req.image;
         match outcome {
             Ok(id) => {
                 let found = self.present(&id).await?.unwrap_or(Image {

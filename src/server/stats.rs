@@ -443,47 +443,8 @@ async fn running_containers(
 /// The summary, or the runtime's error.
 pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     let time = crate::types::now().to_string();
-    // Pressure is read off the async workers: one walk of the pods' cgroups.
-    let pods_cgroup = source.pods_cgroup().map(str::to_string);
-    let pressures = tokio::task::spawn_blocking(move || {
-        pods_cgroup
-            .map(|root| pressure::pods(&root))
-            .unwrap_or_default()
-    })
-    .await
-    .unwrap_or_default();
-    let pods = running_containers(source, &time, Some(&pressures)).await?;
-    // The newest ready sandbox of each pod, for its network.
-    let mut sandboxes = std::collections::HashMap::new();
-    for sb in source.runtime.list_sandboxes(None).await? {
-        if sb.state == crate::runtime::SandboxState::Ready && pods.contains_key(&sb.uid.0) {
-            sandboxes.entry(sb.uid.0).or_insert(sb.id);
-        }
-    }
-    let mut networks = network::pods(&source.runtime, &sandboxes, &time).await;
-    // Volumes and logs are counted by walking the disk: off the async workers.
-    let (job_source, job_time) = (source.clone(), time.clone());
-    let pods = tokio::task::spawn_blocking(move || {
-        pods.into_iter()
-            .map(|(uid, (pod_ref, containers))| {
-                let network = networks.remove(&uid);
-                let mut stats =
-                    pod_stats(&job_source, &uid, pod_ref, containers, network, &job_time);
-                if let Some(pressure) = pressures.pods.get(&uid) {
-                    add_pressure(&mut stats, pressure, &job_time);
-                }
-                stats
-            })
-            .collect::<Vec<Value>>()
-    })
-    .await
-    .unwrap_or_else(|e| {
-        tracing::error!(error = %e, "cannot compute the pods' stats for /stats/summary");
-        Vec::new()
-    });
-
+    let pods = all_pod_stats(source, &time).await?;
     let (cpu, memory, swap) = node_usage(&time);
-    let now = Instant::now();
     let image_fs = match source.runtime.image_fs().await {
         Ok(Some((mount, used))) => {
             let mut fs = fs_stats(&mount, &time);
@@ -520,23 +481,72 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
             }
         }
     }
+    summary["node"]["systemContainers"] = system_containers(source, &time);
+    Ok(summary)
+}
+
+/// Every pod's stats: its running containers', its network, volumes, ephemeral storage and
+/// pressure.
+async fn all_pod_stats(source: &Source, time: &str) -> crate::runtime::Result<Vec<Value>> {
+    // Pressure is read off the async workers: one walk of the pods' cgroups.
+    let pods_cgroup = source.pods_cgroup().map(str::to_string);
+    let pressures = tokio::task::spawn_blocking(move || {
+        pods_cgroup
+            .map(|root| pressure::pods(&root))
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap_or_default();
+    let pods = running_containers(source, time, Some(&pressures)).await?;
+    // The newest ready sandbox of each pod, for its network.
+    let mut sandboxes = std::collections::HashMap::new();
+    for sb in source.runtime.list_sandboxes(None).await? {
+        if sb.state == crate::runtime::SandboxState::Ready && pods.contains_key(&sb.uid.0) {
+            sandboxes.entry(sb.uid.0).or_insert(sb.id);
+        }
+    }
+    let mut networks = network::pods(&source.runtime, &sandboxes, time).await;
+    // Volumes and logs are counted by walking the disk: off the async workers.
+    let (job_source, job_time) = (source.clone(), time.to_string());
+    Ok(tokio::task::spawn_blocking(move || {
+        pods.into_iter()
+            .map(|(uid, (pod_ref, containers))| {
+                let network = networks.remove(&uid);
+                let mut stats =
+                    pod_stats(&job_source, &uid, pod_ref, containers, network, &job_time);
+                if let Some(pressure) = pressures.pods.get(&uid) {
+                    add_pressure(&mut stats, pressure, &job_time);
+                }
+                stats
+            })
+            .collect::<Vec<Value>>()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot compute the pods' stats for /stats/summary");
+        Vec::new()
+    }))
+}
+
+/// The system containers' stats (kubelet, runtime, misc, pods), each from its cgroups.
+fn system_containers(source: &Source, time: &str) -> Value {
+    let now = Instant::now();
     let paths: Vec<Option<&str>> = source
         .system_containers
         .iter()
         .map(|(_, path)| path.as_deref())
         .collect();
-    summary["node"]["systemContainers"] = source
+    source
         .system_containers
         .iter()
         .zip(crate::cgroups::usages(&paths))
         .zip(system_pressures(&paths))
         .filter_map(|(((name, _), usage), pressure)| {
-            let mut stats = system_container(name, usage?, &time, now);
+            let mut stats = system_container(name, usage?, time, now);
             if let Some(pressure) = pressure {
-                add_pressure(&mut stats, &pressure, &time);
+                add_pressure(&mut stats, &pressure, time);
             }
             Some(stats)
         })
-        .collect();
-    Ok(summary)
+        .collect()
 }
