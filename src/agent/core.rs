@@ -71,28 +71,15 @@ impl Core {
         let Some((runtime, version)) = connect_runtime(config, cancel).await? else {
             return Ok(None);
         };
-        if config.fail_swap_on && crate::host::swap_enabled() {
-            anyhow::bail!(
-                "swap is on; the kubelet's rules need it off (swapoff -a), or start with --fail-swap-on=false"
-            );
-        }
-        let driver = cgroup_driver(&runtime, config.cgroup_driver).await?;
-        let thresholds = eviction::thresholds(&config.eviction_hard).map_err(|problems| {
-            anyhow::anyhow!("evictionHard (--eviction-hard): {}", problems.join("; "))
-        })?;
-        let node = NodeResources::detect(&config.root_dir);
-        let (capacity, allocatable) = node_allocatable(config, &node);
-        let cfs = crate::cgroups::Cfs {
-            enforce: config.cpu_cfs_quota,
-            period: config.cpu_cfs_quota_period.as_micros() as i64,
-        };
-        let cgroups = cgroup_manager(config, driver, &allocatable, cfs)?;
-        crate::metrics::get().set_node(
-            &config.node_name,
-            if crate::cgroups::unified() { 2 } else { 1 },
-            crate::config::KUBELET_VERSION,
-        );
-        crate::metrics::get().set_features(&config.features());
+        let Host {
+            driver,
+            thresholds,
+            node,
+            capacity,
+            allocatable,
+            cfs,
+            cgroups,
+        } = Host::discover(config, &runtime).await?;
         let tracker = TaskTracker::new();
         let runtime_handlers = runtime_handlers(&runtime).await;
         let ctx = pod_context(config, &runtime_handlers, &version.runtime_name, node, cfs);
@@ -182,6 +169,57 @@ impl Core {
                 .run(snapshots, self.events, self.probes, cancel),
         );
         (self.status, self.tracker)
+    }
+}
+
+/// What the agent found of its host once the runtime answered, and the pods' cgroups it made
+/// from that.
+struct Host {
+    driver: crate::types::CgroupDriver,
+    thresholds: Vec<eviction::Threshold>,
+    node: NodeResources,
+    capacity: crate::types::Allocatable,
+    allocatable: crate::types::Allocatable,
+    cfs: crate::cgroups::Cfs,
+    cgroups: crate::cgroups::Manager,
+}
+
+impl Host {
+    /// Swap checked, the cgroup driver agreed with the runtime, the eviction thresholds read,
+    /// the node's resources and allocatable found and the pods' cgroups made; the node's facts
+    /// go to the metrics.
+    async fn discover(config: &Config, runtime: &RuntimeClient) -> Result<Host> {
+        if config.fail_swap_on && crate::host::swap_enabled() {
+            anyhow::bail!(
+                "swap is on; the kubelet's rules need it off (swapoff -a), or start with --fail-swap-on=false"
+            );
+        }
+        let driver = cgroup_driver(runtime, config.cgroup_driver).await?;
+        let thresholds = eviction::thresholds(&config.eviction_hard).map_err(|problems| {
+            anyhow::anyhow!("evictionHard (--eviction-hard): {}", problems.join("; "))
+        })?;
+        let node = NodeResources::detect(&config.root_dir);
+        let (capacity, allocatable) = node_allocatable(config, &node);
+        let cfs = crate::cgroups::Cfs {
+            enforce: config.cpu_cfs_quota,
+            period: config.cpu_cfs_quota_period.as_micros() as i64,
+        };
+        let cgroups = cgroup_manager(config, driver, &allocatable, cfs)?;
+        crate::metrics::get().set_node(
+            &config.node_name,
+            if crate::cgroups::unified() { 2 } else { 1 },
+            crate::config::KUBELET_VERSION,
+        );
+        crate::metrics::get().set_features(&config.features());
+        Ok(Host {
+            driver,
+            thresholds,
+            node,
+            capacity,
+            allocatable,
+            cfs,
+            cgroups,
+        })
     }
 }
 

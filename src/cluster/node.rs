@@ -222,70 +222,7 @@ pub fn status(
     previous: Option<&NodeStatus>,
     now: k8s_openapi::jiff::Timestamp,
 ) -> NodeStatus {
-    let now = Time(now);
-    let pressure = *signals.pressure.borrow();
-    let pick = |on: bool, yes: (&'static str, &'static str), no: (&'static str, &'static str)| {
-        if on { yes } else { no }
-    };
-    let ready = signals.ready();
-    let not_ready = ready.as_ref().err().cloned().unwrap_or_default();
-    let conditions = vec![
-        condition(
-            "MemoryPressure",
-            pressure.memory,
-            pick(
-                pressure.memory,
-                (
-                    "KubeletHasInsufficientMemory",
-                    "kubelet has insufficient memory available",
-                ),
-                (
-                    "KubeletHasSufficientMemory",
-                    "kubelet has sufficient memory available",
-                ),
-            ),
-            previous,
-            now.clone(),
-        ),
-        condition(
-            "DiskPressure",
-            pressure.disk,
-            pick(
-                pressure.disk,
-                ("KubeletHasDiskPressure", "kubelet has disk pressure"),
-                ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            ),
-            previous,
-            now.clone(),
-        ),
-        condition(
-            "PIDPressure",
-            pressure.pid,
-            pick(
-                pressure.pid,
-                (
-                    "KubeletHasInsufficientPID",
-                    "kubelet has insufficient PID available",
-                ),
-                (
-                    "KubeletHasSufficientPID",
-                    "kubelet has sufficient PID available",
-                ),
-            ),
-            previous,
-            now.clone(),
-        ),
-        condition(
-            "Ready",
-            ready.is_ok(),
-            match &ready {
-                Ok(()) => ("KubeletReady", "kubelet is posting ready status"),
-                Err(_) => ("KubeletNotReady", not_ready.as_str()),
-            },
-            previous,
-            now,
-        ),
-    ];
+    let conditions = conditions(signals, previous, Time(now));
     let (mut capacity, mut allocatable) =
         (resources(&config.capacity), resources(&config.allocatable));
     let extended = config.devices.as_ref().map(|d| d.resources());
@@ -293,17 +230,16 @@ pub fn status(
         capacity.insert(name.clone(), Quantity(all.to_string()));
         allocatable.insert(name, Quantity(healthy.to_string()));
     }
-    let mut addresses = Vec::new();
-    if let Some(ip) = &config.internal_ip {
-        addresses.push(NodeAddress {
-            type_: "InternalIP".into(),
-            address: ip.clone(),
-        });
-    }
-    addresses.push(NodeAddress {
-        type_: "Hostname".into(),
-        address: config.hostname.clone(),
-    });
+    let addresses = config
+        .internal_ip
+        .iter()
+        .map(|ip| ("InternalIP", ip))
+        .chain([("Hostname", &config.hostname)])
+        .map(|(kind, address)| NodeAddress {
+            type_: kind.into(),
+            address: address.clone(),
+        })
+        .collect();
     NodeStatus {
         addresses: Some(addresses),
         capacity: Some(capacity),
@@ -319,6 +255,61 @@ pub fn status(
             .then(|| config.runtime_handlers.clone()),
         ..Default::default()
     }
+}
+
+/// A condition's reason and message.
+type Reason = (&'static str, &'static str);
+
+/// The node's conditions: memory, disk and PID pressure, and Ready, each with upstream's
+/// reasons and messages.
+fn conditions(signals: &Signals, previous: Option<&NodeStatus>, now: Time) -> Vec<NodeCondition> {
+    let pressure = *signals.pressure.borrow();
+    let ready = signals.ready();
+    let not_ready = ready.as_ref().err().cloned().unwrap_or_default();
+    let rows: [(&str, bool, Reason, Reason); 3] = [
+        (
+            "MemoryPressure",
+            pressure.memory,
+            (
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            ),
+            (
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+        ),
+        (
+            "DiskPressure",
+            pressure.disk,
+            ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+            ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ),
+        (
+            "PIDPressure",
+            pressure.pid,
+            (
+                "KubeletHasInsufficientPID",
+                "kubelet has insufficient PID available",
+            ),
+            (
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+        ),
+    ];
+    let mut out: Vec<NodeCondition> = rows
+        .into_iter()
+        .map(|(kind, on, yes, no)| {
+            condition(kind, on, if on { yes } else { no }, previous, now.clone())
+        })
+        .collect();
+    let why = match &ready {
+        Ok(()) => ("KubeletReady", "kubelet is posting ready status"),
+        Err(_) => ("KubeletNotReady", not_ready.as_str()),
+    };
+    out.push(condition("Ready", ready.is_ok(), why, previous, now));
+    out
 }
 
 /// The status without its heartbeat times: what "changed" compares.
