@@ -131,32 +131,6 @@ pub fn sandbox_config(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     annotations.insert(ANNOTATION_NODE_NAME.into(), ctx.node_name.clone());
-    let port_mappings = s
-        .containers
-        .iter()
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter(|p| p.host_port.unwrap_or(0) > 0)
-        .map(|p| cri::PortMapping {
-            protocol: match p.protocol.as_deref() {
-                Some("UDP") => cri::Protocol::Udp as i32,
-                Some("SCTP") => cri::Protocol::Sctp as i32,
-                _ => cri::Protocol::Tcp as i32,
-            },
-            container_port: p.container_port,
-            host_port: p.host_port.unwrap_or(0),
-            host_ip: p.host_ip.clone().unwrap_or_default(),
-        })
-        .collect();
-    let privileged = s
-        .containers
-        .iter()
-        .chain(s.init_containers.iter().flatten())
-        .any(|c| {
-            c.security_context
-                .as_ref()
-                .and_then(|sc| sc.privileged)
-                .unwrap_or(false)
-        });
     let (resources, overhead) = sandbox_resources(pod, ctx.cfs);
     let sysctls = s
         .security_context
@@ -178,38 +152,75 @@ pub fn sandbox_config(
         hostname,
         log_directory: pod_log_dir(ctx, pod).to_string_lossy().into_owned(),
         dns_config: Some(dns),
-        port_mappings,
+        port_mappings: port_mappings(pod),
         labels: pod_labels(pod),
         annotations,
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent,
             sysctls,
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(namespace_options(pod, userns)),
-                privileged,
-                // The sandbox always runs with the runtime's default profile, so that pods may
-                // use least-privileged profiles (upstream, kubernetes#84623).
-                seccomp: Some(cri::SecurityProfile {
-                    profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32,
-                    ..Default::default()
-                }),
-                run_as_user: s
-                    .security_context
-                    .as_ref()
-                    .and_then(|sc| sc.run_as_user)
-                    .map(|value| cri::Int64Value { value }),
-                run_as_group: s
-                    .security_context
-                    .as_ref()
-                    .and_then(|sc| sc.run_as_group)
-                    .map(|value| cri::Int64Value { value }),
-                supplemental_groups: supplemental_groups(pod),
-                ..Default::default()
-            }),
+            security_context: Some(sandbox_security(pod, userns)),
             resources: Some(resources),
             overhead: Some(overhead),
         }),
         windows: None,
+    }
+}
+
+/// The host ports the pod's containers ask for.
+fn port_mappings(pod: &Pod) -> Vec<cri::PortMapping> {
+    spec(pod)
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.unwrap_or(0) > 0)
+        .map(|p| cri::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => cri::Protocol::Udp as i32,
+                Some("SCTP") => cri::Protocol::Sctp as i32,
+                _ => cri::Protocol::Tcp as i32,
+            },
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or(0),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The sandbox's security context: its namespaces, privileged when any container is, the
+/// runtime's default seccomp profile, and the pod's user, group and supplemental groups.
+fn sandbox_security(
+    pod: &Pod,
+    userns: Option<&cri::UserNamespace>,
+) -> cri::LinuxSandboxSecurityContext {
+    let s = spec(pod);
+    let privileged = s
+        .containers
+        .iter()
+        .chain(s.init_containers.iter().flatten())
+        .any(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|sc| sc.privileged)
+                .unwrap_or(false)
+        });
+    let pod_security = s.security_context.as_ref();
+    cri::LinuxSandboxSecurityContext {
+        namespace_options: Some(namespace_options(pod, userns)),
+        privileged,
+        // The sandbox always runs with the runtime's default profile, so that pods may use
+        // least-privileged profiles (upstream, kubernetes#84623).
+        seccomp: Some(cri::SecurityProfile {
+            profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32,
+            ..Default::default()
+        }),
+        run_as_user: pod_security
+            .and_then(|sc| sc.run_as_user)
+            .map(|value| cri::Int64Value { value }),
+        run_as_group: pod_security
+            .and_then(|sc| sc.run_as_group)
+            .map(|value| cri::Int64Value { value }),
+        supplemental_groups: supplemental_groups(pod),
+        ..Default::default()
     }
 }
 
