@@ -71,18 +71,16 @@ impl Core {
         let Some((runtime, version)) = connect_runtime(config, cancel).await? else {
             return Ok(None);
         };
-        let Host {
-            driver,
-            thresholds,
-            node,
-            capacity,
-            allocatable,
-            cfs,
-            cgroups,
-        } = Host::discover(config, &runtime).await?;
+        let host = Host::discover(config, &runtime).await?;
         let tracker = TaskTracker::new();
         let runtime_handlers = runtime_handlers(&runtime).await;
-        let ctx = pod_context(config, &runtime_handlers, &version.runtime_name, node, cfs);
+        let ctx = pod_context(
+            config,
+            &runtime_handlers,
+            &version.runtime_name,
+            host.node,
+            host.cfs,
+        );
         let userns = user_namespaces(config)?;
         let (status_writer, status) = status::store();
         let (probe_tx, probes) = mpsc::unbounded_channel();
@@ -104,7 +102,7 @@ impl Core {
         let (objects_writer, objects) =
             crate::objects::store(config.static_pod_url_local_secrets, services.clone());
         let puller = image_puller(config, &runtime, credential_providers, &recorder);
-        let reservation = memory_reservation(config, &capacity, &allocatable);
+        let reservation = memory_reservation(config, &host.capacity, &host.allocatable);
         let resources = resource_managers(config, reservation)?;
         tracker.spawn(resources.cpus.clone().run(runtime.clone(), cancel.clone()));
         let cache = crate::runtime::PodCache::default();
@@ -112,7 +110,7 @@ impl Core {
             cache: cache.clone(),
             status: status_writer,
             probes: probe_manager,
-            cgroups: cgroups.clone(),
+            cgroups: host.cgroups.clone(),
             objects,
             images: puller,
             events: recorder.clone(),
@@ -123,7 +121,7 @@ impl Core {
         };
         let syncer = Arc::new(Syncer::new(runtime.clone(), ctx, parts));
         let wiring = (tracker.clone(), cancel.clone());
-        let loop_parts = (allocatable, &resources, objects_writer);
+        let loop_parts = (host.allocatable, &resources, objects_writer);
         let (sync_loop, pressure) = sync_loop(config, &syncer, loop_parts, &status, wiring);
         let (events_tx, events) = mpsc::channel(1024);
         let pleg = pleg::Pleg::new(runtime.clone(), cache, config.feature("EventedPLEG"));
@@ -131,10 +129,16 @@ impl Core {
         tracker.spawn(pleg.run(events_tx, cancel.clone()));
         let (runtime_state, check) = crate::runtime_state::watch(runtime.clone(), cancel.clone());
         tracker.spawn(check);
-        let eviction =
-            eviction_manager(config, thresholds, node.memory, &runtime, &cgroups, &status);
+        let eviction = eviction_manager(
+            config,
+            host.thresholds,
+            host.node.memory,
+            &runtime,
+            &host.cgroups,
+            &status,
+        );
         Ok(Some(Core {
-            system_containers: system_containers(config, cgroups.pods_cgroup()),
+            system_containers: system_containers(config, host.cgroups.pods_cgroup()),
             eviction: Some((eviction, pressure)),
             syncer,
             status,
@@ -148,13 +152,13 @@ impl Core {
             events,
             probes,
             runtime,
-            capacity,
+            capacity: host.capacity,
             resources,
-            allocatable,
+            allocatable: host.allocatable,
             runtime_version: (version.runtime_name, version.runtime_version),
             runtime_handlers,
             services,
-            cgroup_driver: driver,
+            cgroup_driver: host.driver,
         }))
     }
 

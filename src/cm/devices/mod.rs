@@ -506,16 +506,11 @@ impl DeviceManager {
         count: usize,
     ) -> Result<Held, Error> {
         let _choosing = self.choosing.lock().await;
-        let (mut client, options, candidates, reusable) =
-            match self.choice(pod, uid, container, resource, count)? {
-                Choice::Held(held) => return Ok(held),
-                Choice::Pick {
-                    client,
-                    options,
-                    candidates,
-                    reusable,
-                } => (client, options, candidates, reusable),
-            };
+        let mut pick = match self.choice(pod, uid, container, resource, count)? {
+            Choice::Held(held) => return Ok(held),
+            Choice::Pick(pick) => pick,
+        };
+        let candidates = &pick.candidates;
         if candidates.len() < count {
             return Err(Error::Unavailable {
                 resource: resource.to_string(),
@@ -523,15 +518,15 @@ impl DeviceManager {
                 available: candidates.len(),
             });
         }
-        let must: Vec<String> = reusable.iter().take(count).cloned().collect();
+        let must: Vec<String> = pick.reusable.iter().take(count).cloned().collect();
         let mut ids: Vec<String> = candidates.iter().take(count).cloned().collect();
-        if options.get_preferred_allocation_available
+        if pick.options.get_preferred_allocation_available
             && let Some(preferred) =
-                preferred(&mut client, resource, &candidates, &must, count).await?
+                preferred(&mut pick.client, resource, &pick.candidates, &must, count).await?
         {
             ids = preferred;
         }
-        let call = client.allocate(proto::AllocateRequest {
+        let call = pick.client.allocate(proto::AllocateRequest {
             container_requests: vec![proto::ContainerAllocateRequest {
                 devices_ids: ids.clone(),
             }],
@@ -610,12 +605,12 @@ impl DeviceManager {
             .client
             .clone()
             .ok_or_else(|| Error::NoPlugin(resource.into()))?;
-        Ok(Choice::Pick {
+        Ok(Choice::Pick(Pick {
             client,
             options: r.options,
             candidates,
             reusable,
-        })
+        }))
     }
 
     /// Gives a pod's devices back (its containers are gone).
@@ -721,12 +716,16 @@ async fn ask<T>(
 /// What a container's devices are chosen from (see [`DeviceManager::choice`]).
 enum Choice {
     Held(Held),
-    Pick {
-        client: plugin::Client,
-        options: proto::DevicePluginOptions,
-        candidates: Vec<String>,
-        reusable: Vec<String>,
-    },
+    Pick(Pick),
+}
+
+/// The plugin to allocate from, and the devices to choose among (those the pod may reuse
+/// first).
+struct Pick {
+    client: plugin::Client,
+    options: proto::DevicePluginOptions,
+    candidates: Vec<String>,
+    reusable: Vec<String>,
 }
 
 /// The plugin's suggestion of `count` devices among `candidates` that include `must`; `None`
