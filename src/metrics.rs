@@ -252,6 +252,7 @@ pub struct Metrics {
     sleep_terminated_early: Family,
     http_fallbacks: Family,
     cgroup_manager_duration: Histogram,
+    restarted_pods: Family,
 }
 
 /// The labels of `kubernetes_build_info`, as upstream's.
@@ -523,6 +524,12 @@ pub fn get() -> &'static Metrics {
             "Duration in seconds for cgroup manager operations. Broken down by method.",
             &["operation_type"],
         ),
+        restarted_pods: Family::new(
+            "kubelet_restarted_pods_total",
+            "Number of pods that have been restarted because they were deleted and recreated with the same UID while the kubelet was watching them (common for static pods, extremely uncommon for API pods)",
+            "counter",
+            &["static"],
+        ),
     })
 }
 
@@ -612,6 +619,12 @@ impl Metrics {
     /// A sleep hook was cut short by its grace period.
     pub fn sleep_terminated_early(&self) {
         self.sleep_terminated_early.add(&[], 1.0);
+    }
+
+    /// A pod re-added with the same UID restarted once its termination finished.
+    pub fn pod_restarted(&self, statics: bool) {
+        self.restarted_pods
+            .add(&[if statics { "true" } else { "" }], 1.0);
     }
 
     /// A cgroup operation ("create", "update" or "destroy") took `took`.
@@ -717,6 +730,9 @@ impl Metrics {
         );
         self.mirror_pods.set(&[], 0.0);
         self.orphaned_runtime_pods.add(&[], 0.0);
+        for statics in ["true", ""] {
+            self.restarted_pods.add(&[statics], 0.0);
+        }
     }
 
     /// The feature gates nodelet acts on: name, stage and whether each is on.
@@ -797,6 +813,7 @@ impl Metrics {
             &self.terminated_containers,
             &self.sleep_terminated_early,
             &self.http_fallbacks,
+            &self.restarted_pods,
         ] {
             f.render(&mut out);
         }

@@ -877,6 +877,12 @@ impl<S: PodSyncer> SyncLoop<S> {
                         }
                     }
                     self.terminating_names.retain(|_, old| *old != uid);
+                    // A pod re-added with the same UID while it was terminating restarts now
+                    // (upstream's count: the common case for static pods).
+                    if let Some(again) = self.mux.desired().find(|p| PodUid::of(p) == uid) {
+                        let statics = crate::pod::source(again) != Some(Source::Api);
+                        crate::metrics::get().pod_restarted(statics);
+                    }
                     // Pods that waited for this one (same UID re-added, or same name) start now.
                     let again: Vec<Arc<Pod>> = self
                         .mux

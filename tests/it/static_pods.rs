@@ -224,6 +224,64 @@ async fn a_manifest_removed_and_put_back_runs_its_pod_afresh() {
 }
 
 #[tokio::test]
+async fn a_manifest_put_back_while_its_pod_terminates_restarts_it_once_it_is_down() {
+    let port = crate::bed::free_port();
+    let node = Node::start(
+        "early",
+        &[
+            "--read-only-port",
+            &port.to_string(),
+            "--address",
+            "127.0.0.1",
+        ],
+    )
+    .await;
+    let marker = node.path("marker");
+    std::fs::create_dir_all(&marker).unwrap();
+    // The container notes SIGTERM and runs on, so the pod stays terminating for its grace.
+    let yaml = pod_yaml(
+        "early",
+        &[(
+            "c",
+            "trap 'touch /m/term' TERM; while true; do sleep 0.1; done",
+        )],
+        &format!(
+            "  volumes: [{{name: m, hostPath: {{path: {}}}}}]\n",
+            marker.display()
+        ),
+    )
+    .replace(
+        "    command:",
+        "    volumeMounts: [{name: m, mountPath: /m}]\n    command:",
+    );
+    node.write_manifest("early.yaml", &yaml);
+    let (first, first_containers) = node.wait_running("early", 1).await;
+    node.remove_manifest("early.yaml");
+    eventually(
+        "the container to get SIGTERM",
+        Duration::from_secs(30),
+        || async { marker.join("term").exists().then_some(()) },
+    )
+    .await;
+    node.write_manifest("early.yaml", &yaml);
+    // Upstream's count of pods recreated with the same UID while the agent watched them.
+    let restarted = "kubelet_restarted_pods_total{static=\"true\"} 1";
+    eventually(
+        "the restart to be counted",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = crate::healthz::get(port, "/metrics").await?;
+            body.lines().any(|l| l == restarted).then_some(())
+        },
+    )
+    .await;
+    let (second, second_containers) = node.wait_running("early", 1).await;
+    assert_eq!(first.uid, second.uid);
+    assert_ne!(first_containers[0].id, second_containers[0].id);
+    node.finish().await;
+}
+
+#[tokio::test]
 async fn removal_stops_containers_within_the_grace_period() {
     let node = Node::start("grace", &[]).await;
     let marker = node.path("marker");
