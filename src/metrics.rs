@@ -253,6 +253,8 @@ pub struct Metrics {
     http_fallbacks: Family,
     cgroup_manager_duration: Histogram,
     restarted_pods: Family,
+    evented_pleg_latency: Histogram,
+    in_progress_resizes: Family,
 }
 
 /// The labels of `kubernetes_build_info`, as upstream's.
@@ -524,6 +526,17 @@ pub fn get() -> &'static Metrics {
             "Duration in seconds for cgroup manager operations. Broken down by method.",
             &["operation_type"],
         ),
+        evented_pleg_latency: Histogram::new(
+            "kubelet_evented_pleg_connection_latency_seconds",
+            "The latency of streaming connection with the CRI runtime, measured in seconds.",
+            &[],
+        ),
+        in_progress_resizes: Family::new(
+            "kubelet_pod_in_progress_resizes",
+            "Number of in-progress resizes for pods.",
+            "gauge",
+            &[],
+        ),
         restarted_pods: Family::new(
             "kubelet_restarted_pods_total",
             "Number of pods that have been restarted because they were deleted and recreated with the same UID while the kubelet was watching them (common for static pods, extremely uncommon for API pods)",
@@ -541,6 +554,8 @@ pub struct PodCounts {
     pub working: BTreeMap<(&'static str, &'static str, &'static str), usize>,
     /// Ephemeral containers in the pods the sources want.
     pub ephemeral_containers: usize,
+    /// Pods whose resize is in progress.
+    pub in_progress_resizes: usize,
 }
 
 /// One probe run, for /metrics/probes.
@@ -619,6 +634,17 @@ impl Metrics {
     /// A sleep hook was cut short by its grace period.
     pub fn sleep_terminated_early(&self) {
         self.sleep_terminated_early.add(&[], 1.0);
+    }
+
+    /// A container event came from the runtime, made at `created_ns` (unix nanoseconds): how
+    /// long it took to arrive, and the PLEG is alive.
+    pub fn container_event(&self, created_ns: i64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let took = (now.as_nanos() as f64 - created_ns as f64).max(0.0) / 1e9;
+        self.evented_pleg_latency.observe(&[], took);
+        self.pleg_seen();
     }
 
     /// A pod re-added with the same UID restarted once its termination finished.
@@ -747,6 +773,8 @@ impl Metrics {
     pub fn set_pod_counts(&self, counts: &PodCounts) {
         self.managed_ephemeral_containers
             .set(&[], counts.ephemeral_containers as f64);
+        self.in_progress_resizes
+            .set(&[], counts.in_progress_resizes as f64);
         for (family, (api, statics)) in [
             (&self.desired_pods, counts.desired),
             (&self.active_pods, counts.active),
@@ -814,6 +842,7 @@ impl Metrics {
             &self.sleep_terminated_early,
             &self.http_fallbacks,
             &self.restarted_pods,
+            &self.in_progress_resizes,
         ] {
             f.render(&mut out);
         }
@@ -827,6 +856,7 @@ impl Metrics {
             &self.containers_per_pod,
             &self.pod_worker_start_duration,
             &self.cgroup_manager_duration,
+            &self.evented_pleg_latency,
         ] {
             h.render(&mut out);
         }

@@ -349,6 +349,7 @@ async fn follow_events(
                     match message {
                         Ok(Some(event)) => {
                             tracing::trace!(container = %event.container_id, kind = event.container_event_type, "container event");
+                            crate::metrics::get().container_event(event.created_at);
                             nudge.notify_one();
                         }
                         Ok(None) => break "the runtime ended it".to_string(),

@@ -736,11 +736,24 @@ impl<S: PodSyncer> SyncLoop<S> {
             .filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref())
             .map(Vec::len)
             .sum();
+        let resizing = |uid: &PodUid| {
+            self.config.statuses.as_ref().is_some_and(|s| {
+                s.get(uid).is_some_and(|e| {
+                    let conditions = e.pod.status.as_ref().and_then(|st| st.conditions.as_ref());
+                    conditions
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c.type_ == "PodResizeInProgress" && c.status == "True")
+                })
+            })
+        };
+        let in_progress_resizes = desired_uids.iter().filter(|uid| resizing(uid)).count();
         crate::metrics::get().set_pod_counts(&crate::metrics::PodCounts {
             desired: split(desired),
             active: split(active),
             working,
             ephemeral_containers,
+            in_progress_resizes,
         });
     }
 

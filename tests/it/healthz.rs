@@ -209,6 +209,11 @@ async fn the_read_only_api_serves_pods_and_metrics() {
         "{body}"
     );
     assert_eq!(
+        value("kubelet_pod_in_progress_resizes"),
+        Some(0.0),
+        "{body}"
+    );
+    assert_eq!(
         value(&format!("kubelet_node_name{{node=\"{}\"}}", node.name)),
         Some(1.0),
         "{body}"
