@@ -37,6 +37,27 @@ pub struct Writer {
     changed: watch::Sender<u64>,
 }
 
+/// What a finished pod's entry keeps: its name, namespace and UID, and its final status (what
+/// the final status push and a late refusal read), not its spec: the entries of every pod
+/// that finished in the last [`TERMINATED_KEPT`] stay in memory.
+fn finished(entry: &Entry) -> Entry {
+    let meta = &entry.pod.metadata;
+    let pod = Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            ..Default::default()
+        },
+        spec: None,
+        status: entry.pod.status.clone(),
+    };
+    Entry {
+        version: entry.version,
+        pod: Arc::new(pod),
+    }
+}
+
 /// Counts each container whose status turned terminated between `old` and `new`, as
 /// upstream's status manager counts them.
 fn count_terminations(old: Option<&PodStatus>, new: &PodStatus) {
@@ -129,7 +150,7 @@ impl Writer {
             state
                 .terminated
                 .retain(|_, (at, _)| now.duration_since(*at) < TERMINATED_KEPT);
-            let last = state.pods.get(uid).cloned();
+            let last = state.pods.get(uid).map(finished);
             state.terminated.insert(uid.clone(), (now, last));
         }
         self.remove(uid);
