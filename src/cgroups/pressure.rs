@@ -90,12 +90,18 @@ fn of_dir(dir: &Path) -> Pressure {
     }
 }
 
-/// The unified hierarchy's mount on this host, if it has one.
-fn unified_mount() -> Option<PathBuf> {
-    super::usage::host_mounts()
-        .into_iter()
-        .find(|m| m.v2)
-        .map(|m| m.point)
+/// The unified hierarchy's mount on this host, if it has one (found once: mounts are read
+/// from /proc/self/mountinfo, too dear for every scrape).
+fn unified_mount() -> Option<&'static Path> {
+    static MOUNT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    MOUNT
+        .get_or_init(|| {
+            super::usage::host_mounts()
+                .into_iter()
+                .find(|m| m.v2)
+                .map(|m| m.point)
+        })
+        .as_deref()
 }
 
 /// The pressure of each cgroup of `paths` (absolute cgroup names); `None` for one that cannot
@@ -105,7 +111,7 @@ pub fn of(paths: &[&str]) -> Vec<Option<Pressure>> {
     paths
         .iter()
         .map(|path| {
-            let dir = mount.as_ref()?.join(path.trim_start_matches('/'));
+            let dir = mount?.join(path.trim_start_matches('/'));
             Some(of_dir(&dir)).filter(|p| p.cpu.is_some() || p.memory.is_some())
         })
         .collect()

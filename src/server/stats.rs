@@ -285,6 +285,11 @@ fn pod_usage(pod_ref: Value, containers: Vec<Value>, time: &str) -> Value {
     stats
 }
 
+/// Whether the node has no swap at all, by its swap stats.
+fn swap_off(swap: &Value) -> bool {
+    swap["swapUsageBytes"] == 0 && swap["swapAvailableBytes"] == 0
+}
+
 /// The node's CPU (its usage rate since the last reading), memory and swap, from /proc.
 fn node_usage(time: &str) -> (Value, Value, Value) {
     let cpu_ns = node_cpu_ns().unwrap_or(0);
@@ -327,12 +332,12 @@ fn node_usage(time: &str) -> (Value, Value, Value) {
 /// walks and network reads of the whole summary (upstream's GetCPUAndMemoryStats).
 pub async fn cpu_and_memory(source: &Source) -> crate::runtime::Result<Value> {
     let time = crate::types::now().to_string();
-    let pods: Vec<Value> = running_containers(source, &time, None)
+    let (cpu, memory, swap) = node_usage(&time);
+    let pods: Vec<Value> = running_containers(source, &time, None, swap_off(&swap))
         .await?
         .into_values()
         .map(|(pod_ref, containers)| pod_usage(pod_ref, containers, &time))
         .collect();
-    let (cpu, memory, swap) = node_usage(&time);
     Ok(json!({
         "node": { "nodeName": source.node_name, "cpu": cpu, "memory": memory, "swap": swap },
         "pods": pods,
@@ -397,6 +402,7 @@ async fn running_containers(
     source: &Source,
     time: &str,
     pressures: Option<&Pressures>,
+    swap_off: bool,
 ) -> crate::runtime::Result<BTreeMap<String, (Value, Vec<Value>)>> {
     let stats = source.runtime.container_stats().await?;
     let listed = match source.runtime.list_containers(None).await {
@@ -410,7 +416,6 @@ async fn running_containers(
             None
         }
     };
-    let swap_off = meminfo().get("SwapTotal").is_some_and(|total| *total == 0);
     let mut pods: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
     for s in &stats {
         let Some(attrs) = &s.attributes else { continue };
@@ -443,8 +448,8 @@ async fn running_containers(
 /// The summary, or the runtime's error.
 pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     let time = crate::types::now().to_string();
-    let pods = all_pod_stats(source, &time).await?;
     let (cpu, memory, swap) = node_usage(&time);
+    let pods = all_pod_stats(source, &time, swap_off(&swap)).await?;
     let image_fs = match source.runtime.image_fs().await {
         Ok(Some((mount, used))) => {
             let mut fs = fs_stats(&mount, &time);
@@ -487,7 +492,11 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
 
 /// Every pod's stats: its running containers', its network, volumes, ephemeral storage and
 /// pressure.
-async fn all_pod_stats(source: &Source, time: &str) -> crate::runtime::Result<Vec<Value>> {
+async fn all_pod_stats(
+    source: &Source,
+    time: &str,
+    swap_off: bool,
+) -> crate::runtime::Result<Vec<Value>> {
     // Pressure is read off the async workers: one walk of the pods' cgroups.
     let pods_cgroup = source.pods_cgroup().map(str::to_string);
     let pressures = tokio::task::spawn_blocking(move || {
@@ -497,7 +506,7 @@ async fn all_pod_stats(source: &Source, time: &str) -> crate::runtime::Result<Ve
     })
     .await
     .unwrap_or_default();
-    let pods = running_containers(source, time, Some(&pressures)).await?;
+    let pods = running_containers(source, time, Some(&pressures), swap_off).await?;
     // The newest ready sandbox of each pod, for its network.
     let mut sandboxes = std::collections::HashMap::new();
     for sb in source.runtime.list_sandboxes(None).await? {
