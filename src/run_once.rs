@@ -362,15 +362,39 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<bool> {
     }
     let (status, tracker) = core.run(rx, core_cancel.clone());
 
-    let tty = unsafe_isatty_stderr();
+    let timed_out = wait(&batch, &status, &cancel, deadline).await;
+    let results = evaluate(&batch, &status);
+    let ok = print_report(&config, &results, timed_out, cancel.is_cancelled());
+
+    core_cancel.cancel();
+    stop_tasks(&tracker).await;
+    if config.run_once_cleanup {
+        for pod in &batch {
+            if let Err(e) = syncer.terminate_pod(pod.clone()).await {
+                eprintln!("run-once: cleaning up {}: {e}", full_name(pod));
+            }
+        }
+    }
+    drop(tx);
+    Ok(ok)
+}
+
+/// Shows the batch's progress until every pod has an outcome (false) or the run is cancelled
+/// or times out (true).
+async fn wait(
+    batch: &[Arc<Pod>],
+    status: &crate::status::Reader,
+    cancel: &CancellationToken,
+    deadline: tokio::time::Instant,
+) -> bool {
     let mut progress = Progress {
-        tty,
+        tty: unsafe_isatty_stderr(),
         drawn: 0,
         last: Vec::new(),
     };
     let mut watch = status.clone();
-    let timed_out = loop {
-        let states = evaluate(&batch, &status);
+    loop {
+        let states = evaluate(batch, status);
         progress.show(
             states
                 .iter()
@@ -378,17 +402,26 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<bool> {
                 .collect(),
         );
         if states.iter().all(|(_, _, o)| *o != Outcome::Pending) {
-            break false;
+            return false;
         }
         tokio::select! {
-            _ = cancel.cancelled() => break true,
-            _ = tokio::time::sleep_until(deadline) => break true,
+            _ = cancel.cancelled() => return true,
+            _ = tokio::time::sleep_until(deadline) => return true,
             _ = watch.changed() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
-    };
-    let results = evaluate(&batch, &status);
-    let (table, json) = report(&config, &results);
+    }
+}
+
+/// Prints the report in the configured form and names the pods that failed or are still
+/// pending; true when every pod ended well.
+fn print_report(
+    config: &Config,
+    results: &[(Arc<Pod>, Option<PodStatus>, Outcome)],
+    timed_out: bool,
+    interrupted: bool,
+) -> bool {
+    let (table, json) = report(config, results);
     match config.run_once_output {
         RunOnceOutput::Text => println!("{table}"),
         RunOnceOutput::Json => {
@@ -399,18 +432,17 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<bool> {
             );
         }
     }
-    let pending: Vec<String> = results
-        .iter()
-        .filter(|(_, _, o)| *o == Outcome::Pending)
-        .map(|(p, _, _)| full_name(p))
-        .collect();
-    let failed: Vec<String> = results
-        .iter()
-        .filter(|(_, _, o)| *o == Outcome::Failed)
-        .map(|(p, _, _)| full_name(p))
-        .collect();
+    let named = |outcome: Outcome| -> Vec<String> {
+        results
+            .iter()
+            .filter(|(_, _, o)| *o == outcome)
+            .map(|(p, _, _)| full_name(p))
+            .collect()
+    };
+    let pending = named(Outcome::Pending);
+    let failed = named(Outcome::Failed);
     if timed_out && !pending.is_empty() {
-        let why = if cancel.is_cancelled() {
+        let why = if interrupted {
             "interrupted".to_string()
         } else {
             format!(
@@ -423,18 +455,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<bool> {
     if !failed.is_empty() {
         eprintln!("run-once: failed: {}", failed.join(", "));
     }
-
-    core_cancel.cancel();
-    stop_tasks(&tracker).await;
-    if config.run_once_cleanup {
-        for pod in &batch {
-            if let Err(e) = syncer.terminate_pod(pod.clone()).await {
-                eprintln!("run-once: cleaning up {}: {e}", full_name(pod));
-            }
-        }
-    }
-    drop(tx);
-    Ok(!timed_out && failed.is_empty() && pending.is_empty())
+    !timed_out && failed.is_empty() && pending.is_empty()
 }
 
 fn unsafe_isatty_stderr() -> bool {

@@ -670,16 +670,6 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// whether a source still wants their pod (desired), no longer does (orphan) or never did
     /// (runtime_only), and by whether it is static.
     fn record_pod_counts(&self) {
-        let finished = |uid: &PodUid| {
-            self.config.statuses.as_ref().is_some_and(|s| {
-                s.get(uid).is_some_and(|e| {
-                    matches!(
-                        e.pod.status.as_ref().and_then(|st| st.phase.as_deref()),
-                        Some("Succeeded" | "Failed")
-                    )
-                })
-            })
-        };
         let is_static = |p: &Pod| crate::pod::source(p) != Some(Source::Api);
         let split = |pods: Vec<&Arc<Pod>>| {
             let statics = pods.iter().filter(|p| is_static(p)).count();
@@ -694,9 +684,39 @@ impl<S: PodSyncer> SyncLoop<S> {
             .filter(|p| {
                 let uid = PodUid::of(p);
                 (self.admitted.contains_key(&uid) || self.workers.is_terminating(&uid))
-                    && !finished(&uid)
+                    && !self.finished(&uid)
             })
             .collect();
+        let ephemeral_containers = desired
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref())
+            .map(Vec::len)
+            .sum();
+        let resizing = |uid: &PodUid| {
+            self.last_status(uid).is_some_and(|p| {
+                let conditions = p.status.as_ref().and_then(|st| st.conditions.as_ref());
+                conditions
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == "PodResizeInProgress" && c.status == "True")
+            })
+        };
+        let in_progress_resizes = desired_uids.iter().filter(|uid| resizing(uid)).count();
+        crate::metrics::get().set_pod_counts(&crate::metrics::PodCounts {
+            desired: split(desired),
+            active: split(active),
+            working: self.working_pods(&desired_uids),
+            ephemeral_containers,
+            in_progress_resizes,
+        });
+    }
+
+    /// The pod workers by upstream's (lifecycle, config, static) labels, every combination
+    /// present.
+    fn working_pods(
+        &self,
+        desired: &std::collections::HashSet<PodUid>,
+    ) -> std::collections::BTreeMap<(&'static str, &'static str, &'static str), usize> {
         let mut working = std::collections::BTreeMap::new();
         for lifecycle in ["sync", "terminating", "terminated"] {
             for (config, statics) in [
@@ -712,7 +732,7 @@ impl<S: PodSyncer> SyncLoop<S> {
         for (uid, terminating, statics) in self.workers.census() {
             let lifecycle = if terminating {
                 "terminating"
-            } else if finished(uid) {
+            } else if self.finished(uid) {
                 "terminated"
             } else {
                 "sync"
@@ -721,7 +741,7 @@ impl<S: PodSyncer> SyncLoop<S> {
                 None => (lifecycle, "runtime_only", "unknown"),
                 Some(s) => (
                     lifecycle,
-                    if desired_uids.contains(uid) {
+                    if desired.contains(uid) {
                         "desired"
                     } else {
                         "orphan"
@@ -731,30 +751,20 @@ impl<S: PodSyncer> SyncLoop<S> {
             };
             *working.entry(key).or_default() += 1;
         }
-        let ephemeral_containers = desired
-            .iter()
-            .filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref())
-            .map(Vec::len)
-            .sum();
-        let resizing = |uid: &PodUid| {
-            self.config.statuses.as_ref().is_some_and(|s| {
-                s.get(uid).is_some_and(|e| {
-                    let conditions = e.pod.status.as_ref().and_then(|st| st.conditions.as_ref());
-                    conditions
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c.type_ == "PodResizeInProgress" && c.status == "True")
-                })
-            })
-        };
-        let in_progress_resizes = desired_uids.iter().filter(|uid| resizing(uid)).count();
-        crate::metrics::get().set_pod_counts(&crate::metrics::PodCounts {
-            desired: split(desired),
-            active: split(active),
-            working,
-            ephemeral_containers,
-            in_progress_resizes,
-        });
+        working
+    }
+
+    /// The pod as its last status has it, when the loop is given the statuses.
+    fn last_status(&self, uid: &PodUid) -> Option<Arc<Pod>> {
+        Some(self.config.statuses.as_ref()?.get(uid)?.pod)
+    }
+
+    /// Whether the pod has run to its end (Succeeded or Failed).
+    fn finished(&self, uid: &PodUid) -> bool {
+        self.last_status(uid).is_some_and(|p| {
+            let phase = p.status.as_ref().and_then(|st| st.phase.as_deref());
+            matches!(phase, Some("Succeeded" | "Failed"))
+        })
     }
 
     /// Hands a pod only the runtime has to a worker to terminate; whatever the loop knew of

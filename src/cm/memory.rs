@@ -311,28 +311,7 @@ impl MemoryManager {
             }
             return Ok(fresh());
         }
-        let mut expected = policy.empty.clone();
-        for (pod, containers) in &checkpoint.entries {
-            for (container, blocks) in containers {
-                for b in blocks {
-                    if b.numa_affinity.iter().any(|n| !expected.contains_key(n)) {
-                        return Err(fail(format!(
-                            "[memorymanager] (pod: {pod}, container: {container}) the memory assignment uses the NUMA that does not exist"
-                        )));
-                    }
-                    if b.numa_affinity.iter().any(|n| {
-                        expected
-                            .get(n)
-                            .is_none_or(|s| !s.memory.contains_key(&b.kind))
-                    }) {
-                        return Err(fail(format!(
-                            "[memorymanager] (pod: {pod}, container: {container}) the memory assignment uses memory resource that does not exist"
-                        )));
-                    }
-                    reserve(&mut expected, &b.numa_affinity, &b.kind, b.size);
-                }
-            }
-        }
+        let expected = machine_after(&policy.empty, &checkpoint.entries).map_err(fail)?;
         if !same_machine(&checkpoint.machine_state, &expected) {
             return Err(fail(
                 "[memorymanager] the expected machine state is different from the real one".into(),
@@ -676,6 +655,34 @@ fn table(total: u64, system_reserved: u64, allocatable: u64) -> Table {
         reserved: 0,
         free: allocatable,
     }
+}
+
+/// The machine state `empty` becomes once the checkpoint's assignments are reserved in it;
+/// an error when an assignment names a NUMA node or memory kind the machine does not have.
+fn machine_after(empty: &Machines, entries: &Entries) -> Result<Machines, String> {
+    let mut expected = empty.clone();
+    for (pod, containers) in entries {
+        for (container, blocks) in containers {
+            for b in blocks {
+                if b.numa_affinity.iter().any(|n| !expected.contains_key(n)) {
+                    return Err(format!(
+                        "[memorymanager] (pod: {pod}, container: {container}) the memory assignment uses the NUMA that does not exist"
+                    ));
+                }
+                if b.numa_affinity.iter().any(|n| {
+                    expected
+                        .get(n)
+                        .is_none_or(|s| !s.memory.contains_key(&b.kind))
+                }) {
+                    return Err(format!(
+                        "[memorymanager] (pod: {pod}, container: {container}) the memory assignment uses memory resource that does not exist"
+                    ));
+                }
+                reserve(&mut expected, &b.numa_affinity, &b.kind, b.size);
+            }
+        }
+    }
+    Ok(expected)
 }
 
 /// Reserves `size` bytes of `kind` over `nodes`, each node's free memory in turn, and marks the

@@ -128,6 +128,37 @@ impl std::fmt::Debug for Providers {
     }
 }
 
+/// The configuration files: `config` itself, or the .json, .yaml and .yml files of the directory
+/// it names, in name order.
+fn config_files(config: &Path) -> Result<Vec<PathBuf>, Error> {
+    if config.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(config)
+            .map_err(|source| Error::Read {
+                path: config.to_path_buf(),
+                source,
+            })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.is_file()
+                    && matches!(
+                        p.extension().and_then(|e| e.to_str()),
+                        Some("json" | "yaml" | "yml")
+                    )
+            })
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(Error::Invalid {
+                path: config.to_path_buf(),
+                why: "no configuration files (.json, .yaml, .yml) in the directory".into(),
+            });
+        }
+        Ok(files)
+    } else {
+        Ok(vec![config.to_path_buf()])
+    }
+}
+
 impl Providers {
     /// Reads the config (a file, or a directory whose .json/.yaml/.yml files are merged in name
     /// order), checks it as upstream does, and finds each plugin in `bin_dir`.
@@ -141,32 +172,7 @@ impl Providers {
                 source,
             })
         };
-        let files = if config.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(config)
-                .map_err(|source| Error::Read {
-                    path: config.to_path_buf(),
-                    source,
-                })?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| {
-                    p.is_file()
-                        && matches!(
-                            p.extension().and_then(|e| e.to_str()),
-                            Some("json" | "yaml" | "yml")
-                        )
-                })
-                .collect();
-            files.sort();
-            if files.is_empty() {
-                return Err(Error::Invalid {
-                    path: config.to_path_buf(),
-                    why: "no configuration files (.json, .yaml, .yml) in the directory".into(),
-                });
-            }
-            files
-        } else {
-            vec![config.to_path_buf()]
-        };
+        let files = config_files(config)?;
         let mut providers: Vec<Provider> = Vec::new();
         for file in files {
             let invalid = |why: String| Error::Invalid {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, VolumeMount};
 
 use crate::cgroups::Cfs;
 use crate::objects::Kind;
@@ -360,18 +360,45 @@ fn environment(input: &ContainerInput<'_>) -> Result<Vec<(String, String)>, Stri
         }
         None => Vec::new(),
     };
-    let mut envs: Vec<(String, String)> = Vec::new();
-    let mut vars: HashMap<String, String> = links.iter().cloned().collect();
-    let set = |envs: &mut Vec<(String, String)>,
-               vars: &mut HashMap<String, String>,
-               name: String,
-               value: String| {
-        vars.insert(name.clone(), value.clone());
-        match envs.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = value,
-            None => envs.push((name, value)),
-        }
+    let mut env = Env {
+        list: Vec::new(),
+        vars: links.iter().cloned().collect(),
     };
+    env_from(input, &mut env)?;
+    for e in c.env.iter().flatten() {
+        if let Some(value) = env_value(input, e, &env.vars)? {
+            env.set(e.name.clone(), value);
+        }
+    }
+    let defined: std::collections::HashSet<String> =
+        env.list.iter().map(|(n, _)| n.clone()).collect();
+    env.list
+        .extend(links.into_iter().filter(|(n, _)| !defined.contains(n)));
+    Ok(env.list)
+}
+
+/// A container's environment as it is built: the variables in order, and every value a later
+/// `$(VAR)` may refer to (the service links' too).
+struct Env {
+    list: Vec<(String, String)>,
+    vars: HashMap<String, String>,
+}
+
+impl Env {
+    /// Sets a variable; a later definition of a name replaces the earlier one in place.
+    fn set(&mut self, name: String, value: String) {
+        self.vars.insert(name.clone(), value.clone());
+        match self.list.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.list.push((name, value)),
+        }
+    }
+}
+
+/// The variables of the container's `envFrom` ConfigMaps and Secrets; keys that are not valid
+/// variable names are skipped with a warning, as upstream.
+fn env_from(input: &ContainerInput<'_>, env: &mut Env) -> Result<(), String> {
+    let (pod, c) = (input.pod, input.container);
     for from in c.env_from.iter().flatten() {
         let (kind, name, optional) = match (&from.config_map_ref, &from.secret_ref) {
             (Some(r), _) => (Kind::ConfigMap, &r.name, r.optional),
@@ -389,7 +416,7 @@ fn environment(input: &ContainerInput<'_>) -> Result<Vec<(String, String)>, Stri
         for (key, value) in object.env_pairs() {
             let var = format!("{prefix}{key}");
             if is_env_name(&var) {
-                set(&mut envs, &mut vars, var, value);
+                env.set(var, value);
             } else {
                 invalid.push(var);
             }
@@ -400,43 +427,41 @@ fn environment(input: &ContainerInput<'_>) -> Result<Vec<(String, String)>, Stri
                 kind.lower(), object.full_name());
         }
     }
-    for e in c.env.iter().flatten() {
-        let from = e.value_from.as_ref();
-        let value = if let Some(v) = &e.value {
-            expand(v, &vars)
-        } else if let Some(field) = from.and_then(|f| f.field_ref.as_ref()) {
-            field_value(pod, &field.field_path, input.pod_ip, input.host_ip).ok_or_else(|| {
-                format!(
-                    "env {}: fieldRef {:?} is not supported",
-                    e.name, field.field_path
-                )
-            })?
-        } else if let Some(r) = from.and_then(|f| f.resource_field_ref.as_ref()) {
-            super::resources::selector_value(pod, Some(c), r, input.node)
-                .map_err(|why| format!("env {}: {why}", e.name))?
-        } else if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
-            match object_key(input.objects, Kind::ConfigMap, &r.name, &r.key, r.optional)? {
-                Some(v) => v,
-                None => continue,
-            }
-        } else if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
-            match object_key(input.objects, Kind::Secret, &r.name, &r.key, r.optional)? {
-                Some(v) => v,
-                None => continue,
-            }
-        } else if from.is_some() {
-            return Err(format!(
-                "env {}: this valueFrom source is not supported",
-                e.name
-            ));
-        } else {
-            String::new()
-        };
-        set(&mut envs, &mut vars, e.name.clone(), value);
-    }
-    let defined: std::collections::HashSet<String> = envs.iter().map(|(n, _)| n.clone()).collect();
-    envs.extend(links.into_iter().filter(|(n, _)| !defined.contains(n)));
-    Ok(envs)
+    Ok(())
+}
+
+/// One `env` entry's value, or None for an optional key that is missing.
+fn env_value(
+    input: &ContainerInput<'_>,
+    e: &EnvVar,
+    vars: &HashMap<String, String>,
+) -> Result<Option<String>, String> {
+    let from = e.value_from.as_ref();
+    let value = if let Some(v) = &e.value {
+        expand(v, vars)
+    } else if let Some(field) = from.and_then(|f| f.field_ref.as_ref()) {
+        field_value(input.pod, &field.field_path, input.pod_ip, input.host_ip).ok_or_else(|| {
+            format!(
+                "env {}: fieldRef {:?} is not supported",
+                e.name, field.field_path
+            )
+        })?
+    } else if let Some(r) = from.and_then(|f| f.resource_field_ref.as_ref()) {
+        super::resources::selector_value(input.pod, Some(input.container), r, input.node)
+            .map_err(|why| format!("env {}: {why}", e.name))?
+    } else if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
+        return object_key(input.objects, Kind::ConfigMap, &r.name, &r.key, r.optional);
+    } else if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
+        return object_key(input.objects, Kind::Secret, &r.name, &r.key, r.optional);
+    } else if from.is_some() {
+        return Err(format!(
+            "env {}: this valueFrom source is not supported",
+            e.name
+        ));
+    } else {
+        String::new()
+    };
+    Ok(Some(value))
 }
 
 /// The subPath of each volumeMount that has one, by index: `subPath` as written, or
@@ -545,57 +570,7 @@ fn mounts(input: &ContainerInput<'_>) -> Result<Vec<cri::Mount>, String> {
     let c = input.container;
     let mut mounts = Vec::new();
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
-        let Some(volume) = input.volumes.get(&m.name) else {
-            return Err(format!("volumeMount {}: volume is not set up", m.name));
-        };
-        let has_sub_path = [&m.sub_path, &m.sub_path_expr]
-            .into_iter()
-            .any(|s| s.as_deref().is_some_and(|s| !s.is_empty()));
-        if let Some(reference) = &volume.image {
-            if has_sub_path {
-                return Err(format!(
-                    "volumeMount {}: a subPath of an image volume is not supported",
-                    m.name
-                ));
-            }
-            let Some(id) = input.image_volumes.get(&m.name) else {
-                return Err(format!("volumeMount {}: the image is not pulled", m.name));
-            };
-            mounts.push(cri::Mount {
-                container_path: m.mount_path.clone(),
-                readonly: true,
-                image: Some(cri::ImageSpec {
-                    image: id.clone(),
-                    user_specified_image: reference.clone(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
-            continue;
-        }
-        let host_path = match input.sub_paths.get(&i) {
-            Some(path) => path.clone(),
-            None if has_sub_path => {
-                return Err(format!("volumeMount {}: subPath is not mounted", m.name));
-            }
-            None => volume.path.clone(),
-        };
-        let readonly = volume.read_only || m.read_only.unwrap_or(false);
-        let recursive_read_only = recursive_read_only(m, readonly, input.rro_supported)?;
-        let propagation = match m.mount_propagation.as_deref() {
-            None | Some("None") => cri::MountPropagation::PropagationPrivate,
-            Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
-            Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
-            Some(other) => return Err(format!("invalid MountPropagation mode: {other:?}")),
-        };
-        mounts.push(cri::Mount {
-            container_path: m.mount_path.clone(),
-            host_path: host_path.to_string_lossy().into_owned(),
-            readonly,
-            recursive_read_only,
-            propagation: propagation as i32,
-            ..Default::default()
-        });
+        mounts.push(volume_mount(input, i, m)?);
     }
     let own_hosts = c
         .volume_mounts
@@ -626,6 +601,65 @@ fn mounts(input: &ContainerInput<'_>) -> Result<Vec<cri::Mount>, String> {
         });
     }
     Ok(mounts)
+}
+
+/// The mount for the container's `i`th volumeMount: its volume's directory (or the prepared
+/// subPath), or an image volume's image.
+fn volume_mount(
+    input: &ContainerInput<'_>,
+    i: usize,
+    m: &VolumeMount,
+) -> Result<cri::Mount, String> {
+    let Some(volume) = input.volumes.get(&m.name) else {
+        return Err(format!("volumeMount {}: volume is not set up", m.name));
+    };
+    let has_sub_path = [&m.sub_path, &m.sub_path_expr]
+        .into_iter()
+        .any(|s| s.as_deref().is_some_and(|s| !s.is_empty()));
+    if let Some(reference) = &volume.image {
+        if has_sub_path {
+            return Err(format!(
+                "volumeMount {}: a subPath of an image volume is not supported",
+                m.name
+            ));
+        }
+        let Some(id) = input.image_volumes.get(&m.name) else {
+            return Err(format!("volumeMount {}: the image is not pulled", m.name));
+        };
+        return Ok(cri::Mount {
+            container_path: m.mount_path.clone(),
+            readonly: true,
+            image: Some(cri::ImageSpec {
+                image: id.clone(),
+                user_specified_image: reference.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    let host_path = match input.sub_paths.get(&i) {
+        Some(path) => path.clone(),
+        None if has_sub_path => {
+            return Err(format!("volumeMount {}: subPath is not mounted", m.name));
+        }
+        None => volume.path.clone(),
+    };
+    let readonly = volume.read_only || m.read_only.unwrap_or(false);
+    let recursive_read_only = recursive_read_only(m, readonly, input.rro_supported)?;
+    let propagation = match m.mount_propagation.as_deref() {
+        None | Some("None") => cri::MountPropagation::PropagationPrivate,
+        Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
+        Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
+        Some(other) => return Err(format!("invalid MountPropagation mode: {other:?}")),
+    };
+    Ok(cri::Mount {
+        container_path: m.mount_path.clone(),
+        host_path: host_path.to_string_lossy().into_owned(),
+        readonly,
+        recursive_read_only,
+        propagation: propagation as i32,
+        ..Default::default()
+    })
 }
 
 /// The container's CRI labels and annotations, with upstream's names: what names it, and what

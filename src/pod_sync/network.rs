@@ -1,7 +1,7 @@
 //! The pod's identity on the network, as the kubelet manages it: resolver configuration per
 //! dnsPolicy, hostname and FQDN, the managed /etc/hosts, and which sysctls a pod may set.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodDNSConfig};
 
 use crate::pod::spec;
 use crate::runtime::cri;
@@ -93,23 +93,35 @@ pub fn dns_config(
         _ => host.clone(),
     };
     if let Some(extra) = &s.dns_config {
-        for server in extra.nameservers.iter().flatten() {
-            push_unique(&mut dns.servers, server);
-        }
-        for search in extra.searches.iter().flatten() {
-            push_unique(&mut dns.searches, search);
-        }
-        for opt in extra.options.iter().flatten() {
-            let name = opt.name.clone().unwrap_or_default();
-            let text = match &opt.value {
-                Some(v) => format!("{name}:{v}"),
-                None => name.clone(),
-            };
-            dns.options
-                .retain(|o| o.split(':').next() != Some(name.as_str()));
-            dns.options.push(text);
-        }
+        merge(&mut dns, extra);
     }
+    limit(&mut dns, &mut warnings);
+    (dns, warnings)
+}
+
+/// Adds the pod's dnsConfig: its nameservers and searches after the policy's, and its options
+/// replacing any of the same name.
+fn merge(dns: &mut cri::DnsConfig, extra: &PodDNSConfig) {
+    for server in extra.nameservers.iter().flatten() {
+        push_unique(&mut dns.servers, server);
+    }
+    for search in extra.searches.iter().flatten() {
+        push_unique(&mut dns.searches, search);
+    }
+    for opt in extra.options.iter().flatten() {
+        let name = opt.name.clone().unwrap_or_default();
+        let text = match &opt.value {
+            Some(v) => format!("{name}:{v}"),
+            None => name.clone(),
+        };
+        dns.options
+            .retain(|o| o.split(':').next() != Some(name.as_str()));
+        dns.options.push(text);
+    }
+}
+
+/// Keeps at most upstream's number of nameservers and search domains, with a warning for each cut.
+fn limit(dns: &mut cri::DnsConfig, warnings: &mut Vec<String>) {
     if dns.servers.len() > MAX_NAMESERVERS {
         warnings.push(format!(
             "only {MAX_NAMESERVERS} nameservers are kept: {}",
@@ -136,7 +148,6 @@ pub fn dns_config(
         ));
         dns.searches = kept;
     }
-    (dns, warnings)
 }
 
 /// The pod's hostname (spec.hostname, else the pod name cut to 63 characters without a trailing

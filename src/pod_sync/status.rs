@@ -92,12 +92,57 @@ fn container_status(
     let mut history = input.rt.containers.iter().filter(|c| c.name == want.name);
     let latest = history.next();
     let previous = history.next();
-    let failure = input.waiting.get(&want.name);
+    let (state, last) = states(input, latest, previous, want, default_waiting);
+    let running = state.running.is_some();
+    let probes = latest
+        .and_then(|c| input.probes.get(&c.id))
+        .copied()
+        .unwrap_or(ProbeState {
+            ready: true,
+            started: true,
+        });
+    ContainerStatus {
+        name: want.name.clone(),
+        image: want.image.clone().unwrap_or_default(),
+        image_id: latest.map(|c| c.image_ref.clone()).unwrap_or_default(),
+        container_id: latest.map(|c| format!("{}://{}", input.runtime_name, c.id)),
+        ready: running && probes.ready,
+        started: Some(running && probes.started),
+        restart_count: latest.map_or(0, |c| c.attempt as i32),
+        state: Some(state),
+        last_state: Some(last.unwrap_or_default()),
+        stop_signal: want.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
+        // A container the runtime has runs with its spec's resources (resized in place when
+        // they change); as upstream, a container not created yet reports none.
+        resources: latest.map(|_| want.resources.clone().unwrap_or_default()),
+        allocated_resources: latest.and_then(|_| want.resources.as_ref()?.requests.clone()),
+        volume_mounts: latest.map(|_| volume_mounts(want, input.rro_supported)),
+        user: latest.and_then(|c| c.user.as_ref()).map(|u| ContainerUser {
+            linux: Some(LinuxContainerUser {
+                uid: u.uid,
+                gid: u.gid,
+                supplemental_groups: (!u.supplemental_groups.is_empty())
+                    .then(|| u.supplemental_groups.clone()),
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A container's state and last state: from its latest and previous runtime containers, or
+/// waiting with the reason the sync recorded (else `default_waiting`).
+fn states(
+    input: &Input<'_>,
+    latest: Option<&Container>,
+    previous: Option<&Container>,
+    want: &SpecContainer,
+    default_waiting: &str,
+) -> (ApiState, Option<ApiState>) {
     let terminated_state = |c: &Container| ApiState {
         terminated: Some(terminated(c, input.runtime_name)),
         ..Default::default()
     };
-    let (state, last) = match (latest, failure) {
+    match (latest, input.waiting.get(&want.name)) {
         (Some(c), _) if c.state == ContainerState::Running => (
             ApiState {
                 running: Some(ContainerStateRunning {
@@ -136,40 +181,6 @@ fn container_status(
         ),
         (_, Some(w)) => (waiting_state(&w.reason, &w.message), None),
         (_, None) => (waiting_state(default_waiting, ""), None),
-    };
-    let running = state.running.is_some();
-    let probes = latest
-        .and_then(|c| input.probes.get(&c.id))
-        .copied()
-        .unwrap_or(ProbeState {
-            ready: true,
-            started: true,
-        });
-    ContainerStatus {
-        name: want.name.clone(),
-        image: want.image.clone().unwrap_or_default(),
-        image_id: latest.map(|c| c.image_ref.clone()).unwrap_or_default(),
-        container_id: latest.map(|c| format!("{}://{}", input.runtime_name, c.id)),
-        ready: running && probes.ready,
-        started: Some(running && probes.started),
-        restart_count: latest.map_or(0, |c| c.attempt as i32),
-        state: Some(state),
-        last_state: Some(last.unwrap_or_default()),
-        stop_signal: want.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
-        // A container the runtime has runs with its spec's resources (resized in place when
-        // they change); as upstream, a container not created yet reports none.
-        resources: latest.map(|_| want.resources.clone().unwrap_or_default()),
-        allocated_resources: latest.and_then(|_| want.resources.as_ref()?.requests.clone()),
-        volume_mounts: latest.map(|_| volume_mounts(want, input.rro_supported)),
-        user: latest.and_then(|c| c.user.as_ref()).map(|u| ContainerUser {
-            linux: Some(LinuxContainerUser {
-                uid: u.uid,
-                gid: u.gid,
-                supplemental_groups: (!u.supplemental_groups.is_empty())
-                    .then(|| u.supplemental_groups.clone()),
-            }),
-        }),
-        ..Default::default()
     }
 }
 

@@ -60,6 +60,50 @@ fn log_status(e: logs::Error) -> Status {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+impl Handles {
+    /// Where the runtime streams the exec (or, without a command, the attach) `start` asks for.
+    async fn stream_url(&self, start: &proto::ExecStart) -> Result<String, Status> {
+        let found = logs::locate(
+            &self.runtime,
+            &self.statuses,
+            &start.namespace,
+            &start.pod,
+            Some(&start.container),
+            false,
+        )
+        .await
+        .map_err(log_status)?;
+        if start.command.is_empty() {
+            self.runtime
+                .attach(cri::AttachRequest {
+                    container_id: found.container_id.clone(),
+                    stdin: start.stdin,
+                    tty: start.tty,
+                    stdout: true,
+                    stderr: !start.tty,
+                })
+                .await
+        } else {
+            self.runtime
+                .exec(cri::ExecRequest {
+                    container_id: found.container_id.clone(),
+                    cmd: start.command.clone(),
+                    tty: start.tty,
+                    stdin: start.stdin,
+                    stdout: true,
+                    stderr: !start.tty,
+                })
+                .await
+        }
+        .map_err(|e| {
+            Status::failed_precondition(format!(
+                "cannot exec in or attach to container {:?} of pod {}: {e}",
+                found.container, found.pod
+            ))
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl Admin for Handles {
     async fn list_pods(
@@ -197,44 +241,7 @@ impl Admin for Handles {
                 "the first message of an exec must say what to run",
             ));
         };
-        let found = logs::locate(
-            &self.runtime,
-            &self.statuses,
-            &start.namespace,
-            &start.pod,
-            Some(&start.container),
-            false,
-        )
-        .await
-        .map_err(log_status)?;
-        let url = if start.command.is_empty() {
-            self.runtime
-                .attach(cri::AttachRequest {
-                    container_id: found.container_id.clone(),
-                    stdin: start.stdin,
-                    tty: start.tty,
-                    stdout: true,
-                    stderr: !start.tty,
-                })
-                .await
-        } else {
-            self.runtime
-                .exec(cri::ExecRequest {
-                    container_id: found.container_id.clone(),
-                    cmd: start.command.clone(),
-                    tty: start.tty,
-                    stdin: start.stdin,
-                    stdout: true,
-                    stderr: !start.tty,
-                })
-                .await
-        }
-        .map_err(|e| {
-            Status::failed_precondition(format!(
-                "cannot exec in or attach to container {:?} of pod {}: {e}",
-                found.container, found.pod
-            ))
-        })?;
+        let url = self.stream_url(&start).await?;
         let (in_tx, in_rx) = mpsc::channel(16);
         let (out_tx, mut out_rx) = mpsc::channel(16);
         tokio::spawn(async move {

@@ -71,45 +71,15 @@ pub async fn run(
     mut input: mpsc::Receiver<Input>,
     output: mpsc::Sender<Output>,
 ) -> Result<(), Error> {
-    // The runtime hands out http:// URLs; the same server speaks websocket on them.
-    let ws_url = match url.strip_prefix("http://") {
-        Some(rest) => format!("ws://{rest}"),
-        None => url.to_string(),
-    };
-    let mut request = ws_url.into_client_request().map_err(|e| Error::Url {
-        url: url.into(),
-        why: e.to_string(),
-    })?;
-    request
-        .headers_mut()
-        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(PROTOCOL));
-    let uri = request.uri();
-    let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
-    let addr = format!("{host}:{}", uri.port_u16().unwrap_or(80));
-    let tcp = tokio::net::TcpStream::connect(&addr)
-        .await
-        .map_err(|source| Error::Connect {
-            url: url.into(),
-            source,
-        })?;
-    let (ws, _) = tokio_tungstenite::client_async(request, tcp)
-        .await
-        .map_err(|e| Error::Handshake(Box::new(e)))?;
+    let ws = connect(url).await?;
     let (mut sink, mut stream) = ws.split();
     let mut input_open = true;
     loop {
         tokio::select! {
             got = input.recv(), if input_open => {
-                let frame = match got {
-                    Some(Input::Stdin(data)) => [vec![0u8], data].concat(),
-                    Some(Input::Resize { width, height }) => {
-                        let size = serde_json::json!({"Width": width, "Height": height});
-                        [vec![4u8], size.to_string().into_bytes()].concat()
-                    }
-                    None => {
-                        input_open = false;
-                        continue;
-                    }
+                let Some(frame) = got.map(frame) else {
+                    input_open = false;
+                    continue;
                 };
                 if sink.send(Message::Binary(frame.into())).await.is_err() {
                     input_open = false;
@@ -149,6 +119,48 @@ pub async fn run(
                     return Ok(());
                 }
             }
+        }
+    }
+}
+
+/// Opens the runtime's streaming session at `url`, speaking the channel protocol.
+async fn connect(
+    url: &str,
+) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>, Error> {
+    // The runtime hands out http:// URLs; the same server speaks websocket on them.
+    let ws_url = match url.strip_prefix("http://") {
+        Some(rest) => format!("ws://{rest}"),
+        None => url.to_string(),
+    };
+    let mut request = ws_url.into_client_request().map_err(|e| Error::Url {
+        url: url.into(),
+        why: e.to_string(),
+    })?;
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(PROTOCOL));
+    let uri = request.uri();
+    let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
+    let addr = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+    let tcp = tokio::net::TcpStream::connect(&addr)
+        .await
+        .map_err(|source| Error::Connect {
+            url: url.into(),
+            source,
+        })?;
+    let (ws, _) = tokio_tungstenite::client_async(request, tcp)
+        .await
+        .map_err(|e| Error::Handshake(Box::new(e)))?;
+    Ok(ws)
+}
+
+/// The frame that carries one input: stdin on channel 0, a terminal resize on channel 4.
+fn frame(input: Input) -> Vec<u8> {
+    match input {
+        Input::Stdin(data) => [vec![0u8], data].concat(),
+        Input::Resize { width, height } => {
+            let size = serde_json::json!({"Width": width, "Height": height});
+            [vec![4u8], size.to_string().into_bytes()].concat()
         }
     }
 }
