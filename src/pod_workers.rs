@@ -183,6 +183,9 @@ impl<S: PodSyncer> PodWorkers<S> {
     }
 }
 
+/// A pod's worker: runs the pod's latest work, then waits for more. It lives as long as the
+/// pod, so the large sync and termination futures are boxed while they run rather than kept
+/// inline in every idle worker.
 async fn run_worker<S: PodSyncer>(
     syncer: Arc<S>,
     mut rx: watch::Receiver<Work>,
@@ -195,36 +198,22 @@ async fn run_worker<S: PodSyncer>(
         let work = rx.borrow_and_update().clone();
         let started = std::time::Instant::now();
         let (result, name, terminating) = match work {
-            Work::Sync(pod) => {
-                // A termination asked for meanwhile ends the sync where it is (an image pull,
-                // a hook, a wait): the termination reads the runtime afresh and stops what the
-                // sync had begun. The watch is a copy, so updates seen here still wake the
-                // worker afterwards.
-                let mut watch = rx.clone();
-                let terminated = async move {
-                    while watch.changed().await.is_ok() {
-                        if watch.borrow().terminates() {
-                            return;
-                        }
-                    }
-                    std::future::pending::<()>().await
-                };
-                tokio::select! {
-                    result = syncer.sync_pod(pod.clone()) => (result, full_name(&pod), false),
-                    () = terminated => {
-                        tracing::debug!(pod = %full_name(&pod), %uid, "sync given up for the pod's termination");
-                        continue;
-                    }
+            Work::Sync(pod) => match sync_unless_terminated(&*syncer, &pod, &rx).await {
+                Some(result) => (result, full_name(&pod), false),
+                None => {
+                    tracing::debug!(pod = %full_name(&pod), %uid, "sync given up for the pod's termination");
+                    continue;
                 }
-            }
+            },
             Work::Terminate(pod) => (
-                syncer.terminate_pod(pod.clone()).await.map(|()| None),
+                Box::pin(syncer.terminate_pod(pod.clone()))
+                    .await
+                    .map(|()| None),
                 full_name(&pod),
                 true,
             ),
             Work::TerminateRuntime(pod) => (
-                syncer
-                    .terminate_runtime_pod(pod.clone())
+                Box::pin(syncer.terminate_runtime_pod(pod.clone()))
                     .await
                     .map(|()| None),
                 pod.full_name(),
@@ -254,21 +243,48 @@ async fn run_worker<S: PodSyncer>(
                 Some(wait)
             }
         };
-        let woken = async {
-            match wait {
-                Some(d) => {
-                    tokio::select! {
-                        r = rx.changed() => r.is_ok(),
-                        _ = tokio::time::sleep(d) => true,
-                    }
-                }
-                None => rx.changed().await.is_ok(),
-            }
-        };
         tokio::select! {
             _ = cancel.cancelled() => return,
-            alive = woken => if !alive { return },
+            alive = woken(&mut rx, wait) => if !alive { return },
         }
+    }
+}
+
+/// Syncs the pod, unless a termination is asked for meanwhile (None): that ends the sync where
+/// it is (an image pull, a hook, a wait), and the termination reads the runtime afresh and
+/// stops what the sync had begun. The watch is a copy, so updates seen here still wake the
+/// worker afterwards.
+async fn sync_unless_terminated<S: PodSyncer>(
+    syncer: &S,
+    pod: &Arc<Pod>,
+    rx: &watch::Receiver<Work>,
+) -> Option<Result<Option<Duration>, String>> {
+    let mut watch = rx.clone();
+    let terminated = async move {
+        while watch.changed().await.is_ok() {
+            if watch.borrow().terminates() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        result = Box::pin(syncer.sync_pod(pod.clone())) => Some(result),
+        () = terminated => None,
+    }
+}
+
+/// Waits for new work, or for `wait` to pass when the last run asked for another; false once
+/// the work's sender is gone.
+async fn woken(rx: &mut watch::Receiver<Work>, wait: Option<Duration>) -> bool {
+    match wait {
+        Some(d) => {
+            tokio::select! {
+                r = rx.changed() => r.is_ok(),
+                _ = tokio::time::sleep(d) => true,
+            }
+        }
+        None => rx.changed().await.is_ok(),
     }
 }
 

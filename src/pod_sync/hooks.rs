@@ -142,7 +142,8 @@ pub async fn stop_container(
         .and_then(|c| c.lifecycle.as_ref())
         .and_then(|l| l.pre_stop.as_ref());
     if let (Some(handler), Some(container)) = (pre_stop, spec.as_ref()) {
-        let hook = run(&runtime, handler, container, &id, &host, grace);
+        // Boxed: most containers have no hook, and their stops should not carry its state.
+        let hook = Box::pin(run(&runtime, handler, container, &id, &host, grace));
         match tokio::time::timeout(grace, hook).await {
             Ok(Ok(())) => {}
             Ok(Err(why)) => events.0.warning(

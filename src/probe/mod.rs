@@ -414,7 +414,9 @@ impl Worker {
         let began = std::time::Instant::now();
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return None,
-            r = check::attempt(&self.probe, &target, &self.runtime) => r,
+            // Boxed: the worker lives as long as its container, the check's state only while
+            // it runs.
+            r = Box::pin(check::attempt(&self.probe, &target, &self.runtime)) => r,
         };
         crate::metrics::get().probe(&crate::metrics::ProbeRun {
             probe_type: self.kind.metric_name(),
