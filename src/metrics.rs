@@ -99,6 +99,14 @@ const BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// The Prometheus Go client's default buckets, which upstream's server metrics use.
+const GO_DEFAULT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The labels of the kubelet's HTTP server metrics.
+const HTTP_LABELS: &[&str] = &["method", "path", "server_type", "long_running"];
+
 #[derive(Default, Clone)]
 struct HistogramData {
     counts: Vec<u64>,
@@ -255,6 +263,36 @@ pub struct Metrics {
     restarted_pods: Family,
     evented_pleg_latency: Histogram,
     in_progress_resizes: Family,
+    http_inflight: Family,
+    http_duration: Histogram,
+    ensure_image_requests: Family,
+    metrics_provider: Family,
+    volume_stats_duration: Histogram,
+    node_startup: Mutex<NodeStartup>,
+    startup_pre_agent: Family,
+    startup_pre_registration: Family,
+    startup_registration: Family,
+    startup_post_registration: Family,
+    startup_total: Family,
+}
+
+/// When the node first tried to register, first registered as a new Node and was first
+/// reported Ready (unix seconds): upstream's node startup latency tracker.
+#[derive(Default)]
+struct NodeStartup {
+    attempt: Option<f64>,
+    registered: Option<f64>,
+    ready: Option<f64>,
+}
+
+/// A step of the node's startup in cluster mode.
+pub enum StartupStep {
+    /// A registration is tried.
+    Registering,
+    /// The Node was created (not found from an earlier run).
+    RegisteredNew,
+    /// A status update left the Node Ready.
+    Ready,
 }
 
 /// The labels of `kubernetes_build_info`, as upstream's.
@@ -358,7 +396,72 @@ pub fn get() -> &'static Metrics {
             "kubelet_http_requests_total",
             "Number of the http requests received since the server started",
             "counter",
-            &["method", "path", "server_type"],
+            HTTP_LABELS,
+        ),
+        http_inflight: Family::new(
+            "kubelet_http_inflight_requests",
+            "Number of the inflight http requests",
+            "gauge",
+            HTTP_LABELS,
+        ),
+        http_duration: Histogram::with_buckets(
+            "kubelet_http_requests_duration_seconds",
+            "Duration in seconds to serve http requests",
+            HTTP_LABELS,
+            GO_DEFAULT_BUCKETS,
+        ),
+        ensure_image_requests: Family::new(
+            "kubelet_image_manager_ensure_image_requests_total",
+            "Number of ensure-image requests processed by the kubelet.",
+            "counter",
+            &["pull_policy", "present_locally", "pull_required"],
+        ),
+        metrics_provider: Family::new(
+            "kubelet_metrics_provider",
+            "Metrics provider used by kubelet to collect container stats. Values can be 'cadvisor' and 'cri'",
+            "gauge",
+            &["provider"],
+        ),
+        volume_stats_duration: Histogram::with_buckets(
+            "kubelet_volume_metric_collection_duration_seconds",
+            "Duration in seconds to calculate volume stats",
+            &["metric_source"],
+            GO_DEFAULT_BUCKETS,
+        ),
+        node_startup: Mutex::new(NodeStartup {
+            attempt: None,
+            registered: None,
+            ready: None,
+        }),
+        startup_pre_agent: Family::new(
+            "kubelet_node_startup_pre_kubelet_duration_seconds",
+            "Duration in seconds of node startup before kubelet starts.",
+            "gauge",
+            &[],
+        ),
+        startup_pre_registration: Family::new(
+            "kubelet_node_startup_pre_registration_duration_seconds",
+            "Duration in seconds of node startup before registration.",
+            "gauge",
+            &[],
+        ),
+        startup_registration: Family::new(
+            "kubelet_node_startup_registration_duration_seconds",
+            "Duration in seconds of node startup during registration.",
+            "gauge",
+            &[],
+        ),
+        startup_post_registration: Family::new(
+            "kubelet_node_startup_post_registration_duration_seconds",
+            "Duration in seconds of node startup after registration.",
+            "gauge",
+            &[],
+        ),
+        startup_total: Family::new(
+            "kubelet_node_startup_duration_seconds",
+            "Duration in seconds of node startup in total.",
+            "gauge",
+            &[],
         ),
         probes: Family::new(
             "prober_probe_total",
@@ -592,10 +695,43 @@ impl Metrics {
 
     /// The PLEG is alive: it relisted, or an event came.
     pub fn pleg_seen(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        self.pleg_last_seen.set(&[], now.as_secs() as f64);
+        self.pleg_last_seen.set(&[], unix_now().floor());
+    }
+
+    /// A step of the node's startup; each is recorded the first time only, and the durations
+    /// are set once the steps before are known, as upstream's tracker sets them.
+    pub fn node_startup(&self, step: StartupStep) {
+        let now = unix_now();
+        let mut startup = self.node_startup.lock().unwrap_or_else(|e| e.into_inner());
+        // The process's start and the boot time, when /proc tells them.
+        let process = SelfStat::read().filter(|p| p.boot > 0.0);
+        match step {
+            StartupStep::Registering => {
+                startup.attempt.get_or_insert(now);
+            }
+            StartupStep::RegisteredNew => {
+                let Some(attempt) = startup.attempt.filter(|_| startup.registered.is_none()) else {
+                    return;
+                };
+                startup.registered = Some(now);
+                if let Some(p) = process {
+                    self.startup_pre_agent.set(&[], p.start - p.boot);
+                    self.startup_pre_registration.set(&[], attempt - p.start);
+                }
+                self.startup_registration.set(&[], now - attempt);
+            }
+            StartupStep::Ready => {
+                let Some(registered) = startup.registered.filter(|_| startup.ready.is_none())
+                else {
+                    return;
+                };
+                startup.ready = Some(now);
+                self.startup_post_registration.set(&[], now - registered);
+                if let Some(p) = process {
+                    self.startup_total.set(&[], now - p.boot);
+                }
+            }
+        }
     }
 
     /// The runtime ran a pod sandbox with `handler` (empty: the default), or failed to; for a
@@ -639,10 +775,7 @@ impl Metrics {
     /// A container event came from the runtime, made at `created_ns` (unix nanoseconds): how
     /// long it took to arrive, and the PLEG is alive.
     pub fn container_event(&self, created_ns: i64) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let took = (now.as_nanos() as f64 - created_ns as f64).max(0.0) / 1e9;
+        let took = (unix_now() - created_ns as f64 / 1e9).max(0.0);
         self.evented_pleg_latency.observe(&[], took);
         self.pleg_seen();
     }
@@ -701,8 +834,36 @@ impl Metrics {
         self.shutdown_end.set(&[], end);
     }
 
-    pub fn http_request(&self, method: &str, path: &str, server: &str) {
-        self.http_requests.add(&[method, path, server], 1.0);
+    /// A request reached a server: `labels` are its method, path bucket, server type and
+    /// whether it is long-running, upstream's labels. The request is in flight until
+    /// [`Metrics::http_served`].
+    pub fn http_request(&self, labels: &[&str; 4]) {
+        self.http_requests.add(labels, 1.0);
+        self.http_inflight.add(labels, 1.0);
+    }
+
+    /// A request [`Metrics::http_request`] counted was served (or given up), after `took`.
+    pub fn http_served(&self, labels: &[&str; 4], took: Duration) {
+        self.http_inflight.add(labels, -1.0);
+        self.http_duration.observe(labels, took.as_secs_f64());
+    }
+
+    /// A container's image was ensured under `policy`: whether it was present and whether it
+    /// had to be pulled, where known.
+    pub fn ensure_image_request(&self, policy: &str, present: Option<bool>, pull: Option<bool>) {
+        let text = |known: Option<bool>| match known {
+            Some(true) => "true",
+            Some(false) => "false",
+            None => "unknown",
+        };
+        self.ensure_image_requests
+            .add(&[&policy.to_lowercase(), text(present), text(pull)], 1.0);
+    }
+
+    /// The usage of one volume was measured by walking it (`du`, upstream's metric source).
+    pub fn volume_stats_measured(&self, took: Duration) {
+        self.volume_stats_duration
+            .observe(&["du"], took.as_secs_f64());
     }
 
     /// A probe ran (`/metrics/probes`, upstream names and labels).
@@ -755,6 +916,8 @@ impl Metrics {
             1.0,
         );
         self.mirror_pods.set(&[], 0.0);
+        // Container stats come from the runtime's ListContainerStats.
+        self.metrics_provider.set(&["cri"], 1.0);
         self.orphaned_runtime_pods.add(&[], 0.0);
         for statics in ["true", ""] {
             self.restarted_pods.add(&[statics], 0.0);
@@ -843,6 +1006,14 @@ impl Metrics {
             &self.http_fallbacks,
             &self.restarted_pods,
             &self.in_progress_resizes,
+            &self.http_inflight,
+            &self.ensure_image_requests,
+            &self.metrics_provider,
+            &self.startup_pre_agent,
+            &self.startup_pre_registration,
+            &self.startup_registration,
+            &self.startup_post_registration,
+            &self.startup_total,
         ] {
             f.render(&mut out);
         }
@@ -857,12 +1028,22 @@ impl Metrics {
             &self.pod_worker_start_duration,
             &self.cgroup_manager_duration,
             &self.evented_pleg_latency,
+            &self.http_duration,
+            &self.volume_stats_duration,
         ] {
             h.render(&mut out);
         }
         process_metrics(&mut out);
         out
     }
+}
+
+/// The wall-clock time in unix seconds.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
 
 /// The machine's architecture as Go names it (upstream's platform label).
@@ -907,35 +1088,54 @@ fn network_octets() -> (f64, f64) {
     (field("InOctets"), field("OutOctets"))
 }
 
-fn process_metrics(out: &mut String) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return;
-    };
-    // Fields after the command name (which may hold spaces) start at state (field 3).
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // SAFETY: sysconf has no preconditions.
-    let (ticks, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_CLK_TCK) as f64,
-            libc::sysconf(libc::_SC_PAGESIZE) as f64,
-        )
-    };
-    let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let cpu = (num(11) + num(12)) / ticks.max(1.0);
-    let rss = num(21) * page;
-    let boot = std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("btime ")
-                    .and_then(|v| v.trim().parse::<f64>().ok())
+/// The process's own figures from /proc/self/stat, in seconds and bytes.
+struct SelfStat {
+    cpu: f64,
+    rss: f64,
+    virtual_bytes: f64,
+    start: f64,
+    /// When the machine booted.
+    boot: f64,
+}
+
+impl SelfStat {
+    fn read() -> Option<SelfStat> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces) start at state (field 3).
+        let (_, rest) = stat.rsplit_once(')')?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // SAFETY: sysconf has no preconditions.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK) as f64,
+                libc::sysconf(libc::_SC_PAGESIZE) as f64,
+            )
+        };
+        let ticks = ticks.max(1.0);
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix("btime ")
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                })
             })
+            .unwrap_or(0.0);
+        Some(SelfStat {
+            cpu: (num(11) + num(12)) / ticks,
+            rss: num(21) * page,
+            virtual_bytes: num(20),
+            start: boot + num(19) / ticks,
+            boot,
         })
-        .unwrap_or(0.0);
-    let start = boot + num(19) / ticks.max(1.0);
+    }
+}
+
+fn process_metrics(out: &mut String) {
+    let Some(stat) = SelfStat::read() else {
+        return;
+    };
     let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
     let (received, sent) = network_octets();
     for (name, kind, help, value) in [
@@ -943,19 +1143,19 @@ fn process_metrics(out: &mut String) {
             "process_cpu_seconds_total",
             "counter",
             "Total user and system CPU time spent in seconds.",
-            cpu,
+            stat.cpu,
         ),
         (
             "process_resident_memory_bytes",
             "gauge",
             "Resident memory size in bytes.",
-            rss,
+            stat.rss,
         ),
         (
             "process_virtual_memory_bytes",
             "gauge",
             "Virtual memory size in bytes.",
-            num(20),
+            stat.virtual_bytes,
         ),
         (
             "process_virtual_memory_max_bytes",
@@ -967,7 +1167,7 @@ fn process_metrics(out: &mut String) {
             "process_start_time_seconds",
             "gauge",
             "Start time of the process since unix epoch in seconds.",
-            start,
+            stat.start,
         ),
         (
             "process_open_fds",

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::KUBELET_VERSION;
 use crate::eviction::Pressure;
+use crate::metrics::StartupStep;
 use crate::types::Allocatable;
 
 /// What the node is, fixed for the agent's lifetime.
@@ -359,9 +360,11 @@ const REGISTER_MAX: Duration = Duration::from_secs(7);
 /// Registers the node (or adopts the Node of that name) and returns its UID.
 async fn register(nodes: &Api<Node>, config: &Config, signals: &Signals) -> kube::Result<String> {
     let node = initial(config, signals);
+    crate::metrics::get().node_startup(StartupStep::Registering);
     match nodes.create(&PostParams::default(), &node).await {
         Ok(created) => {
             tracing::info!(node = %config.name, "registered the node");
+            crate::metrics::get().node_startup(StartupStep::RegisteredNew);
             return Ok(created.metadata.uid.unwrap_or_default());
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -407,56 +410,13 @@ pub async fn run(
                     wait
                 }
             }
-        } else {
-            let previous = sent.as_ref().map(|(s, _)| s);
-            let now = status(&config, &signals, previous, crate::types::now());
-            let due = sent.as_ref().is_none_or(|(s, at)| {
-                without_heartbeats(s) != without_heartbeats(&now)
-                    || at.elapsed() >= config.report_frequency
-            });
-            // The Node may be gone while its status stays the same: look (from the API
-            // server's cache, as upstream) before deciding there is nothing to send.
-            if !due && config.register {
-                match nodes
-                    .get_metadata_opt_with(&config.name, &GetParams::any())
-                    .await
-                {
-                    Ok(None) => {
-                        tracing::warn!(node = %config.name, "the Node is gone; registering it again");
-                        uid.send_replace(None);
-                        registered = false;
-                        continue;
-                    }
-                    Ok(Some(_)) => {}
-                    Err(e) => {
-                        tracing::warn!(node = %config.name, error = %crate::types::error_chain(&e), "cannot read the Node")
-                    }
-                }
-            }
-            if due {
-                let patch = serde_json::json!({"status": now});
-                match nodes
-                    .patch_status(&config.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(node) => {
-                        if uid.borrow().is_none() {
-                            uid.send_replace(node.metadata.uid);
-                        }
-                        sent = Some((now, Instant::now()));
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 404 && config.register => {
-                        tracing::warn!(node = %config.name, "the Node is gone; registering it again");
-                        uid.send_replace(None);
-                        registered = false;
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %config.name, error = %crate::types::error_chain(&e), "cannot update the node status")
-                    }
-                }
-            }
+        } else if report(&nodes, &config, &signals, &uid, &mut sent).await {
             config.update_frequency
+        } else {
+            tracing::warn!(node = %config.name, "the Node is gone; registering it again");
+            uid.send_replace(None);
+            registered = false;
+            continue;
         };
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -465,6 +425,68 @@ pub async fn run(
             Ok(()) = shutting_down.changed() => {}
         }
     }
+}
+
+/// Whether the Node's Ready condition is True.
+fn is_ready(node: &Node) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// One round of status reporting: the status is sent when it changed or its report is due.
+/// False when the Node is gone and must be registered again.
+async fn report(
+    nodes: &Api<Node>,
+    config: &Config,
+    signals: &Signals,
+    uid: &watch::Sender<Option<String>>,
+    sent: &mut Option<(NodeStatus, Instant)>,
+) -> bool {
+    let previous = sent.as_ref().map(|(s, _)| s);
+    let now = status(config, signals, previous, crate::types::now());
+    let due = sent.as_ref().is_none_or(|(s, at)| {
+        without_heartbeats(s) != without_heartbeats(&now) || at.elapsed() >= config.report_frequency
+    });
+    if !due {
+        // The Node may be gone while its status stays the same: look (from the API server's
+        // cache, as upstream) before deciding there is nothing to send.
+        if config.register {
+            match nodes
+                .get_metadata_opt_with(&config.name, &GetParams::any())
+                .await
+            {
+                Ok(None) => return false,
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    tracing::warn!(node = %config.name, error = %crate::types::error_chain(&e), "cannot read the Node")
+                }
+            }
+        }
+        return true;
+    }
+    let patch = serde_json::json!({"status": now});
+    match nodes
+        .patch_status(&config.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(node) => {
+            if is_ready(&node) {
+                crate::metrics::get().node_startup(StartupStep::Ready);
+            }
+            if uid.borrow().is_none() {
+                uid.send_replace(node.metadata.uid);
+            }
+            *sent = Some((now, Instant::now()));
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 && config.register => return false,
+        Err(e) => {
+            tracing::warn!(node = %config.name, error = %crate::types::error_chain(&e), "cannot update the node status")
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -261,25 +261,42 @@ impl Puller {
     /// Makes sure the runtime has the request's image according to its pull policy.
     pub async fn ensure(&self, req: &Request<'_>) -> Result<Image, Error> {
         let image = req.image;
-        let parsed = parse_reference(image).map_err(|why| Error::InvalidName {
-            image: image.into(),
-            why,
+        // Whether the image was present and had to be pulled, as upstream counts each request
+        // (None: not known, as for an invalid name or an image the runtime cannot inspect).
+        let count = |present: Option<bool>, pull: Option<bool>| {
+            crate::metrics::get().ensure_image_request(req.policy, present, pull);
+        };
+        let parsed = parse_reference(image).map_err(|why| {
+            count(None, None);
+            Error::InvalidName {
+                image: image.into(),
+                why,
+            }
         })?;
         let wanted = reference::with_default_tag(image, &parsed);
-        if req.policy != "Always"
-            && let Some(found) = self.present(&wanted).await?
-        {
-            self.events.normal(
-                req.target.clone(),
-                "Pulled",
-                format!("Container image {image:?} already present on machine"),
-            );
-            return Ok(found);
-        }
-        if req.policy == "Never" {
-            return Err(Error::NeverPull {
-                image: image.into(),
-            });
+        if req.policy != "Always" {
+            let found = self
+                .present(&wanted)
+                .await
+                .inspect_err(|_| count(None, None))?;
+            if let Some(found) = found {
+                count(Some(true), Some(false));
+                self.events.normal(
+                    req.target.clone(),
+                    "Pulled",
+                    format!("Container image {image:?} already present on machine"),
+                );
+                return Ok(found);
+            }
+            if req.policy == "Never" {
+                count(Some(false), None);
+                return Err(Error::NeverPull {
+                    image: image.into(),
+                });
+            }
+            count(Some(false), Some(true));
+        } else {
+            count(None, Some(true));
         }
         let key = format!("{}_{wanted}", req.pod);
         let remaining = self

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod auth;
 pub mod exec;
 pub mod healthz;
+mod instrument;
 pub mod listen;
 pub mod logs;
 pub mod pod_resources;

@@ -44,13 +44,11 @@ fn running(c: &ContainerStatus) -> bool {
 }
 
 async fn pods(State(reader): State<status::Reader>) -> impl IntoResponse {
-    crate::metrics::get().http_request("GET", "pods", "readonly");
     json(pod_list(sorted(&reader)))
 }
 
 /// Pods with running containers, as the runtime sees them: metadata and those containers.
 async fn running_pods(State(reader): State<status::Reader>) -> impl IntoResponse {
-    crate::metrics::get().http_request("GET", "runningpods", "readonly");
     let items = sorted(&reader)
         .into_iter()
         .filter_map(|p| {
@@ -89,7 +87,6 @@ async fn running_pods(State(reader): State<status::Reader>) -> impl IntoResponse
 
 async fn metrics(State(reader): State<status::Reader>) -> impl IntoResponse {
     let m = crate::metrics::get();
-    m.http_request("GET", "metrics", "readonly");
     let pods = reader.list();
     let mut by_state = [
         ("running", 0usize),
@@ -135,7 +132,6 @@ async fn metrics(State(reader): State<status::Reader>) -> impl IntoResponse {
 
 async fn probe_metrics() -> impl IntoResponse {
     let m = crate::metrics::get();
-    m.http_request("GET", "metrics/probes", "readonly");
     (
         StatusCode::OK,
         [(
@@ -147,7 +143,6 @@ async fn probe_metrics() -> impl IntoResponse {
 }
 
 async fn stats_summary(State(source): State<super::stats::Source>) -> impl IntoResponse {
-    crate::metrics::get().http_request("GET", "stats/summary", "readonly");
     match super::stats::summary(&source).await {
         Ok(summary) => json(summary).into_response(),
         Err(e) => (
@@ -161,7 +156,6 @@ async fn stats_summary(State(source): State<super::stats::Source>) -> impl IntoR
 /// `/metrics/resource`, from the CPU and memory part of the summary; one that cannot be read is
 /// a scrape error.
 async fn resource_metrics(State(source): State<super::stats::Source>) -> impl IntoResponse {
-    crate::metrics::get().http_request("GET", "metrics/resource", "readonly");
     let summary = super::stats::cpu_and_memory(&source).await;
     if let Err(e) = &summary {
         tracing::warn!(error = %e, "cannot read the summary for /metrics/resource");
@@ -207,7 +201,9 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     super::listen::serve(
         listener,
-        super::listen::Mode::Plain(router(reader, checks, stats)),
+        super::listen::Mode::Plain(router(reader, checks, stats).layer(
+            axum::middleware::from_fn_with_state("readonly", super::instrument::record),
+        )),
         "read-only API",
         cancel,
     )

@@ -208,7 +208,6 @@ async fn container_logs(
     UrlPath((namespace, pod, container)): UrlPath<(String, String, String)>,
     req: Request,
 ) -> Response {
-    crate::metrics::get().http_request("GET", "containerLogs", "https");
     let options = match log_options(&query_of(&req)) {
         Ok(o) => o,
         Err(why) => return text(StatusCode::BAD_REQUEST, why),
@@ -330,7 +329,6 @@ fn listing(names: &[String]) -> String {
 /// /logs/ and /logs/{path}: a directory listing (HTML links, as upstream's file server) or a
 /// file's contents, for paths under the node's log dir only.
 async fn node_logs(State(h): State<Handles>, req: Request) -> Response {
-    crate::metrics::get().http_request("GET", "logs", "https");
     let raw = req.uri().path().trim_start_matches("/logs");
     let Ok(decoded) = percent_decoded(raw) else {
         return text(StatusCode::BAD_REQUEST, "invalid path");
@@ -363,7 +361,6 @@ fn percent_decoded(path: &str) -> Result<String, std::str::Utf8Error> {
 }
 
 async fn configz(State(h): State<Handles>) -> Response {
-    crate::metrics::get().http_request("GET", "configz", "https");
     (
         [(header::CONTENT_TYPE, "application/json")],
         serde_json::json!({ "kubeletconfig": h.configz }).to_string(),
@@ -459,7 +456,6 @@ async fn stream(
         .next()
         .unwrap_or_default()
         .to_string();
-    crate::metrics::get().http_request(req.method().as_str(), &kind, "https");
     let params: Vec<String> = params.into_iter().map(|(_, v)| v).collect();
     let query = query_of(&req);
     match session_url(&h, &kind, &params, &query).await {
@@ -565,6 +561,10 @@ pub fn router(read_only: Router, handles: Handles, auth: auth::Auth) -> Router {
     read_only
         .merge(own)
         .layer(middleware::from_fn_with_state(auth, auth::check))
+        .layer(middleware::from_fn_with_state(
+            "readwrite",
+            super::instrument::record,
+        ))
 }
 
 /// Serves `router` over TLS on `listener` until `cancel`; each connection is told whether its

@@ -777,7 +777,8 @@ spec:
 #[tokio::test]
 async fn kubectl_logs_exec_and_port_forward_reach_pods_through_the_api_server() {
     let cp = ControlPlane::start("proxy", true).await;
-    let (node, _) = join_serving(&cp, "proxy", &[]).await;
+    let read_only = crate::bed::free_port();
+    let (node, _) = join_serving(&cp, "proxy", &["--read-only-port", &read_only.to_string()]).await;
     let web = format!(
         r#"
 apiVersion: v1
@@ -807,6 +808,38 @@ spec:
         .kubectl_ok(&["exec", "web", "--", "sh", "-c", "echo exec-$((40 + 2))"])
         .await;
     assert_eq!(out.trim(), "exec-42");
+
+    // The node's metrics: its startup steps, timed once it registered and was Ready, and the
+    // requests its authenticated server served for the API server.
+    let metrics = eventually(
+        "the node startup metrics",
+        Duration::from_secs(30),
+        || async {
+            let (_, text) = crate::healthz::get(read_only, "/metrics").await?;
+            let set = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|v| v > 0.0)
+            };
+            [
+                "kubelet_node_startup_pre_registration_duration_seconds",
+                "kubelet_node_startup_registration_duration_seconds",
+                "kubelet_node_startup_post_registration_duration_seconds",
+                "kubelet_node_startup_duration_seconds",
+            ]
+            .iter()
+            .all(|name| set(name))
+            .then_some(text)
+        },
+    )
+    .await;
+    for series in [
+        "kubelet_http_requests_total{method=\"GET\",path=\"containerLogs\",server_type=\"readwrite\",long_running=\"false\"}",
+        "path=\"exec\",server_type=\"readwrite\",long_running=\"true\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
 
     // exec -it: a terminal on both ends (script gives kubectl one).
     let kubectl = kubectl_binary(&cp);

@@ -223,6 +223,36 @@ async fn the_read_only_api_serves_pods_and_metrics() {
         "{body}"
     );
     assert!(body.contains("\nkubernetes_build_info{"), "{body}");
+    // The server counts its requests as upstream's does: the earlier ones served, this scrape
+    // still in flight.
+    let http = |path: &str| {
+        format!(
+            "{{method=\"GET\",path=\"{path}\",server_type=\"readonly\",long_running=\"false\"}}"
+        )
+    };
+    for (series, least) in [
+        (format!("kubelet_http_requests_total{}", http("pods")), 1.0),
+        (format!("kubelet_http_requests_total{}", http("runningpods")), 1.0),
+        (format!("kubelet_http_requests_duration_seconds_count{}", http("pods")), 1.0),
+        (format!("kubelet_http_inflight_requests{}", http("metrics")), 1.0),
+        // The image was there (the test bed loads it) and its policy is IfNotPresent.
+        (
+            "kubelet_image_manager_ensure_image_requests_total{pull_policy=\"ifnotpresent\",present_locally=\"true\",pull_required=\"false\"}".into(),
+            1.0,
+        ),
+        ("kubelet_metrics_provider{provider=\"cri\"}".into(), 1.0),
+    ] {
+        assert!(
+            value(&series).is_some_and(|v| v >= least),
+            "{series} below {least} in {body}"
+        );
+    }
+    // A standalone node never registers: its startup durations stay zero.
+    assert_eq!(
+        value("kubelet_node_startup_duration_seconds"),
+        Some(0.0),
+        "{body}"
+    );
     assert_eq!(value("kubelet_mirror_pods"), Some(0.0), "{body}");
     // Housekeeping (every 2 s) counts the pods: the one static pod is desired, active and
     // synced by its worker.

@@ -146,7 +146,9 @@ pub(super) fn pod_stats(
         if !dir.path.exists() {
             continue;
         }
+        let started = std::time::Instant::now();
         let used = usage(&dir.path);
+        crate::metrics::get().volume_stats_measured(started.elapsed());
         if !dir.tmpfs {
             ephemeral += used;
         }
