@@ -332,7 +332,8 @@ impl Puller {
         {
             return Ok(found);
         }
-        let result = self.pull(req, &wanted, &parsed).await;
+        // Boxed: a pull's state is large, and most requests find the image present.
+        let result = Box::pin(self.pull(req, &wanted, &parsed)).await;
         let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(found) => {

@@ -158,14 +158,15 @@ impl Syncer {
             grace.period.as_secs()
         );
         let what = format!("the stop of container {name} ({id})");
-        let stop = hooks::stop_container(
+        // Boxed: the stop's state is large, and the futures that await it hold it only once.
+        let stop = Box::pin(hooks::stop_container(
             self.runtime.clone(),
             id.to_string(),
             want,
             host.to_string(),
             grace,
             (self.events.clone(), target.clone()),
-        );
+        ));
         async move {
             let _step = diagnoses.begin(&PodUid(target.uid.clone()), step);
             watched((&events, &diagnoses), &target, &what, expected, stop).await

@@ -106,7 +106,8 @@ async fn watched<T>(
     call: impl Future<Output = T>,
 ) -> T {
     let began = std::time::Instant::now();
-    tokio::pin!(call);
+    // Boxed, not pinned in place: a pinned copy would double the call's state in this future.
+    let mut call = Box::pin(call);
     let patience = expected + STALE_AFTER;
     tokio::select! {
         done = &mut call => return done,

@@ -340,14 +340,15 @@ impl Syncer {
             pod_ip
         };
         let name = &container.name;
-        let hook = hooks::run(
+        // Boxed: most containers have no hook, and their starts should not carry its state.
+        let hook = Box::pin(hooks::run(
             &self.runtime,
             handler,
             container,
             id,
             host,
             POST_START_TIMEOUT,
-        );
+        ));
         let step = format!("the postStart hook of container {name}");
         let step = self.diagnoses.begin(&PodUid::of(pod), step);
         let ran = hook.await;

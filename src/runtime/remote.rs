@@ -226,21 +226,27 @@ impl RuntimeClient {
         self.settled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn call<T>(
-        &self,
+    /// One runtime call, cut at `timeout` and counted in the runtime operation metrics. The
+    /// call is boxed before it is awaited: a gRPC call's state is kilobytes, and the
+    /// futures of the syncs that make calls would otherwise hold a copy of it at each level.
+    fn call<'a, T: 'a>(
+        &'a self,
         call: &'static str,
         timeout: Duration,
-        fut: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
-    ) -> Result<T> {
-        let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(timeout, fut).await {
-            Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(Error::Call { call, status }),
-            Err(_) => Err(Error::Timeout { call, timeout }),
-        };
-        crate::metrics::get().runtime_operation(call, started.elapsed(), result.is_err());
-        tracing::trace!(call, took = ?started.elapsed(), failed = result.is_err(), "runtime call");
-        result
+        fut: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>> + 'a,
+    ) -> impl Future<Output = Result<T>> + 'a {
+        let fut = Box::pin(fut);
+        async move {
+            let started = std::time::Instant::now();
+            let result = match tokio::time::timeout(timeout, fut).await {
+                Ok(Ok(response)) => Ok(response.into_inner()),
+                Ok(Err(status)) => Err(Error::Call { call, status }),
+                Err(_) => Err(Error::Timeout { call, timeout }),
+            };
+            crate::metrics::get().runtime_operation(call, started.elapsed(), result.is_err());
+            tracing::trace!(call, took = ?started.elapsed(), failed = result.is_err(), "runtime call");
+            result
+        }
     }
 
     /// The runtime's name and version.
