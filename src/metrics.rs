@@ -266,6 +266,7 @@ pub struct Metrics {
     http_inflight: Family,
     http_duration: Histogram,
     ensure_image_requests: Family,
+    pod_status_sync_duration: Histogram,
     metrics_provider: Family,
     volume_stats_duration: Histogram,
     node_startup: Mutex<NodeStartup>,
@@ -415,6 +416,12 @@ pub fn get() -> &'static Metrics {
             "Number of ensure-image requests processed by the kubelet.",
             "counter",
             &["pull_policy", "present_locally", "pull_required"],
+        ),
+        pod_status_sync_duration: Histogram::with_buckets(
+            "kubelet_pod_status_sync_duration_seconds",
+            "Duration in seconds to sync a pod status update. Measures time from detection of a change to pod status until the API is successfully updated for that pod, even if multiple intevening changes to pod status occur.",
+            &[],
+            &[0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0],
         ),
         metrics_provider: Family::new(
             "kubelet_metrics_provider",
@@ -860,6 +867,12 @@ impl Metrics {
             .add(&[&policy.to_lowercase(), text(present), text(pull)], 1.0);
     }
 
+    /// A pod's status reached the API server, `took` after the first change it carries.
+    pub fn pod_status_synced(&self, took: Duration) {
+        self.pod_status_sync_duration
+            .observe(&[], took.as_secs_f64());
+    }
+
     /// The usage of one volume was measured by walking it (`du`, upstream's metric source).
     pub fn volume_stats_measured(&self, took: Duration) {
         self.volume_stats_duration
@@ -1030,6 +1043,7 @@ impl Metrics {
             &self.evented_pleg_latency,
             &self.http_duration,
             &self.volume_stats_duration,
+            &self.pod_status_sync_duration,
         ] {
             h.render(&mut out);
         }

@@ -66,6 +66,8 @@ pub async fn run(
 ) {
     // The status version last pushed to each target (by the target's UID).
     let mut pushed: HashMap<String, u64> = HashMap::new();
+    // Since when each target has had a status not pushed yet, for the status sync duration.
+    let mut pending: HashMap<String, std::time::Instant> = HashMap::new();
     loop {
         let generation = statuses.generation();
         let entries = statuses.list();
@@ -79,8 +81,13 @@ pub async fn run(
             if pushed.get(&target.uid) == Some(&entry.version) {
                 continue;
             }
+            let since = *pending
+                .entry(target.uid.clone())
+                .or_insert_with(std::time::Instant::now);
             match push(&client, &target, &entry.pod).await {
                 Pushed::Yes => {
+                    crate::metrics::get().pod_status_synced(since.elapsed());
+                    pending.remove(&target.uid);
                     pushed.insert(target.uid, entry.version);
                 }
                 Pushed::Gone => {}
@@ -88,6 +95,7 @@ pub async fn run(
             }
         }
         pushed.retain(|uid, _| live.contains(uid));
+        pending.retain(|uid, _| live.contains(uid));
         if !failed {
             synced.send_replace(generation);
         }

@@ -809,8 +809,8 @@ spec:
         .await;
     assert_eq!(out.trim(), "exec-42");
 
-    // The node's metrics: its startup steps, timed once it registered and was Ready, and the
-    // requests its authenticated server served for the API server.
+    // The node's metrics: its startup steps, timed once it registered and was Ready, the pod
+    // statuses it pushed, and the requests its authenticated server served for the API server.
     let metrics = eventually(
         "the node startup metrics",
         Duration::from_secs(30),
@@ -827,6 +827,7 @@ spec:
                 "kubelet_node_startup_registration_duration_seconds",
                 "kubelet_node_startup_post_registration_duration_seconds",
                 "kubelet_node_startup_duration_seconds",
+                "kubelet_pod_status_sync_duration_seconds_count",
             ]
             .iter()
             .all(|name| set(name))
