@@ -44,6 +44,11 @@ impl Family {
         values.insert(labels.iter().map(|s| s.to_string()).collect(), to);
     }
 
+    /// Every series at once: those not in `series` go.
+    fn replace(&self, series: BTreeMap<Vec<String>, f64>) {
+        *self.values.lock().unwrap_or_else(|e| e.into_inner()) = series;
+    }
+
     fn render(&self, out: &mut String) {
         let values = self.values.lock().unwrap_or_else(|e| e.into_inner());
         // As upstream's client: a labelled family shows only once it has a series, one
@@ -151,17 +156,17 @@ impl Histogram {
         }
     }
 
-    fn observe(&self, labels: &[&str], seconds: f64) {
+    fn observe(&self, labels: &[&str], value: f64) {
         let mut values = self.values.lock().unwrap_or_else(|e| e.into_inner());
         let data = values
             .entry(labels.iter().map(|s| s.to_string()).collect())
             .or_insert_with(|| self.empty());
         for (i, bound) in self.buckets.iter().enumerate() {
-            if seconds <= *bound {
+            if value <= *bound {
                 data.counts[i] += 1;
             }
         }
-        data.sum += seconds;
+        data.sum += value;
         data.count += 1;
     }
 
@@ -275,6 +280,21 @@ pub struct Metrics {
     startup_registration: Family,
     startup_post_registration: Family,
     startup_total: Family,
+    cpu_pinning_requests: Family,
+    cpu_pinning_errors: Family,
+    cpu_shared_pool: Family,
+    cpu_exclusive: Family,
+    cpu_per_numa: Family,
+    memory_pinning_requests: Family,
+    memory_pinning_errors: Family,
+    aligned: Family,
+    aligned_failures: Family,
+    topology_requests: Family,
+    topology_errors: Family,
+    topology_duration: Histogram,
+    container_log_used: Family,
+    orphan_pods_cleaned: Family,
+    orphan_pods_failed: Family,
 }
 
 /// When the node first tried to register, first registered as a new Node and was first
@@ -647,6 +667,100 @@ pub fn get() -> &'static Metrics {
             "gauge",
             &[],
         ),
+        cpu_pinning_requests: Family::new(
+            "kubelet_cpu_manager_pinning_requests_total",
+            "The number of cpu core allocations which required pinning.",
+            "counter",
+            &[],
+        ),
+        cpu_pinning_errors: Family::new(
+            "kubelet_cpu_manager_pinning_errors_total",
+            "The number of cpu core allocations which required pinning failed.",
+            "counter",
+            &[],
+        ),
+        cpu_shared_pool: Family::new(
+            "kubelet_cpu_manager_shared_pool_size_millicores",
+            "The size of the shared CPU pool for non-guaranteed QoS pods, in millicores.",
+            "gauge",
+            &[],
+        ),
+        cpu_exclusive: Family::new(
+            "kubelet_cpu_manager_exclusive_cpu_allocation_count",
+            "The total number of CPUs exclusively allocated to containers running on this node",
+            "gauge",
+            &[],
+        ),
+        cpu_per_numa: Family::new(
+            "kubelet_cpu_manager_allocation_per_numa",
+            "Number of CPUs allocated per NUMA node",
+            "gauge",
+            &["numa_node"],
+        ),
+        memory_pinning_requests: Family::new(
+            "kubelet_memory_manager_pinning_requests_total",
+            "The number of memory pages allocations which required pinning.",
+            "counter",
+            &[],
+        ),
+        memory_pinning_errors: Family::new(
+            "kubelet_memory_manager_pinning_errors_total",
+            "The number of memory pages allocations which required pinning that failed.",
+            "counter",
+            &[],
+        ),
+        aligned: Family::new(
+            "kubelet_container_aligned_compute_resources_count",
+            "Cumulative number of aligned compute resources allocated to containers by alignment type.",
+            "counter",
+            &["scope", "boundary"],
+        ),
+        aligned_failures: Family::new(
+            "kubelet_container_aligned_compute_resources_failure_count",
+            "Cumulative number of failures to allocate aligned compute resources to containers by alignment type.",
+            "counter",
+            &["scope", "boundary"],
+        ),
+        topology_requests: Family::new(
+            "kubelet_topology_manager_admission_requests_total",
+            "The number of admission requests where resources have to be aligned.",
+            "counter",
+            &[],
+        ),
+        topology_errors: Family::new(
+            "kubelet_topology_manager_admission_errors_total",
+            "The number of admission request failures where resources could not be aligned.",
+            "counter",
+            &[],
+        ),
+        // Milliseconds, upstream's exponential buckets from 0.05 by doubling.
+        topology_duration: Histogram::with_buckets(
+            "kubelet_topology_manager_admission_duration_ms",
+            "Duration in milliseconds to serve a pod admission request.",
+            &[],
+            &[
+                0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 102.4, 204.8, 409.6,
+                819.2,
+            ],
+        ),
+        container_log_used: Family::new(
+            "kubelet_container_log_filesystem_used_bytes",
+            "Bytes used by the container's logs on the filesystem.",
+            "gauge",
+            &["uid", "namespace", "pod", "container"],
+        ),
+        orphan_pods_cleaned: Family::new(
+            "kubelet_orphan_pod_cleaned_volumes",
+            "The total number of orphaned Pods whose volumes were cleaned in the last periodic sweep.",
+            "gauge",
+            &[],
+        ),
+        orphan_pods_failed: Family::new(
+            "kubelet_orphan_pod_cleaned_volumes_errors",
+            "The number of orphaned Pods whose volumes failed to be cleaned in the last periodic sweep.",
+            "gauge",
+            &[],
+        ),
         restarted_pods: Family::new(
             "kubelet_restarted_pods_total",
             "Number of pods that have been restarted because they were deleted and recreated with the same UID while the kubelet was watching them (common for static pods, extremely uncommon for API pods)",
@@ -873,6 +987,78 @@ impl Metrics {
             .observe(&[], took.as_secs_f64());
     }
 
+    /// A container's exclusive CPUs were asked of the CPU manager (and refused when `failed`).
+    pub fn cpu_pinning(&self, failed: bool) {
+        self.cpu_pinning_requests.add(&[], 1.0);
+        if failed {
+            self.cpu_pinning_errors.add(&[], 1.0);
+        }
+    }
+
+    /// A container's NUMA-pinned memory was asked of the memory manager (and refused when
+    /// `failed`).
+    pub fn memory_pinning(&self, failed: bool) {
+        self.memory_pinning_requests.add(&[], 1.0);
+        if failed {
+            self.memory_pinning_errors.add(&[], 1.0);
+        }
+    }
+
+    /// The static CPU manager's pools: the CPUs shared by every container without exclusive
+    /// ones, and the exclusive ones in all and by NUMA node.
+    pub fn cpu_pools(&self, shared: usize, exclusive_by_node: &BTreeMap<u32, usize>) {
+        self.cpu_shared_pool.set(&[], (shared * 1000) as f64);
+        let exclusive: usize = exclusive_by_node.values().sum();
+        self.cpu_exclusive.set(&[], exclusive as f64);
+        for (node, n) in exclusive_by_node {
+            self.cpu_per_numa.set(&[&node.to_string()], *n as f64);
+        }
+    }
+
+    /// A container's or pod's (`scope`) resources were aligned along `boundary`, or could not
+    /// be (`aligned` false).
+    pub fn alignment(&self, scope: &str, boundary: &str, aligned: bool) {
+        let family = if aligned {
+            &self.aligned
+        } else {
+            &self.aligned_failures
+        };
+        family.add(&[scope, boundary], 1.0);
+    }
+
+    /// Shows the alignment series a manager may count, at zero until it does, as upstream's
+    /// managers declare them when they start (the failures too when `failures`).
+    pub fn declare_alignment(&self, scope: &str, boundary: &str, failures: bool) {
+        self.aligned.add(&[scope, boundary], 0.0);
+        if failures {
+            self.aligned_failures.add(&[scope, boundary], 0.0);
+        }
+    }
+
+    /// The topology manager served a pod's admission in `took`, refusing it when `failed`.
+    pub fn topology_admission(&self, took: Duration, failed: bool) {
+        self.topology_requests.add(&[], 1.0);
+        if failed {
+            self.topology_errors.add(&[], 1.0);
+        }
+        self.topology_duration.observe(&[], took.as_millis() as f64);
+    }
+
+    /// What each container's logs use now, by (uid, namespace, pod, container), in bytes.
+    pub fn set_log_usage(&self, usage: Vec<([String; 4], u64)>) {
+        let series = usage
+            .into_iter()
+            .map(|(labels, bytes)| (labels.into(), bytes as f64))
+            .collect();
+        self.container_log_used.replace(series);
+    }
+
+    /// A sweep of orphaned pod directories found `found` and could not remove `failed` of them.
+    pub fn orphan_pod_dirs(&self, found: usize, failed: usize) {
+        self.orphan_pods_cleaned.set(&[], found as f64);
+        self.orphan_pods_failed.set(&[], failed as f64);
+    }
+
     /// The usage of one volume was measured by walking it (`du`, upstream's metric source).
     pub fn volume_stats_measured(&self, took: Duration) {
         self.volume_stats_duration
@@ -1027,6 +1213,20 @@ impl Metrics {
             &self.startup_registration,
             &self.startup_post_registration,
             &self.startup_total,
+            &self.cpu_pinning_requests,
+            &self.cpu_pinning_errors,
+            &self.cpu_shared_pool,
+            &self.cpu_exclusive,
+            &self.cpu_per_numa,
+            &self.memory_pinning_requests,
+            &self.memory_pinning_errors,
+            &self.aligned,
+            &self.aligned_failures,
+            &self.topology_requests,
+            &self.topology_errors,
+            &self.container_log_used,
+            &self.orphan_pods_cleaned,
+            &self.orphan_pods_failed,
         ] {
             f.render(&mut out);
         }
@@ -1044,6 +1244,7 @@ impl Metrics {
             &self.http_duration,
             &self.volume_stats_duration,
             &self.pod_status_sync_duration,
+            &self.topology_duration,
         ] {
             h.render(&mut out);
         }

@@ -2,7 +2,7 @@
 //! The latest update wins; a kill is never lost (syncs that arrive after it are ignored); a
 //! terminated worker reports back and is gone, so a terminated pod never restarts under it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,9 @@ pub trait PodSyncer: Send + Sync + 'static {
     fn housekeep(&self, desired: Vec<Arc<Pod>>) -> impl Future<Output = ()> + Send;
     /// The pods this node has in the runtime, for housekeeping.
     fn runtime_pods(&self) -> impl Future<Output = Result<Vec<RuntimePod>, String>> + Send;
+    /// Removes the directories and log directories of pods the node no longer has (none of
+    /// `keep`), as upstream's cleanupOrphanedPodDirs and its log directory eviction do.
+    fn clean_orphans(&self, keep: HashSet<PodUid>) -> impl Future<Output = ()> + Send;
     /// Stops a pod only the runtime has, with its containers' own grace periods, and removes
     /// everything it had on the node (upstream's SyncTerminatingRuntimePod).
     fn terminate_runtime_pod(
@@ -328,6 +331,7 @@ mod tests {
         async fn runtime_pods(&self) -> Result<Vec<RuntimePod>, String> {
             Ok(Vec::new())
         }
+        async fn clean_orphans(&self, _keep: HashSet<PodUid>) {}
         async fn terminate_runtime_pod(&self, pod: Arc<RuntimePod>) -> Result<(), String> {
             self.calls
                 .lock()

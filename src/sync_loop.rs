@@ -1,7 +1,7 @@
 //! The sync loop: the one task that owns the desired state. It merges source snapshots through
 //! the mux, hands work to pod workers, resyncs pods periodically and does housekeeping.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +40,9 @@ pub struct Config {
     pub pressure: Option<watch::Receiver<Pressure>>,
     /// The CPU, memory and device managers, which admission gives pods their share of.
     pub resources: Option<Arc<crate::cm::Resources>>,
+    /// The sources configured: the directories of pods none of them wants are removed only
+    /// once each has delivered its pods.
+    pub sources: Vec<Source>,
     /// allowedUnsafeSysctls: the unsafe sysctls pods may ask for.
     pub allowed_unsafe_sysctls: Vec<String>,
     /// The pods' statuses, for the pod counts: a pod that has run to its end is no longer
@@ -56,6 +59,7 @@ impl Default for Config {
             allocatable: None,
             pressure: None,
             resources: None,
+            sources: Vec::new(),
             allowed_unsafe_sysctls: Vec::new(),
             statuses: None,
         }
@@ -100,7 +104,7 @@ pub struct SyncLoop<S> {
     started: HashMap<PodUid, Instant>,
     /// Pods admission refused (or the eviction manager evicted); they stay refused until they
     /// leave their source.
-    rejected: std::collections::HashSet<PodUid>,
+    rejected: HashSet<PodUid>,
     /// Pods being stopped to fail (evicted, or past their active deadline), with the reason
     /// and message their status will carry.
     evicted: HashMap<PodUid, (Arc<Pod>, &'static str, String)>,
@@ -633,18 +637,24 @@ impl<S: PodSyncer> SyncLoop<S> {
                 return;
             }
         };
-        let desired: std::collections::HashSet<PodUid> =
-            self.mux.desired().map(|p| PodUid::of(p)).collect();
+        let desired: HashSet<PodUid> = self.mux.desired().map(|p| PodUid::of(p)).collect();
         // A pod neither admitted nor left in the runtime has no CPUs or devices to keep (an
         // ending pod's are given back once its containers are stopped).
-        let keep = running
+        let held: HashSet<PodUid> = running
             .iter()
             .map(|p| p.uid.clone())
             .chain(self.admitted.keys().cloned())
-            .map(|uid| uid.0)
             .collect();
         if let Some(resources) = &self.config.resources {
-            resources.retain(&keep);
+            resources.retain(&held.iter().map(|uid| uid.0.clone()).collect());
+        }
+        // Directories are only known to be orphans once every source has said what it wants.
+        if self.config.sources.iter().all(|s| self.mux.is_ready(*s)) {
+            let workers = self.workers.census().map(|(uid, ..)| uid.clone());
+            let keep = held.iter().cloned().chain(desired.iter().cloned());
+            self.syncer
+                .clean_orphans(keep.chain(workers).collect())
+                .await;
         }
         for pod in running {
             if desired.contains(&pod.uid) || self.workers.contains(&pod.uid) {
@@ -676,8 +686,7 @@ impl<S: PodSyncer> SyncLoop<S> {
             (pods.len() - statics, statics)
         };
         let desired: Vec<&Arc<Pod>> = self.mux.desired().collect();
-        let desired_uids: std::collections::HashSet<PodUid> =
-            desired.iter().map(|p| PodUid::of(p)).collect();
+        let desired_uids: HashSet<PodUid> = desired.iter().map(|p| PodUid::of(p)).collect();
         let active = desired
             .iter()
             .copied()
@@ -715,7 +724,7 @@ impl<S: PodSyncer> SyncLoop<S> {
     /// present.
     fn working_pods(
         &self,
-        desired: &std::collections::HashSet<PodUid>,
+        desired: &HashSet<PodUid>,
     ) -> std::collections::BTreeMap<(&'static str, &'static str, &'static str), usize> {
         let mut working = std::collections::BTreeMap::new();
         for lifecycle in ["sync", "terminating", "terminated"] {
@@ -1070,6 +1079,11 @@ mod tests {
         async fn runtime_pods(&self) -> Result<Vec<RuntimePod>, String> {
             Ok(self.runtime.lock().unwrap().clone())
         }
+        async fn clean_orphans(&self, keep: HashSet<PodUid>) {
+            let mut kept: Vec<String> = keep.into_iter().map(|uid| uid.0).collect();
+            kept.sort();
+            self.record(format!("clean orphans but {}", kept.join(",")));
+        }
         async fn terminate_runtime_pod(&self, pod: Arc<RuntimePod>) -> Result<(), String> {
             self.record(format!("kill {} {}", pod.name, pod.uid));
             Ok(())
@@ -1233,6 +1247,28 @@ mod tests {
         bed.until("kill from-file u8").await;
         bed.idle(30).await;
         assert!(!bed.made("kill from-api"), "{:?}", bed.fake.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn orphaned_directories_are_cleaned_once_every_source_is_ready() {
+        let bed = Bed::start(Config {
+            sources: vec![Source::File, Source::Api],
+            ..Config::default()
+        });
+        *bed.fake.runtime.lock().unwrap() = vec![RuntimePod {
+            uid: PodUid("u9".into()),
+            name: "ending".into(),
+            namespace: "default".into(),
+            annotations: [(ANNOTATION_CONFIG_SOURCE.to_string(), "api".to_string())].into(),
+        }];
+        bed.send(Source::File, vec![pod("web", "u1", Source::File, "0", 1)])
+            .await;
+        bed.until("sync web u1").await;
+        bed.idle(10).await;
+        assert!(!bed.made("clean orphans"), "{:?}", bed.fake.calls());
+        bed.send(Source::Api, Vec::new()).await;
+        // The desired pod and the pod the runtime still has are kept.
+        bed.until("clean orphans but u1,u9").await;
     }
 
     #[tokio::test(start_paused = true)]

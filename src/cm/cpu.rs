@@ -24,6 +24,9 @@ use crate::types::Refusal;
 /// The state file's name in the root dir, as upstream names it.
 pub const STATE_FILE: &str = "cpu_manager_state";
 
+/// The alignment boundary full-pcpus-only guarantees, as the metrics name it.
+const PHYSICAL_CPU_BOUNDARY: &str = "physical_cpu";
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read the machine's CPU topology under /sys/devices/system/cpu")]
@@ -313,6 +316,12 @@ impl CpuManager {
         let state = manager.restore(&all)?;
         *manager.lock() = state;
         manager.save()?;
+        if manager.policy.is_some() {
+            let metrics = crate::metrics::get();
+            metrics.declare_alignment("container", PHYSICAL_CPU_BOUNDARY, true);
+            metrics.declare_alignment("container", "uncore_cache", false);
+            manager.publish();
+        }
         Ok(Arc::new(manager))
     }
 
@@ -428,13 +437,33 @@ impl CpuManager {
         })
     }
 
-    /// Saves the state and wakes the reconcile loop; a failed write is logged (the
-    /// assignments in memory still hold).
+    /// Saves the state, shows its pools in the metrics and wakes the reconcile loop; a failed
+    /// write is logged (the assignments in memory still hold).
     fn changed(&self) {
         if let Err(e) = self.save() {
             tracing::warn!(error = %crate::types::error_chain(&e), "the CPU manager's state is not saved");
         }
+        self.publish();
         self.changed.notify_one();
+    }
+
+    /// The static policy's pools as its metrics show them: the shared CPUs (but the reserved
+    /// ones), and the exclusive ones by NUMA node.
+    fn publish(&self) {
+        let Some(policy) = &self.policy else {
+            return;
+        };
+        let t = &policy.topology;
+        let state = self.lock();
+        let shared = state.default.difference(&policy.reserved).len();
+        let exclusive = (state.entries.values().flat_map(|c| c.values()))
+            .fold(CpuSet::default(), |acc, s| acc.union(s));
+        drop(state);
+        let mut by_node: BTreeMap<u32, usize> = t.nodes().into_iter().map(|n| (n, 0)).collect();
+        for id in exclusive.iter() {
+            *by_node.entry(t.node_of(id)).or_default() += 1;
+        }
+        crate::metrics::get().cpu_pools(shared, &by_node);
     }
 
     /// The CPUs the pod's containers before `name` leave for it to reuse: those of its regular
@@ -531,8 +560,8 @@ impl HintProvider for CpuManager {
         self.hints_for(policy, &CpuSet::default(), &available, count)
     }
 
-    /// Upstream's Allocate: a Guaranteed container with whole CPUs gets them out of the shared
-    /// pool (after what earlier init containers leave it), from `affinity`'s nodes first.
+    /// Upstream's Allocate: a Guaranteed container with whole CPUs gets them (counted as a
+    /// pinning request, and as an alignment on physical cores under full-pcpus-only).
     fn allocate(
         &self,
         pod: &Pod,
@@ -546,6 +575,35 @@ impl HintProvider for CpuManager {
         if count == 0 {
             return Ok(());
         }
+        let result = self.take(policy, pod, c, count, affinity);
+        let metrics = crate::metrics::get();
+        metrics.cpu_pinning(result.is_err());
+        if policy.full_pcpus_only {
+            metrics.alignment("container", PHYSICAL_CPU_BOUNDARY, result.is_ok());
+        }
+        result
+    }
+
+    fn release(&self, uid: &str) {
+        CpuManager::release(self, uid);
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        self.lock().entries.contains_key(uid)
+    }
+}
+
+impl CpuManager {
+    /// Takes `count` exclusive CPUs for a container out of the shared pool (after what earlier
+    /// init containers leave it), from `affinity`'s nodes first; nothing if it holds them.
+    fn take(
+        &self,
+        policy: &Static,
+        pod: &Pod,
+        c: &Container,
+        count: usize,
+        affinity: Option<NumaMask>,
+    ) -> Result<(), Refusal> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let mut state = self.lock();
         if state
@@ -601,16 +659,6 @@ impl HintProvider for CpuManager {
         Ok(())
     }
 
-    fn release(&self, uid: &str) {
-        CpuManager::release(self, uid);
-    }
-
-    fn holds(&self, uid: &str) -> bool {
-        self.lock().entries.contains_key(uid)
-    }
-}
-
-impl CpuManager {
     /// Gives a pod's exclusive CPUs back to the shared pool (its containers are gone).
     pub fn release(&self, uid: &str) {
         let mut state = self.lock();

@@ -396,6 +396,53 @@ impl MemoryManager {
             HintProvider::release(self, &uid);
         }
     }
+
+    /// Reserves a container's `requested` memory on the NUMA nodes of its placement (less what
+    /// earlier init containers leave it); nothing if it holds its memory already.
+    fn pin(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        requested: &BTreeMap<String, u64>,
+        affinity: Option<NumaMask>,
+    ) -> Result<(), Refusal> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut state = self.lock();
+        if state
+            .entries
+            .get(&uid)
+            .is_some_and(|p| p.contains_key(&container.name))
+        {
+            return Ok(());
+        }
+        let mask = placement(&state, &uid, pod, requested, affinity)?;
+        let nodes = mask.nodes();
+        let mut blocks = Vec::new();
+        for (kind, size) in requested {
+            let reusable = reusable(&state, &uid, pod, mask, kind);
+            reserve(
+                &mut state.machine,
+                &nodes,
+                kind,
+                size.saturating_sub(reusable),
+            );
+            blocks.push(Block {
+                numa_affinity: nodes.clone(),
+                kind: kind.clone(),
+                size: *size,
+            });
+        }
+        shrink_init_blocks(&mut state, &uid, pod, &container.name, &blocks);
+        tracing::debug!(pod = %crate::types::full_name(pod), container = %container.name, numa = %mask, "memory reserved");
+        state
+            .entries
+            .entry(uid)
+            .or_default()
+            .insert(container.name.clone(), blocks);
+        drop(state);
+        self.save_or_warn();
+        Ok(())
+    }
 }
 
 impl HintProvider for MemoryManager {
@@ -471,42 +518,9 @@ impl HintProvider for MemoryManager {
         if requested.is_empty() {
             return Ok(());
         }
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let mut state = self.lock();
-        if state
-            .entries
-            .get(&uid)
-            .is_some_and(|p| p.contains_key(&container.name))
-        {
-            return Ok(());
-        }
-        let mask = placement(&state, &uid, pod, &requested, affinity)?;
-        let nodes = mask.nodes();
-        let mut blocks = Vec::new();
-        for (kind, size) in &requested {
-            let reusable = reusable(&state, &uid, pod, mask, kind);
-            reserve(
-                &mut state.machine,
-                &nodes,
-                kind,
-                size.saturating_sub(reusable),
-            );
-            blocks.push(Block {
-                numa_affinity: nodes.clone(),
-                kind: kind.clone(),
-                size: *size,
-            });
-        }
-        shrink_init_blocks(&mut state, &uid, pod, &container.name, &blocks);
-        tracing::debug!(pod = %crate::types::full_name(pod), container = %container.name, numa = %mask, "memory reserved");
-        state
-            .entries
-            .entry(uid)
-            .or_default()
-            .insert(container.name.clone(), blocks);
-        drop(state);
-        self.save_or_warn();
-        Ok(())
+        let result = self.pin(pod, container, &requested, affinity);
+        crate::metrics::get().memory_pinning(result.is_err());
+        result
     }
 
     fn holds(&self, uid: &str) -> bool {

@@ -100,6 +100,9 @@ impl Scope {
 pub const AFFINITY_ERROR: &str = "TopologyAffinityError";
 const AFFINITY_MESSAGE: &str = "Resources cannot be allocated with Topology locality";
 
+/// The alignment boundary the topology manager guarantees, as its metrics name it.
+const NUMA_BOUNDARY: &str = "numa_node";
+
 /// Upstream refuses to manage topology on machines with more NUMA nodes than this: the hint
 /// combinations grow as two to their number.
 const MAX_NUMA_NODES: usize = 8;
@@ -120,6 +123,11 @@ impl TopologyManager {
                 "the topology manager is unsupported on machines with more than {MAX_NUMA_NODES} NUMA nodes (this one has {})",
                 nodes.len()
             ));
+        }
+        if policy != Policy::None {
+            for scope in [Scope::Container, Scope::Pod] {
+                crate::metrics::get().declare_alignment(scope.name(), NUMA_BOUNDARY, true);
+            }
         }
         Ok(TopologyManager {
             policy,
@@ -148,9 +156,19 @@ impl TopologyManager {
         result
     }
 
+    /// Counts an alignment on a NUMA node, made or refused, where the policy guarantees one.
+    fn aligned(&self, scope: Scope, aligned: bool) {
+        if self.policy == Policy::SingleNumaNode {
+            crate::metrics::get().alignment(scope.name(), NUMA_BOUNDARY, aligned);
+        }
+    }
+
     fn admit_containers(&self, pod: &Pod, providers: &[&dyn HintProvider]) -> Result<(), Refusal> {
         let containers = crate::pod::all_containers(crate::pod::spec(pod));
-        let refused = || -> Refusal { (AFFINITY_ERROR.into(), AFFINITY_MESSAGE.into()) };
+        let refused = |scope| -> Refusal {
+            self.aligned(scope, false);
+            (AFFINITY_ERROR.into(), AFFINITY_MESSAGE.into())
+        };
         let pod_affinity = match (self.policy, self.scope) {
             (Policy::None, _) | (_, Scope::Container) => None,
             (_, Scope::Pod) => {
@@ -161,7 +179,7 @@ impl TopologyManager {
                 let (best, admit) = merge(self.policy, &self.nodes, &hints);
                 tracing::debug!(pod = %crate::types::full_name(pod), ?best, admit, "pod topology hint");
                 if !admit {
-                    return Err(refused());
+                    return Err(refused(Scope::Pod));
                 }
                 Some(best.affinity)
             }
@@ -178,7 +196,7 @@ impl TopologyManager {
                     let (best, admit) = merge(self.policy, &self.nodes, &hints);
                     tracing::debug!(pod = %crate::types::full_name(pod), container = %c.name, ?best, admit, "container topology hint");
                     if !admit {
-                        return Err(refused());
+                        return Err(refused(Scope::Container));
                     }
                     best.affinity
                 }
@@ -186,6 +204,12 @@ impl TopologyManager {
             for p in providers {
                 p.allocate(pod, c, affinity)?;
             }
+            if self.scope == Scope::Container {
+                self.aligned(Scope::Container, true);
+            }
+        }
+        if self.scope == Scope::Pod {
+            self.aligned(Scope::Pod, true);
         }
         Ok(())
     }

@@ -298,6 +298,18 @@ impl Puller {
         } else {
             count(None, Some(true));
         }
+        self.pull_once(req, &wanted, &parsed).await
+    }
+
+    /// Pulls the image unless the pod's pulls of it are backing off, one pull per image at a
+    /// time (a pod that waited for another's may find it present).
+    async fn pull_once(
+        &self,
+        req: &Request<'_>,
+        wanted: &str,
+        parsed: &Reference,
+    ) -> Result<Image, Error> {
+        let image = req.image;
         let key = format!("{}_{wanted}", req.pod);
         let remaining = self
             .backoff
@@ -319,7 +331,7 @@ impl Puller {
             .in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(wanted.clone())
+            .entry(wanted.to_string())
             .or_default()
             .clone();
         let waiting = format!("another pod's pull of image {image:?}");
@@ -328,12 +340,12 @@ impl Puller {
         drop(step);
         // Another pod may have pulled it while this one waited.
         if req.policy != "Always"
-            && let Some(found) = self.present(&wanted).await?
+            && let Some(found) = self.present(wanted).await?
         {
             return Ok(found);
         }
         // Boxed: a pull's state is large, and most requests find the image present.
-        let result = Box::pin(self.pull(req, &wanted, &parsed)).await;
+        let result = Box::pin(self.pull(req, wanted, parsed)).await;
         let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(found) => {

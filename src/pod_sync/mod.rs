@@ -21,7 +21,7 @@ pub mod status;
 mod terminate;
 pub mod userns;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -385,6 +385,20 @@ impl PodSyncer for Syncer {
         }
         self.userns.release_orphans();
         self.retry_leftovers(&desired);
+    }
+
+    async fn clean_orphans(&self, mut keep: HashSet<PodUid>) {
+        // What ended pods left is retried on its own schedule.
+        keep.extend(
+            (self.leftovers.lock().unwrap_or_else(|e| e.into_inner()))
+                .keys()
+                .cloned(),
+        );
+        let (root_dir, logs_dir) = (self.ctx.root_dir.clone(), self.ctx.pod_logs_dir.clone());
+        let sweep = move || terminate::remove_orphans(&root_dir, &logs_dir, &keep);
+        if let Ok((found, failed)) = tokio::task::spawn_blocking(sweep).await {
+            crate::metrics::get().orphan_pod_dirs(found, failed);
+        }
     }
 
     async fn runtime_pods(&self) -> Result<Vec<RuntimePod>, String> {

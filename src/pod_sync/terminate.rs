@@ -3,7 +3,8 @@
 //! confirm the stop, its final status, and what it left on the node removed, in the background
 //! when it cannot be at once.
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -223,6 +224,59 @@ impl Syncer {
             self.clean_up(&uid, leftover);
         }
     }
+}
+
+/// Removes the directory of each pod under `root_dir` and the log directory of each pod under
+/// `pod_logs_dir` (`<namespace>_<name>_<uid>`) whose UID is not in `keep`, the pod's volumes
+/// unmounted first. Returns how many pod directories were orphans and how many of those could
+/// not be removed.
+pub(super) fn remove_orphans(
+    root_dir: &Path,
+    pod_logs_dir: &Path,
+    keep: &HashSet<PodUid>,
+) -> (usize, usize) {
+    let names = |dir: &Path| -> Vec<String> {
+        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        let dirs = entries.filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+        dirs.filter_map(|e| e.file_name().into_string().ok())
+            .collect()
+    };
+    let orphan = |uid: &str| !keep.contains(&PodUid(uid.to_string()));
+    let (mut found, mut failed) = (0, 0);
+    for uid in names(&root_dir.join("pods"))
+        .into_iter()
+        .filter(|u| orphan(u))
+    {
+        found += 1;
+        match volumes::teardown(root_dir, &uid) {
+            Ok(()) => tracing::info!(%uid, "removed the directory of a pod the node no longer has"),
+            Err(e) => {
+                failed += 1;
+                tracing::warn!(%uid, error = %crate::types::error_chain(&e), "cannot remove the directory of a pod the node no longer has");
+            }
+        }
+    }
+    for name in names(pod_logs_dir) {
+        // Neither a namespace nor a pod name holds '_'; a UID is hex digits and dashes.
+        let parts: Vec<&str> = name.split('_').collect();
+        let [_, _, uid] = parts[..] else {
+            continue;
+        };
+        let is_uid = !uid.is_empty() && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+        if !is_uid || !orphan(uid) {
+            continue;
+        }
+        let dir = pod_logs_dir.join(&name);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                tracing::info!(dir = %dir.display(), "removed the logs of a pod the node no longer has")
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the logs of a pod the node no longer has")
+            }
+        }
+    }
+    (found, failed)
 }
 
 /// What an ended pod left, tried again with a doubling wait.

@@ -85,9 +85,9 @@ async fn running_pods(State(reader): State<status::Reader>) -> impl IntoResponse
     json(pod_list(items))
 }
 
-async fn metrics(State(reader): State<status::Reader>) -> impl IntoResponse {
+async fn metrics(State(source): State<super::stats::Source>) -> impl IntoResponse {
     let m = crate::metrics::get();
-    let pods = reader.list();
+    let pods = source.statuses.list();
     let mut by_state = [
         ("running", 0usize),
         ("exited", 0),
@@ -120,6 +120,7 @@ async fn metrics(State(reader): State<status::Reader>) -> impl IntoResponse {
         }
     }
     m.set_running(running_pods, &by_state);
+    m.set_log_usage(source.log_usage(pods).await);
     (
         StatusCode::OK,
         [(
@@ -179,12 +180,12 @@ pub fn router(
     let summary = Router::new()
         .route("/stats/summary", get(stats_summary))
         .route("/metrics/resource", get(resource_metrics))
+        .route("/metrics", get(metrics))
         .with_state(stats);
     Router::new()
         .route("/pods", get(pods))
         .route("/runningpods", get(running_pods))
         .route("/runningpods/", get(running_pods))
-        .route("/metrics", get(metrics))
         .route("/metrics/probes", get(probe_metrics))
         .with_state(reader)
         .merge(summary)

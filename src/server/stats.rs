@@ -33,6 +33,15 @@ pub struct Source {
 }
 
 impl Source {
+    /// What each container's logs use on the filesystem, by (uid, namespace, pod, container),
+    /// for upstream's `kubelet_container_log_filesystem_used_bytes`: the containers of these
+    /// pods that have a log directory.
+    pub async fn log_usage(&self, pods: Vec<status::Entry>) -> Vec<([String; 4], u64)> {
+        let (root_dir, logs_dir) = (self.root_dir.clone(), self.pod_logs_dir.clone());
+        let walk = move || storage::log_usage(&root_dir, &logs_dir, &pods);
+        tokio::task::spawn_blocking(walk).await.unwrap_or_default()
+    }
+
     /// The cgroup the pods live in: the `pods` system container's.
     fn pods_cgroup(&self) -> Option<&str> {
         self.system_containers

@@ -8,7 +8,32 @@ use nodelet::server::pod_resources::proto::{
     AllocatableResourcesRequest, GetPodResourcesRequest, ListPodResourcesRequest,
 };
 
-use crate::bed::{BUSYBOX, FOREVER, Node, cgroup_root, eventually};
+use crate::bed::{BUSYBOX, FOREVER, Node, cgroup_root, eventually, free_port};
+
+/// Waits until the node's `/metrics` on the read-only `port` holds every line of `lines`; on
+/// timeout, says which are missing and what the node shows of their families.
+async fn metrics_show(port: u16, what: &str, lines: &[String]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = crate::healthz::get(port, "/metrics").await.map(|(_, b)| b);
+        let body = body.unwrap_or_default();
+        let missing: Vec<&String> = (lines.iter())
+            .filter(|want| !body.lines().any(|l| l == want.as_str()))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let family = |l: &str| l.split(['{', ' ']).next().unwrap_or_default().to_string();
+            let families: Vec<String> = missing.iter().map(|m| family(m)).collect();
+            let shown: Vec<&str> = (body.lines())
+                .filter(|l| !l.starts_with('#') && families.contains(&family(l)))
+                .collect();
+            panic!("{what}: missing {missing:?}; the node shows {shown:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 
 /// A cgroup file of the given controller (v1) or the unified hierarchy (v2).
 fn cgroup_dir(controller: &str, relative: &str) -> PathBuf {
@@ -416,12 +441,15 @@ async fn the_static_cpu_manager_gives_a_guaranteed_container_a_cpu_of_its_own_an
     );
     let exclusive = nodelet::cm::cpuset::CpuSet::parse("1").expect("a CPU list");
     let shared = all.difference(&exclusive).to_string();
+    let port = free_port();
     let node = Node::start(
         "cpumanager",
         &[
             "--cpu-manager-policy=static",
             "--reserved-cpus=0",
             "--cpu-manager-reconcile-period=1s",
+            "--read-only-port",
+            &port.to_string(),
         ],
     )
     .await;
@@ -517,6 +545,33 @@ spec:
         s.phase.as_deref() == Some("Failed")
     })
     .await;
+    // Upstream's metrics count the request for a CPU of its own and the two admissions (the
+    // refused pod did not fit the node's allocatable CPUs, so it never reached the managers),
+    // and show the pools: the shared one but the reserved and the exclusive CPU.
+    let pools = |shared: usize, exclusive: usize| {
+        vec![
+            format!(
+                "kubelet_cpu_manager_shared_pool_size_millicores {}",
+                shared * 1000
+            ),
+            format!("kubelet_cpu_manager_exclusive_cpu_allocation_count {exclusive}"),
+        ]
+    };
+    let mut lines = pools(all.len() - 2, 1);
+    lines.extend(
+        [
+            "kubelet_cpu_manager_pinning_requests_total 1",
+            "kubelet_cpu_manager_pinning_errors_total 0",
+            "kubelet_cpu_manager_allocation_per_numa{numa_node=\"0\"} 1",
+            "kubelet_topology_manager_admission_requests_total 2",
+            "kubelet_topology_manager_admission_errors_total 0",
+            "kubelet_topology_manager_admission_duration_ms_count 2",
+            "kubelet_container_aligned_compute_resources_count{scope=\"container\",boundary=\"physical_cpu\"} 0",
+            "kubelet_container_aligned_compute_resources_failure_count{scope=\"container\",boundary=\"physical_cpu\"} 0",
+        ]
+        .map(String::from),
+    );
+    metrics_show(port, "the CPU manager's metrics", &lines).await;
     node.remove_manifest("second.yaml");
     // Once the exclusive container is gone its CPU goes back to the shared pool.
     node.remove_manifest("excl.yaml");
@@ -524,6 +579,12 @@ spec:
         "the shared container on every CPU again",
         Duration::from_secs(60),
         || async { (allowed_cpus(&node, "shared")? == all_text).then_some(()) },
+    )
+    .await;
+    metrics_show(
+        port,
+        "the CPU back in the shared pool",
+        &pools(all.len() - 1, 0),
     )
     .await;
     node.finish().await;
@@ -559,7 +620,9 @@ async fn the_static_memory_manager_pins_a_guaranteed_pod_to_its_numa_node_and_ke
         "--topology-manager-policy=single-numa-node",
         "--topology-manager-scope=pod",
     ];
-    let mut node = Node::start("memorymanager", &flags).await;
+    let port = free_port().to_string();
+    let served = [&flags[..], &["--read-only-port", &port]].concat();
+    let mut node = Node::start("memorymanager", &served).await;
     let resources = |memory: &str| {
         format!(
             "{{requests: {{cpu: 100m, memory: {memory}}}, limits: {{cpu: 100m, memory: {memory}}}}}"
@@ -587,6 +650,17 @@ spec:
         &crate::bed::pod_yaml("loose", &[("c", FOREVER)], ""),
     );
     let (sandbox, c) = running_c(&node).await;
+    // Both of the Guaranteed pod's containers asked for pinned memory; each pod, the
+    // BestEffort one too, was admitted aligned on one NUMA node, as upstream counts them.
+    let lines = [
+        "kubelet_memory_manager_pinning_requests_total 2",
+        "kubelet_memory_manager_pinning_errors_total 0",
+        "kubelet_container_aligned_compute_resources_count{scope=\"pod\",boundary=\"numa_node\"} 2",
+        "kubelet_container_aligned_compute_resources_count{scope=\"container\",boundary=\"numa_node\"} 0",
+    ]
+    .map(String::from);
+    let port: u16 = port.parse().expect("a port");
+    metrics_show(port, "the memory manager's metrics", &lines).await;
     // The container's memory is pinned to NUMA node 0; a BestEffort one is not pinned.
     let spec = oci_spec(&node, &c.id).await;
     assert_eq!(spec["linux"]["resources"]["cpu"]["mems"], "0", "{spec}");
@@ -675,7 +749,7 @@ spec:
             && stderr.contains("memory_manager_state"),
         "{stderr}"
     );
-    node.restart(&flags).await;
+    node.restart(&served).await;
     let (_, c_again) = running_c(&node).await;
     assert_eq!(
         c_again.id, c.id,

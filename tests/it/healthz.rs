@@ -247,6 +247,26 @@ async fn the_read_only_api_serves_pods_and_metrics() {
             "{series} below {least} in {body}"
         );
     }
+    // The topology manager admitted the pod (under the none policy, which aligns nothing),
+    // and the container's log directory is measured.
+    let uid = pod["metadata"]["uid"].as_str().expect("a UID");
+    let log_series = format!(
+        "kubelet_container_log_filesystem_used_bytes{{uid=\"{uid}\",namespace=\"default\",pod=\"{}\",container=\"c\"}}",
+        node.pod_name("web")
+    );
+    for (series, least) in [
+        ("kubelet_topology_manager_admission_requests_total", 1.0),
+        ("kubelet_topology_manager_admission_duration_ms_count", 1.0),
+        ("kubelet_topology_manager_admission_errors_total", 0.0),
+        ("kubelet_memory_manager_pinning_requests_total", 0.0),
+        ("kubelet_cpu_manager_shared_pool_size_millicores", 0.0),
+        (&log_series, 0.0),
+    ] {
+        assert!(
+            value(series).is_some_and(|v| v >= least),
+            "{series} below {least} in {body}"
+        );
+    }
     // A standalone node never registers: its startup durations stay zero.
     assert_eq!(
         value("kubelet_node_startup_duration_seconds"),

@@ -702,6 +702,37 @@ async fn orphans_with_pod_labels_are_collected_and_strangers_left_alone() {
     );
     let _ = node.runtime.stop_pod_sandbox(&stranger).await;
     let _ = node.runtime.remove_pod_sandbox(&stranger).await;
+    // A pod directory (with a volume still mounted) and a log directory of a pod the node no
+    // longer has are removed; the running pod's and what is no pod's log directory are kept.
+    let ghost = "0f0e0d0c-0b0a-4909-8807-060504030201";
+    let volume = node.path(&format!(
+        "root/pods/{ghost}/volumes/kubernetes.io~empty-dir/v"
+    ));
+    std::fs::create_dir_all(&volume).expect("the orphan's volume");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&volume)
+        .status()
+        .expect("mount runs");
+    assert!(mounted.success(), "the orphan's volume is mounted");
+    let ghost_logs = node.pod_logs().join(format!("default_ghost_{ghost}"));
+    std::fs::create_dir_all(ghost_logs.join("c")).expect("the orphan's logs");
+    let notes = node.pod_logs().join("notes");
+    std::fs::create_dir_all(&notes).expect("a directory of no pod");
+    eventually(
+        "the orphan's directories to be removed",
+        Duration::from_secs(30),
+        || async {
+            let gone = !node.path(&format!("root/pods/{ghost}")).exists() && !ghost_logs.exists();
+            gone.then_some(())
+        },
+    )
+    .await;
+    let (sandbox, _) = node.wait_running("real", 1).await;
+    assert!(node.path(&format!("root/pods/{}", sandbox.uid.0)).is_dir());
+    let real_logs = format!("default_{}_{}", node.pod_name("real"), sandbox.uid.0);
+    assert!(node.pod_logs().join(real_logs).is_dir());
+    assert!(notes.is_dir());
     node.finish().await;
 }
 

@@ -75,6 +75,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "the Go runtime's own metrics: nodelet is not written in Go",
     ),
     (
+        "metrics/kubelet_metrics_provider",
+        "nodelet says where its container stats come from (the CRI); the kubelet serves it in some runs only (see RACY)",
+    ),
+    (
         "metrics/apiserver_",
         "metrics of API server libraries linked into the kubelet's binary, about requests it never serves",
     ),
@@ -112,13 +116,18 @@ const ALLOWED: &[(&str, &str)] = &[
     ),
 ];
 
+/// Allow-list entries that apply in some runs only. The kubelet sets `kubelet_metrics_provider`
+/// when its server starts, which may come before the family is registered (a sample set on a
+/// family not yet registered is dropped), so whether it serves one is a race.
+const RACY: &[&str] = &["metrics/kubelet_metrics_provider"];
+
 /// Differences that are gaps still to close in nodelet: what the kubelet serves and nodelet does
 /// not yet. Listed so that the test holds the line everywhere else; each entry goes once it is
 /// closed (the test fails on an entry that no longer matches anything).
 const GAPS: &[(&str, &str)] = &[
     (
         "metrics/kubelet_",
-        "kubelet metrics nodelet does not serve yet (the cpu, memory and topology managers', the image pull records', the pod status sync duration and more)",
+        "kubelet metrics nodelet does not serve yet (the image pull records', the image volumes' and more)",
     ),
     ("metrics/dra_", "dynamic resource allocation"),
     ("metrics/storage_operation_", "volume operation metrics"),
@@ -599,7 +608,7 @@ async fn the_kubelet_and_nodelet_give_the_runtime_the_same_pods() {
         .iter()
         .chain(GAPS)
         .map(|(p, _)| *p)
-        .filter(|p| !used.contains(p))
+        .filter(|p| !used.contains(p) && !RACY.contains(p))
         .collect();
     node.finish().await;
     drop(kubelet);

@@ -110,6 +110,46 @@ impl PodFiles<'_> {
     }
 }
 
+/// What the log directory of each container with a status in `pods` uses, in bytes, by
+/// (uid, namespace, pod, container); containers without a log directory are left out.
+pub(super) fn log_usage(
+    root_dir: &Path,
+    pod_logs_dir: &Path,
+    pods: &[crate::status::Entry],
+) -> Vec<([String; 4], u64)> {
+    let mut out = Vec::new();
+    for entry in pods {
+        let pod = &*entry.pod;
+        let namespace = crate::types::namespace(pod);
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let files = PodFiles {
+            pod: Some(pod),
+            uid,
+            name,
+            namespace,
+            root_dir,
+            pod_logs_dir,
+        };
+        let log_dir = files.log_dir();
+        let statuses = pod.status.iter().flat_map(|s| {
+            [
+                &s.init_container_statuses,
+                &s.container_statuses,
+                &s.ephemeral_container_statuses,
+            ]
+        });
+        for c in statuses.flatten().flatten() {
+            let dir = log_dir.join(&c.name);
+            if dir.is_dir() {
+                let labels = [uid, namespace, name, &c.name].map(String::from);
+                out.push((labels, files_usage(&dir).bytes));
+            }
+        }
+    }
+    out
+}
+
 /// A pod's storage figures: `logs` added to each of its `containers` entries, and the pod's
 /// `volume` list and `ephemeral-storage` returned. Ephemeral storage is upstream's sum: the
 /// containers' writable layers and logs, the volumes on the node's disk (emptyDir, configMap),
