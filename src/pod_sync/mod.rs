@@ -388,6 +388,12 @@ impl PodSyncer for Syncer {
     }
 
     async fn clean_orphans(&self, mut keep: HashSet<PodUid>) {
+        // Only a pod with no sandbox at all is an orphan: one the runtime holds for another
+        // node name (a changed hostname) may still have containers using its volumes.
+        let Ok(sandboxes) = self.runtime.list_sandboxes(None).await else {
+            return;
+        };
+        keep.extend(sandboxes.into_iter().map(|sb| sb.uid));
         // What ended pods left is retried on its own schedule.
         keep.extend(
             (self.leftovers.lock().unwrap_or_else(|e| e.into_inner()))
