@@ -105,7 +105,7 @@ pub async fn run(runtime: RuntimeClient, config: Config, cancel: CancellationTok
             match list(&runtime, &config).await {
                 Ok(now) => logs = now,
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot list the containers whose logs to rotate; trying again next interval")
+                    tracing::warn!(error = %crate::types::error_chain(&e), "cannot list the containers whose logs to rotate; trying again next interval")
                 }
             }
         }
@@ -164,7 +164,7 @@ async fn list(runtime: &RuntimeClient, config: &Config) -> runtime::Result<Vec<L
             // Gone since the listing.
             Err(e) if e.is_not_found() => continue,
             Err(e) => {
-                tracing::warn!(%pod, container = %c.name, id = %c.id, error = %e, "cannot find the container's log to rotate it; trying again next interval");
+                tracing::warn!(%pod, container = %c.name, id = %c.id, error = %crate::types::error_chain(&e), "cannot find the container's log to rotate it; trying again next interval");
                 continue;
             }
         };

@@ -82,10 +82,16 @@ pub struct AgentRun {
     pub removed: Option<f64>,
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// `N` ports free on loopback now, all bound at once so that no two are the same.
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 /// The containerd serving `endpoint` (a test bed's socket beside its pid file).
@@ -124,7 +130,7 @@ impl Agent {
         log: &Path,
     ) -> Result<Agent> {
         std::fs::create_dir_all(dir.join("manifests"))?;
-        let healthz = free_port()?;
+        let [healthz] = free_ports()?;
         let mut command = Command::new(binary);
         command
             .arg("--pod-manifest-path")
@@ -167,7 +173,7 @@ impl Agent {
             );
         }
         std::fs::create_dir_all(dir.join("manifests"))?;
-        let (port, healthz) = (free_port()?, free_port()?);
+        let [port, healthz] = free_ports()?;
         let config = dir.join("config.yaml");
         std::fs::write(
             &config,

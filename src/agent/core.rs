@@ -242,7 +242,7 @@ async fn cgroup_driver(
         Ok(Some(theirs)) => Some((theirs, "reports over CRI")),
         Ok(None) => None,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot ask the runtime for its cgroup driver");
+            tracing::warn!(error = %crate::types::error_chain(&e), "cannot ask the runtime for its cgroup driver");
             None
         }
     };
@@ -253,7 +253,7 @@ async fn cgroup_driver(
                 .map(|t| (t, "names in its configuration")),
             Ok(None) => None,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the runtime's configuration for its cgroup driver");
+                tracing::warn!(error = %crate::types::error_chain(&e), "cannot read the runtime's configuration for its cgroup driver");
                 None
             }
         },

@@ -150,7 +150,9 @@ impl ImageGc {
                     self.seen.remove(&id);
                     freed += size;
                 }
-                Err(e) => tracing::warn!(image = %id, error = %e, "cannot remove image"),
+                Err(e) => {
+                    tracing::warn!(image = %id, error = %crate::types::error_chain(&e), "cannot remove image")
+                }
             }
         }
         Ok(freed)
@@ -167,7 +169,7 @@ pub async fn run(mut gc: ImageGc, period: Duration, cancel: tokio_util::sync::Ca
             _ = ticker.tick() => {}
         }
         if let Err(e) = gc.collect().await {
-            tracing::warn!(error = %e, "image garbage collection failed; trying again next period");
+            tracing::warn!(error = %crate::types::error_chain(&e), "image garbage collection failed; trying again next period");
         }
     }
 }

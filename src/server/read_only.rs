@@ -159,7 +159,7 @@ async fn stats_summary(State(source): State<super::stats::Source>) -> impl IntoR
 async fn resource_metrics(State(source): State<super::stats::Source>) -> impl IntoResponse {
     let summary = super::stats::cpu_and_memory(&source).await;
     if let Err(e) = &summary {
-        tracing::warn!(error = %e, "cannot read the summary for /metrics/resource");
+        tracing::warn!(error = %crate::types::error_chain(&e), "cannot read the summary for /metrics/resource");
     }
     (
         StatusCode::OK,

@@ -421,7 +421,7 @@ async fn running_containers(
                 .collect::<std::collections::HashMap<_, _>>(),
         ),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot list the containers for their start times");
+            tracing::warn!(error = %crate::types::error_chain(&e), "cannot list the containers for their start times");
             None
         }
     };
