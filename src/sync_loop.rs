@@ -608,7 +608,10 @@ impl<S: PodSyncer> SyncLoop<S> {
     }
 
     /// Terminates pods the runtime holds for this node that no source wants, once their source
-    /// is ready (so a slow source never gets its pods killed, and never blocks another source).
+    /// is ready (so a slow source never gets its pods killed, and never blocks another source);
+    /// gives back what pods no longer on the node held of the CPUs, memory and devices; and,
+    /// once every source is ready, removes what pods the node no longer has left on disk. The
+    /// sweep is awaited: no pod is dispatched while it decides what is an orphan.
     async fn housekeeping(&mut self) {
         // Deferred resizes are tried again: other pods may have left or shrunk.
         let deferred: Vec<Arc<Pod>> = self
@@ -1267,8 +1270,9 @@ mod tests {
         bed.idle(10).await;
         assert!(!bed.made("clean orphans"), "{:?}", bed.fake.calls());
         bed.send(Source::Api, Vec::new()).await;
-        // The desired pod and the pod the runtime still has are kept.
-        bed.until("clean orphans but u1,u9").await;
+        // The desired pod and the pod the runtime still has are kept, from the first sweep on.
+        let first = bed.until("clean orphans").await;
+        assert_eq!(bed.fake.calls()[first], "clean orphans but u1,u9");
     }
 
     #[tokio::test(start_paused = true)]

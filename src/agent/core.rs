@@ -20,7 +20,6 @@ use crate::pod_sync::{self, Syncer};
 use crate::runtime::{RuntimeClient, wait_for_runtime};
 use crate::sources::SourceSnapshot;
 use crate::sync_loop::{self, SyncLoop};
-use crate::types::Source;
 use crate::{pleg, probe, status};
 
 /// The parts both modes share: the runtime client, the pod syncer, the sync loop fed by the
@@ -561,14 +560,7 @@ fn sync_loop(
         allocatable: Some(allocatable),
         pressure: Some(pressure_rx),
         resources: Some(resources.clone()),
-        sources: [
-            (Source::File, config.static_pod_path.is_some()),
-            (Source::Http, config.static_pod_url.is_some()),
-            (Source::Api, config.kubeconfig.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(source, configured)| configured.then_some(source))
-        .collect(),
+        sources: super::sources(config),
         allowed_unsafe_sysctls: config.allowed_unsafe_sysctls.clone(),
         statuses: Some(statuses.clone()),
         ..Default::default()

@@ -244,6 +244,18 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
     }))
 }
 
+/// The pod sources configured: the manifest directory, the manifest URL, the API server.
+fn sources(config: &Config) -> Vec<Source> {
+    [
+        (Source::File, config.static_pod_path.is_some()),
+        (Source::Http, config.static_pod_url.is_some()),
+        (Source::Api, config.kubeconfig.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(source, configured)| configured.then_some(source))
+    .collect()
+}
+
 /// Starts the static pod sources that are configured: the manifest directory and the
 /// manifest URL, each sending its snapshots on `snapshots`.
 fn spawn_sources(
@@ -312,10 +324,6 @@ fn cluster_config(
     core: &Core,
     kubeconfig: &std::path::Path,
 ) -> crate::cluster::Config {
-    let static_sources = [
-        config.static_pod_path.as_ref().map(|_| Source::File),
-        config.static_pod_url.as_ref().map(|_| Source::Http),
-    ];
     crate::cluster::Config {
         kubeconfig: kubeconfig.to_path_buf(),
         qps: config.kube_api_qps,
@@ -345,7 +353,10 @@ fn cluster_config(
             devices: Some(core.resources.devices.clone()),
         },
         lease_duration_seconds: config.node_lease_duration_seconds,
-        static_sources: static_sources.into_iter().flatten().collect(),
+        static_sources: sources(config)
+            .into_iter()
+            .filter(|s| *s != Source::Api)
+            .collect(),
     }
 }
 

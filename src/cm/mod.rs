@@ -60,16 +60,11 @@ pub struct Resources {
 impl Resources {
     /// Admission of a pod's resources: its devices by count, then each container's CPUs,
     /// memory and devices along the topology manager's affinity. A refused pod holds nothing.
-    /// Counted as the topology manager's admission, which upstream's is.
     pub fn admit(&self, pod: &Pod) -> Result<(), Refusal> {
-        let start = std::time::Instant::now();
-        let result = self.devices.admit(pod).and_then(|()| {
-            let providers: [&dyn topology::HintProvider; 3] =
-                [&*self.cpus, &*self.memory, &*self.devices];
-            self.topology.admit(pod, &providers)
-        });
-        crate::metrics::get().topology_admission(start.elapsed(), result.is_err());
-        result
+        self.devices.admit(pod)?;
+        let providers: [&dyn topology::HintProvider; 3] =
+            [&*self.cpus, &*self.memory, &*self.devices];
+        self.topology.admit(pod, &providers)
     }
 
     /// Gives back what a pod holds (its containers are gone).

@@ -144,10 +144,15 @@ impl TopologyManager {
     /// at once in the pod scope, is given the providers' merged affinity and its resources
     /// allocated along it. A refused new pod holds nothing afterwards; a refused pod that held
     /// resources before (its containers may still run) keeps them until its containers are gone.
+    /// Each admission is counted and timed, and a refusal counted as an error unless the policy
+    /// is none, as upstream counts them.
     pub fn admit(&self, pod: &Pod, providers: &[&dyn HintProvider]) -> Result<(), Refusal> {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let held_before = providers.iter().any(|p| p.holds(uid));
+        let start = std::time::Instant::now();
         let result = self.admit_containers(pod, providers);
+        let error = result.is_err() && self.policy != Policy::None;
+        crate::metrics::get().topology_admission(start.elapsed(), error);
         if result.is_err() && !held_before {
             for p in providers {
                 p.release(uid);

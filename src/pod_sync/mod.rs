@@ -388,12 +388,6 @@ impl PodSyncer for Syncer {
     }
 
     async fn clean_orphans(&self, mut keep: HashSet<PodUid>) {
-        // Only a pod with no sandbox at all is an orphan: one the runtime holds for another
-        // node name (a changed hostname) may still have containers using its volumes.
-        let Ok(sandboxes) = self.runtime.list_sandboxes(None).await else {
-            return;
-        };
-        keep.extend(sandboxes.into_iter().map(|sb| sb.uid));
         // What ended pods left is retried on its own schedule.
         keep.extend(
             (self.leftovers.lock().unwrap_or_else(|e| e.into_inner()))
@@ -401,10 +395,29 @@ impl PodSyncer for Syncer {
                 .cloned(),
         );
         let (root_dir, logs_dir) = (self.ctx.root_dir.clone(), self.ctx.pod_logs_dir.clone());
-        let sweep = move || terminate::remove_orphans(&root_dir, &logs_dir, &keep);
-        if let Ok((found, failed)) = tokio::task::spawn_blocking(sweep).await {
-            crate::metrics::get().orphan_pod_dirs(found, failed);
+        let find = move || terminate::Orphans::find(&root_dir, &logs_dir, &keep);
+        let Ok(orphans) = tokio::task::spawn_blocking(find).await else {
+            return;
+        };
+        let mut swept = (0, 0);
+        if !orphans.is_empty() {
+            // Only a pod with no sandbox at all is an orphan: one the runtime holds for another
+            // node name (a changed hostname) may still have containers using its volumes.
+            let sandboxes = match self.runtime.list_sandboxes(None).await {
+                Ok(sandboxes) => sandboxes,
+                Err(e) => {
+                    tracing::warn!(error = %crate::types::error_chain(&e), "cannot list the runtime's pods; orphaned pod directories stay until the next housekeeping");
+                    return;
+                }
+            };
+            let held = sandboxes.into_iter().map(|sb| sb.uid).collect();
+            let root_dir = self.ctx.root_dir.clone();
+            let remove = move || orphans.except(&held).remove(&root_dir);
+            swept = tokio::task::spawn_blocking(remove)
+                .await
+                .unwrap_or_default();
         }
+        crate::metrics::get().orphan_pod_dirs(swept.0, swept.1);
     }
 
     async fn runtime_pods(&self) -> Result<Vec<RuntimePod>, String> {

@@ -226,57 +226,80 @@ impl Syncer {
     }
 }
 
-/// Removes the directory of each pod under `root_dir` and the log directory of each pod under
-/// `pod_logs_dir` (`<namespace>_<name>_<uid>`) whose UID is not in `keep`, the pod's volumes
-/// unmounted first. Returns how many pod directories were orphans and how many of those could
-/// not be removed.
-pub(super) fn remove_orphans(
-    root_dir: &Path,
-    pod_logs_dir: &Path,
-    keep: &HashSet<PodUid>,
-) -> (usize, usize) {
-    let names = |dir: &Path| -> Vec<String> {
-        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-        let dirs = entries.filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
-        dirs.filter_map(|e| e.file_name().into_string().ok())
-            .collect()
-    };
-    let orphan = |uid: &str| !keep.contains(&PodUid(uid.to_string()));
-    let (mut found, mut failed) = (0, 0);
-    for uid in names(&root_dir.join("pods"))
-        .into_iter()
-        .filter(|u| orphan(u))
-    {
-        found += 1;
-        match volumes::teardown(root_dir, &uid) {
-            Ok(()) => tracing::info!(%uid, "removed the directory of a pod the node no longer has"),
-            Err(e) => {
-                failed += 1;
-                tracing::warn!(%uid, error = %crate::types::error_chain(&e), "cannot remove the directory of a pod the node no longer has");
-            }
-        }
-    }
-    for name in names(pod_logs_dir) {
-        // Neither a namespace nor a pod name holds '_'; a UID is hex digits and dashes.
-        let parts: Vec<&str> = name.split('_').collect();
-        let [_, _, uid] = parts[..] else {
-            continue;
+/// What pods the node no longer has left: their directories under the root dir (by UID) and
+/// their `<namespace>_<name>_<uid>` log directories.
+pub(super) struct Orphans {
+    pods: Vec<String>,
+    logs: Vec<(PathBuf, String)>,
+}
+
+impl Orphans {
+    /// The pod and log directories of pods not in `keep`. Neither a namespace nor a pod name
+    /// holds `_`, so a log directory's UID is what follows the second one.
+    pub(super) fn find(root_dir: &Path, pod_logs_dir: &Path, keep: &HashSet<PodUid>) -> Orphans {
+        let names = |dir: &Path| -> Vec<String> {
+            let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+            let dirs = entries.filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+            dirs.filter_map(|e| e.file_name().into_string().ok())
+                .collect()
         };
-        let is_uid = !uid.is_empty() && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
-        if !is_uid || !orphan(uid) {
-            continue;
-        }
-        let dir = pod_logs_dir.join(&name);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {
-                tracing::info!(dir = %dir.display(), "removed the logs of a pod the node no longer has")
-            }
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the logs of a pod the node no longer has")
-            }
-        }
+        let orphan =
+            |uid: &str| crate::types::is_path_part(uid) && !keep.contains(&PodUid(uid.to_string()));
+        let pods = names(&root_dir.join("pods"))
+            .into_iter()
+            .filter(|uid| orphan(uid))
+            .collect();
+        let logs = (names(pod_logs_dir).into_iter())
+            .filter_map(|name| {
+                let uid = match name.split('_').collect::<Vec<_>>()[..] {
+                    [_, _, uid] if orphan(uid) => uid.to_string(),
+                    _ => return None,
+                };
+                Some((pod_logs_dir.join(name), uid))
+            })
+            .collect();
+        Orphans { pods, logs }
     }
-    (found, failed)
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.pods.is_empty() && self.logs.is_empty()
+    }
+
+    /// Leaves out the pods of these UIDs (the runtime still has them).
+    pub(super) fn except(mut self, held: &HashSet<PodUid>) -> Orphans {
+        let held = |uid: &String| held.contains(&PodUid(uid.clone()));
+        self.pods.retain(|uid| !held(uid));
+        self.logs.retain(|(_, uid)| !held(uid));
+        self
+    }
+
+    /// Removes the directories, each pod's volumes unmounted first. Returns how many pod
+    /// directories there were and how many could not be removed.
+    pub(super) fn remove(self, root_dir: &Path) -> (usize, usize) {
+        let mut failed = 0;
+        for uid in &self.pods {
+            match volumes::teardown(root_dir, uid) {
+                Ok(()) => {
+                    tracing::info!(%uid, "removed the directory of a pod the node no longer has")
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(%uid, error = %crate::types::error_chain(&e), "cannot remove the directory of a pod the node no longer has");
+                }
+            }
+        }
+        for (dir, _) in &self.logs {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed the logs of a pod the node no longer has")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the logs of a pod the node no longer has")
+                }
+            }
+        }
+        (self.pods.len(), failed)
+    }
 }
 
 /// What an ended pod left, tried again with a doubling wait.
@@ -295,3 +318,54 @@ const UNCONFIRMED_STOP: &str = "StopUnconfirmed";
 /// The waits between attempts to remove what an ended pod left.
 const LEFTOVER_RETRY_FIRST: Duration = Duration::from_secs(2);
 const LEFTOVER_RETRY_MAX: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphans_are_the_pod_and_log_directories_of_no_kept_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, logs) = (dir.path().join("root"), dir.path().join("logs"));
+        for d in [
+            "root/pods/kept",
+            "root/pods/gone",
+            "root/pods/held",
+            "logs/ns_web_kept",
+        ] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        for d in [
+            "logs/ns_web_gone/c",
+            "logs/notes",
+            "logs/a_b_c_gone",
+            "elsewhere",
+        ] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), root.join("pods/link")).unwrap();
+        let keep = HashSet::from([PodUid("kept".into())]);
+        let orphans = Orphans::find(&root, &logs, &keep);
+        let mut pods = orphans.pods.clone();
+        pods.sort();
+        assert_eq!(pods, ["gone", "held"]);
+        assert_eq!(
+            orphans.logs,
+            [(logs.join("ns_web_gone"), "gone".to_string())]
+        );
+        let held = HashSet::from([PodUid("held".into())]);
+        assert_eq!(orphans.except(&held).remove(&root), (1, 0));
+        assert!(!root.join("pods/gone").exists() && !logs.join("ns_web_gone").exists());
+        for d in [
+            "root/pods/kept",
+            "root/pods/held",
+            "root/pods/link",
+            "logs/ns_web_kept",
+        ] {
+            assert!(dir.path().join(d).exists(), "{d} is kept");
+        }
+        for d in ["logs/notes", "logs/a_b_c_gone", "elsewhere"] {
+            assert!(dir.path().join(d).exists(), "{d} is no pod's");
+        }
+    }
+}

@@ -7,6 +7,7 @@ use std::time::Instant;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use http_body_util::BodyExt as _;
 
 /// The paths nodelet serves, as upstream buckets them: the first segment, or two for
 /// `/metrics/...`. Any other path counts as `other`.
@@ -48,8 +49,10 @@ fn bucket(path: &str) -> &'static str {
     root.copied().unwrap_or("other")
 }
 
-/// Records a request to the server of `server_type` (`readonly` or `readwrite`). Dropped with
-/// the request when the client goes away, it still ends the request's time in flight.
+/// Records a request to the server of `server_type` (`readonly` or `readwrite`). It is in
+/// flight until its response body is sent or dropped (a followed log until the client leaves);
+/// a stream upgraded from the request (exec, attach, port-forward) runs on in a task of its
+/// own, past its response.
 pub async fn record(
     State(server_type): State<&'static str>,
     request: Request,
@@ -71,7 +74,14 @@ pub async fn record(
         since: Instant::now(),
     };
     crate::metrics::get().http_request(&served.labels);
-    next.run(request).await
+    let response = next.run(request).await;
+    // The body owns the record: dropping the body, at its end or with the client, ends it.
+    response.map(|body| {
+        axum::body::Body::new(body.map_frame(move |frame| {
+            let _in_flight = &served;
+            frame
+        }))
+    })
 }
 
 /// A request in flight; dropping it records the request as served.

@@ -357,8 +357,17 @@ pub fn teardown(root_dir: &Path, uid: &str) -> Result<()> {
             source: std::io::ErrorKind::InvalidInput.into(),
         });
     }
-    let dir = pod_dir(root_dir, uid);
-    let mut mounts = mount_points_under(&dir);
+    // The mount table names real paths: a root dir given through a symlink must match them
+    // (the pod's own directory is not resolved: a symlink there is removed, not followed).
+    let pods = root_dir.join("pods");
+    let dir = match pods.canonicalize() {
+        Ok(pods) => pods.join(uid),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io("cannot resolve", &pods)(e)),
+    };
+    // Everything mounted below is unmounted before anything is removed, so the removal never
+    // reaches into a volume's source; a mount table that cannot be read stops it.
+    let mut mounts = mount_points_under(&dir)?;
     // Deepest first.
     mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
     for m in mounts {
@@ -370,17 +379,17 @@ pub fn teardown(root_dir: &Path, uid: &str) -> Result<()> {
     }
 }
 
-fn mount_points_under(dir: &Path) -> Vec<PathBuf> {
+fn mount_points_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let table = Path::new("/proc/self/mountinfo");
     // Read as bytes: one mount point that is not UTF-8 must not hide all the others.
-    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
+    let info = std::fs::read(table).map_err(io("cannot read the mount table", table))?;
     let info = String::from_utf8_lossy(&info);
-    info.lines()
+    Ok(info
+        .lines()
         .filter_map(|line| line.split(' ').nth(4))
         .map(unescape_mount_path)
         .filter(|p| p.starts_with(dir))
-        .collect()
+        .collect())
 }
 
 fn unescape_mount_path(field: &str) -> PathBuf {
@@ -404,7 +413,7 @@ fn unescape_mount_path(field: &str) -> PathBuf {
 }
 
 fn is_mount_point(path: &Path) -> bool {
-    mount_points_under(path).iter().any(|m| m == path)
+    mount_points_under(path).is_ok_and(|mounts| mounts.iter().any(|m| m == path))
 }
 
 fn cstr(path: &Path) -> std::io::Result<std::ffi::CString> {

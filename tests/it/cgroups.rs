@@ -545,9 +545,10 @@ spec:
         s.phase.as_deref() == Some("Failed")
     })
     .await;
-    // Upstream's metrics count the request for a CPU of its own and the two admissions (the
-    // refused pod did not fit the node's allocatable CPUs, so it never reached the managers),
-    // and show the pools: the shared one but the reserved and the exclusive CPU.
+    // The metrics count the request for a CPU of its own and the two admissions, and show the
+    // pools: the shared one but the reserved and the exclusive CPU. nodelet refuses the third
+    // pod for the node's allocatable CPUs before the managers see it; the kubelet asks its
+    // managers first, and would count it as a refused pinning.
     let pools = |shared: usize, exclusive: usize| {
         vec![
             format!(

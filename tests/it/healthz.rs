@@ -206,15 +206,24 @@ async fn the_read_only_api_serves_pods_and_metrics() {
         ("kubelet_pleg_last_seen_seconds", 1.0),
         ("kubelet_topology_manager_admission_requests_total", 1.0),
         ("kubelet_topology_manager_admission_duration_ms_count", 1.0),
-        ("kubelet_topology_manager_admission_errors_total", 0.0),
-        ("kubelet_memory_manager_pinning_requests_total", 0.0),
-        ("kubelet_cpu_manager_shared_pool_size_millicores", 0.0),
-        (&log_series, 0.0),
     ] {
         assert!(
             value(series).is_some_and(|v| v >= least),
             "{series} below {least} in {body}"
         );
+    }
+    assert!(
+        value(&log_series).is_some(),
+        "{log_series} missing in {body}"
+    );
+    // Under the managers' none policies nothing is pinned, refused or pooled.
+    for series in [
+        "kubelet_topology_manager_admission_errors_total",
+        "kubelet_memory_manager_pinning_requests_total",
+        "kubelet_cpu_manager_pinning_requests_total",
+        "kubelet_cpu_manager_shared_pool_size_millicores",
+    ] {
+        assert_eq!(value(series), Some(0.0), "{series} in {body}");
     }
     assert_eq!(
         value("kubelet_started_pods_errors_total"),

@@ -703,37 +703,66 @@ async fn orphans_with_pod_labels_are_collected_and_strangers_left_alone() {
     let _ = node.runtime.stop_pod_sandbox(&stranger).await;
     let _ = node.runtime.remove_pod_sandbox(&stranger).await;
     // A pod directory (with a volume still mounted) and a log directory of a pod the node no
-    // longer has are removed; the running pod's and what is no pod's log directory are kept.
+    // longer has are removed; the running pod's, and those of no pod, are kept. The orphan is
+    // made beside the pods and moved in whole, so no sweep sees it half made.
     let ghost = "0f0e0d0c-0b0a-4909-8807-060504030201";
-    let volume = node.path(&format!(
-        "root/pods/{ghost}/volumes/kubernetes.io~empty-dir/v"
-    ));
+    let staged = node.path(&format!("root/staging/{ghost}"));
+    let volume = staged.join("volumes/kubernetes.io~empty-dir/v");
     std::fs::create_dir_all(&volume).expect("the orphan's volume");
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "tmpfs"])
-        .arg(&volume)
-        .status()
-        .expect("mount runs");
-    assert!(mounted.success(), "the orphan's volume is mounted");
+    let mut mounted = Mounted::tmpfs(&volume);
+    let orphan_dir = node.path(&format!("root/pods/{ghost}"));
+    std::fs::rename(&staged, &orphan_dir).expect("the orphan moved in");
+    mounted.0 = Some(orphan_dir.join("volumes/kubernetes.io~empty-dir/v"));
     let ghost_logs = node.pod_logs().join(format!("default_ghost_{ghost}"));
     std::fs::create_dir_all(ghost_logs.join("c")).expect("the orphan's logs");
-    let notes = node.pod_logs().join("notes");
-    std::fs::create_dir_all(&notes).expect("a directory of no pod");
+    let no_pods = ["notes", "default_x_notauid_x"].map(|d| node.pod_logs().join(d));
+    for d in &no_pods {
+        std::fs::create_dir_all(d).expect("a directory of no pod");
+    }
     eventually(
         "the orphan's directories to be removed",
         Duration::from_secs(30),
-        || async {
-            let gone = !node.path(&format!("root/pods/{ghost}")).exists() && !ghost_logs.exists();
-            gone.then_some(())
-        },
+        || async { (!orphan_dir.exists() && !ghost_logs.exists()).then_some(()) },
     )
     .await;
+    mounted.forget();
     let (sandbox, _) = node.wait_running("real", 1).await;
     assert!(node.path(&format!("root/pods/{}", sandbox.uid.0)).is_dir());
     let real_logs = format!("default_{}_{}", node.pod_name("real"), sandbox.uid.0);
     assert!(node.pod_logs().join(real_logs).is_dir());
-    assert!(notes.is_dir());
+    assert!(no_pods.iter().all(|d| d.is_dir()));
     node.finish().await;
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped unless the agent under test took it.
+struct Mounted(Option<std::path::PathBuf>);
+
+impl Mounted {
+    fn tmpfs(at: &std::path::Path) -> Mounted {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "tmpfs mounted at {}", at.display());
+        Mounted(Some(at.to_path_buf()))
+    }
+
+    /// The agent unmounted it.
+    fn forget(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(at) = &self.0 {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(at)
+                .status();
+        }
+    }
 }
 
 #[tokio::test]
