@@ -824,8 +824,9 @@ impl Metrics {
     pub fn node_startup(&self, step: StartupStep) {
         let now = unix_now();
         let mut startup = self.node_startup.lock().unwrap_or_else(|e| e.into_inner());
-        // The process's start and the boot time, when /proc tells them.
-        let process = SelfStat::read().filter(|p| p.boot > 0.0);
+        // The process's start and the boot time, when /proc tells them (read only by the steps
+        // that set a gauge, once each).
+        let process = || SelfStat::read().filter(|p| p.boot > 0.0);
         match step {
             StartupStep::Registering => {
                 startup.attempt.get_or_insert(now);
@@ -835,7 +836,7 @@ impl Metrics {
                     return;
                 };
                 startup.registered = Some(now);
-                if let Some(p) = process {
+                if let Some(p) = process() {
                     self.startup_pre_agent.set(&[], p.start - p.boot);
                     self.startup_pre_registration.set(&[], attempt - p.start);
                 }
@@ -848,7 +849,7 @@ impl Metrics {
                 };
                 startup.ready = Some(now);
                 self.startup_post_registration.set(&[], now - registered);
-                if let Some(p) = process {
+                if let Some(p) = process() {
                     self.startup_total.set(&[], now - p.boot);
                 }
             }
