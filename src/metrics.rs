@@ -1169,6 +1169,26 @@ impl Metrics {
         }
     }
 
+    /// Every histogram, in the order they are rendered.
+    fn histograms(&self) -> [&Histogram; 14] {
+        [
+            &self.runtime_duration,
+            &self.pleg_relist_duration,
+            &self.pleg_relist_interval,
+            &self.pod_worker_duration,
+            &self.pod_start_duration,
+            &self.run_podsandbox_duration,
+            &self.containers_per_pod,
+            &self.pod_worker_start_duration,
+            &self.cgroup_manager_duration,
+            &self.evented_pleg_latency,
+            &self.http_duration,
+            &self.volume_stats_duration,
+            &self.pod_status_sync_duration,
+            &self.topology_duration,
+        ]
+    }
+
     /// The text exposition of every metric, plus the process's own.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -1231,22 +1251,7 @@ impl Metrics {
         ] {
             f.render(&mut out);
         }
-        for h in [
-            &self.runtime_duration,
-            &self.pleg_relist_duration,
-            &self.pleg_relist_interval,
-            &self.pod_worker_duration,
-            &self.pod_start_duration,
-            &self.run_podsandbox_duration,
-            &self.containers_per_pod,
-            &self.pod_worker_start_duration,
-            &self.cgroup_manager_duration,
-            &self.evented_pleg_latency,
-            &self.http_duration,
-            &self.volume_stats_duration,
-            &self.pod_status_sync_duration,
-            &self.topology_duration,
-        ] {
+        for h in self.histograms() {
             h.render(&mut out);
         }
         process_metrics(&mut out);
