@@ -524,6 +524,14 @@ impl Node {
     }
 }
 
+/// What a test that failed before [`Node::finish`] left mounted in its directory goes with it,
+/// so the directory can be removed.
+impl Drop for Node {
+    fn drop(&mut self) {
+        unmount_all_under(self.dir.path());
+    }
+}
+
 /// A containerd of its own, for a second node: a test bed in the main one's `beds/<name>` on
 /// network `net` (1-30, one per test), taken down by [`OtherRuntime::down`], or on drop after a
 /// failure (and by the main test bed's `down` after a killed run).

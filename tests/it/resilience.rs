@@ -709,10 +709,14 @@ async fn orphans_with_pod_labels_are_collected_and_strangers_left_alone() {
     let staged = node.path(&format!("root/staging/{ghost}"));
     let volume = staged.join("volumes/kubernetes.io~empty-dir/v");
     std::fs::create_dir_all(&volume).expect("the orphan's volume");
-    let mut mounted = Mounted::tmpfs(&volume);
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&volume)
+        .status()
+        .expect("mount runs");
+    assert!(mounted.success(), "the orphan's volume is mounted");
     let orphan_dir = node.path(&format!("root/pods/{ghost}"));
     std::fs::rename(&staged, &orphan_dir).expect("the orphan moved in");
-    mounted.0 = Some(orphan_dir.join("volumes/kubernetes.io~empty-dir/v"));
     let ghost_logs = node.pod_logs().join(format!("default_ghost_{ghost}"));
     std::fs::create_dir_all(ghost_logs.join("c")).expect("the orphan's logs");
     let no_pods = ["notes", "default_x_notauid_x"].map(|d| node.pod_logs().join(d));
@@ -725,44 +729,12 @@ async fn orphans_with_pod_labels_are_collected_and_strangers_left_alone() {
         || async { (!orphan_dir.exists() && !ghost_logs.exists()).then_some(()) },
     )
     .await;
-    mounted.forget();
     let (sandbox, _) = node.wait_running("real", 1).await;
     assert!(node.path(&format!("root/pods/{}", sandbox.uid.0)).is_dir());
     let real_logs = format!("default_{}_{}", node.pod_name("real"), sandbox.uid.0);
     assert!(node.pod_logs().join(real_logs).is_dir());
     assert!(no_pods.iter().all(|d| d.is_dir()));
     node.finish().await;
-}
-
-/// A tmpfs mounted for a test, unmounted when dropped unless the agent under test took it.
-struct Mounted(Option<std::path::PathBuf>);
-
-impl Mounted {
-    fn tmpfs(at: &std::path::Path) -> Mounted {
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "tmpfs"])
-            .arg(at)
-            .status()
-            .expect("mount runs");
-        assert!(status.success(), "tmpfs mounted at {}", at.display());
-        Mounted(Some(at.to_path_buf()))
-    }
-
-    /// The agent unmounted it.
-    fn forget(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(at) = &self.0 {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(at)
-                .status();
-        }
-    }
 }
 
 #[tokio::test]
