@@ -161,9 +161,10 @@ conformance-node: deps k8s runtime-up images registries e2e-images build
 KUBELET_BED = $(NODELET_TESTBED)/beds/bench-kubelet
 
 bench: deps k8s runtime-up images registries control-plane-images
-	cargo build --release --locked --bin nodelet --example bench
+	cargo build --release --locked --bin nodelet
+	cargo build --profile bench-driver --locked --example bench
 	@status=0; NODELET_TESTBED=$(KUBELET_BED) NODELET_TESTBED_NET=24 $(TESTBED) up && \
-	$(TARGET_DIR)/release/examples/bench \
+	$(TARGET_DIR)/bench-driver/examples/bench \
 		--endpoint unix://$(NODELET_TESTBED)/containerd.sock \
 		--nodelet $(TARGET_DIR)/release/nodelet --out target/bench \
 		--kubelet $(K8S_BIN)/kubelet --kubelet-endpoint unix://$(KUBELET_BED)/containerd.sock \

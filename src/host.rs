@@ -1,7 +1,7 @@
-//! The one place for facts about the machine the agent runs on: its IP, whether swap is on, its
-//! capacity (cores, memory, the root dir's filesystem), the sizes of any filesystem (statvfs) and
-//! its process ids; and the check of the kernel settings the kubelet expects (upstream's
-//! setupKernelTunables).
+//! The one place for facts about the machine the agent runs on: its IP, its ids, whether swap is
+//! on, its capacity (cores, memory, the root dir's filesystem), the sizes of any filesystem
+//! (statvfs) and its process ids; and the check of the kernel settings the kubelet expects
+//! (upstream's setupKernelTunables).
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -56,6 +56,29 @@ pub(crate) fn detect_node_ip() -> Option<IpAddr> {
         .find(|(name, _)| Some(name) == default_iface.as_ref())
         .or(found.first())
         .map(|(_, ip)| *ip)
+}
+
+/// Who the machine is, as the Node's `nodeInfo` and cAdvisor's machine metrics name it; each
+/// empty where the host does not say.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MachineIds {
+    pub(crate) machine_id: String,
+    pub(crate) system_uuid: String,
+    pub(crate) boot_id: String,
+}
+
+/// This machine's [`MachineIds`]: /etc/machine-id, the DMI product UUID and the kernel's boot id.
+pub(crate) fn machine_ids() -> MachineIds {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    MachineIds {
+        machine_id: read("/etc/machine-id"),
+        system_uuid: read("/sys/class/dmi/id/product_uuid"),
+        boot_id: read("/proc/sys/kernel/random/boot_id"),
+    }
 }
 
 /// Is swap on (a non-empty /proc/swaps)?

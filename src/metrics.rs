@@ -76,18 +76,18 @@ impl Family {
     }
 }
 
+/// A label value escaped for the text format.
+pub(crate) fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 fn label_text(names: &[&str], values: &[String], le: Option<&str>) -> String {
     let mut parts: Vec<String> = names
         .iter()
         .zip(values)
-        .map(|(n, v)| {
-            format!(
-                "{n}=\"{}\"",
-                v.replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n")
-            )
-        })
+        .map(|(n, v)| format!("{n}=\"{}\"", label_value(v)))
         .collect();
     if let Some(le) = le {
         parts.push(format!("le=\"{le}\""));

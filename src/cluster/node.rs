@@ -338,17 +338,18 @@ pub fn system_info(runtime: &str, runtime_version: &str) -> NodeSystemInfo {
             })
         })
         .unwrap_or_else(|| "Linux".into());
+    let ids = crate::host::machine_ids();
     NodeSystemInfo {
         architecture: host_arch().into(),
-        boot_id: read("/proc/sys/kernel/random/boot_id"),
+        boot_id: ids.boot_id,
         container_runtime_version: format!("{runtime}://{runtime_version}"),
         kernel_version: read("/proc/sys/kernel/osrelease"),
         kube_proxy_version: String::new(),
         kubelet_version: KUBELET_VERSION.into(),
-        machine_id: read("/etc/machine-id"),
+        machine_id: ids.machine_id,
         operating_system: "linux".into(),
         os_image,
-        system_uuid: read("/sys/class/dmi/id/product_uuid"),
+        system_uuid: ids.system_uuid,
         ..Default::default()
     }
 }

@@ -17,6 +17,7 @@ const PATHS: &[&str] = &[
     "runningpods",
     "stats",
     "metrics",
+    "metrics/cadvisor",
     "metrics/probes",
     "metrics/resource",
     "containerLogs",
@@ -106,7 +107,8 @@ mod tests {
         assert_eq!(bucket("/stats/summary"), "stats");
         assert_eq!(bucket("/metrics"), "metrics");
         assert_eq!(bucket("/metrics/resource"), "metrics/resource");
-        assert_eq!(bucket("/metrics/cadvisor"), "other");
+        assert_eq!(bucket("/metrics/cadvisor"), "metrics/cadvisor");
+        assert_eq!(bucket("/metrics/other"), "other");
         assert_eq!(bucket("/exec/ns/pod/c"), "exec");
         assert_eq!(bucket("/containerLogs/ns/pod/c"), "containerLogs");
         assert_eq!(bucket("/nothing/here"), "other");

@@ -1,6 +1,6 @@
 //! The read-only server (--read-only-port on --address, off by default): /pods, /runningpods,
-//! /metrics, /metrics/probes, /metrics/resource, /stats/summary and /healthz, as the upstream
-//! kubelet serves them.
+//! /metrics, /metrics/probes, /metrics/resource, /metrics/cadvisor, /stats/summary and /healthz,
+//! as the upstream kubelet serves them.
 
 use axum::Router;
 use axum::extract::State;
@@ -171,6 +171,17 @@ async fn resource_metrics(State(source): State<super::stats::Source>) -> impl In
     )
 }
 
+async fn cadvisor_metrics(State(source): State<super::stats::Source>) -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        super::stats::cadvisor_metrics(&source).await,
+    )
+}
+
 /// The read-only router.
 pub fn router(
     reader: status::Reader,
@@ -180,6 +191,7 @@ pub fn router(
     let summary = Router::new()
         .route("/stats/summary", get(stats_summary))
         .route("/metrics/resource", get(resource_metrics))
+        .route("/metrics/cadvisor", get(cadvisor_metrics))
         .route("/metrics", get(metrics))
         .with_state(stats);
     Router::new()

@@ -1,7 +1,9 @@
 //! `/stats/summary` in the upstream Summary API shape: the node's CPU, memory, network and
 //! filesystems from /proc and statvfs, each pod's containers from the runtime's container stats,
-//! and each pod's network, volumes and ephemeral storage (`network.rs`, `storage.rs`).
+//! and each pod's network, volumes and ephemeral storage (`network.rs`, `storage.rs`); and the
+//! metrics of `/metrics/resource` (`resource.rs`) and `/metrics/cadvisor` (`cadvisor.rs`).
 
+mod cadvisor;
 mod network;
 pub mod resource;
 mod storage;
@@ -334,6 +336,48 @@ fn node_usage(time: &str) -> (Value, Value, Value) {
         "swapUsageBytes": mem.get("SwapTotal").copied().unwrap_or(0).saturating_sub(swap_free),
     });
     (cpu, memory, swap)
+}
+
+/// `/metrics/cadvisor`: the machine's facts and the runtime's pod and container metrics. What
+/// cannot be read is left out and logged; a runtime without the metric calls only once.
+pub async fn cadvisor_metrics(source: &Source) -> String {
+    static TOLD_UNIMPLEMENTED: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+    let machine = cadvisor::Machine::detect();
+    if let Err(e) = &machine {
+        tracing::warn!(error = %e, "cannot read the machine's CPUs for /metrics/cadvisor");
+    }
+    let (descriptors, pods, stats) = tokio::join!(
+        source.runtime.metric_descriptors(),
+        source.runtime.pod_sandbox_metrics(),
+        source.runtime.container_stats(),
+    );
+    let cpu_ns = stats
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| {
+            let ns = s.cpu?.usage_core_nano_seconds?.value;
+            Some((s.attributes?.id, ns))
+        })
+        .collect();
+    let runtime = match descriptors.and_then(|d| Ok((d, pods?))) {
+        Ok((descriptors, pods)) => cadvisor::RuntimeMetrics {
+            descriptors,
+            pods,
+            cpu_ns,
+        },
+        Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
+            if !TOLD_UNIMPLEMENTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::info!(error = %crate::types::error_chain(&e), "the runtime gives no pod and container metrics: /metrics/cadvisor serves the machine's only");
+            }
+            Default::default()
+        }
+        Err(e) => {
+            tracing::warn!(error = %crate::types::error_chain(&e), "cannot read the runtime's pod and container metrics for /metrics/cadvisor");
+            Default::default()
+        }
+    };
+    cadvisor::render(machine.as_ref().ok(), &runtime)
 }
 
 /// Only the CPU and memory of the node, its pods and their running containers (with their

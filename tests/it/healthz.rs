@@ -294,7 +294,12 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     })
     .await;
     // Prometheus's own parser reads every endpoint; each family has its type and help.
-    for path in ["/metrics", "/metrics/probes", "/metrics/resource"] {
+    for path in [
+        "/metrics",
+        "/metrics/probes",
+        "/metrics/resource",
+        "/metrics/cadvisor",
+    ] {
         let (_, text) = get(port, path).await.unwrap();
         let families = prometheus_families(&text)
             .unwrap_or_else(|e| panic!("Prometheus cannot read {path}: {e}\n{text}"));
@@ -436,6 +441,53 @@ async fn the_read_only_api_serves_pods_and_metrics() {
         "{body}"
     );
     assert!(body.contains("\nresource_scrape_error 0\n"), "{body}");
+
+    // cAdvisor's endpoint, from the runtime: each container's usage labelled with its pod,
+    // namespace, container, ID and image, the pod's network under its sandbox, and the machine.
+    let (code, body) = get(port, "/metrics/cadvisor").await.unwrap();
+    assert_eq!(code, 200);
+    let statuses = st.container_statuses.as_deref().unwrap_or_default();
+    let id = statuses[0].container_id.as_deref().unwrap_or_default();
+    let id = id.split_once("://").map_or(id, |(_, id)| id);
+    let web = node.pod_name("web");
+    let image = pod["spec"]["containers"][0]["image"].as_str().unwrap();
+    let value = |series: &str| {
+        body.lines().find_map(|l| {
+            let rest = l.strip_prefix(series)?.strip_prefix(' ')?;
+            rest.split(' ').next()?.parse::<f64>().ok()
+        })
+    };
+    let container = format!(
+        "{{container=\"c\",id=\"{id}\",image=\"{image}\",namespace=\"default\",pod=\"{web}\"}}"
+    );
+    for family in [
+        "container_cpu_usage_seconds_total",
+        "container_memory_working_set_bytes",
+        "container_start_time_seconds",
+        "container_threads",
+    ] {
+        let series = format!("{family}{container}");
+        assert!(
+            value(&series).is_some_and(|v| v > 0.0),
+            "{series} in {body}"
+        );
+    }
+    let sandbox = body
+        .lines()
+        .find(|l| {
+            l.starts_with("container_network_receive_packets_total{container=\"\",")
+                && l.contains(&format!("pod=\"{web}\""))
+                && l.contains("interface=\"eth0\"")
+        })
+        .unwrap_or_else(|| panic!("the pod's network in {body}"));
+    assert!(!sandbox.contains(&format!("id=\"{id}\"")), "{sandbox}");
+    let cores = std::thread::available_parallelism().unwrap().get() as f64;
+    let machine = body
+        .lines()
+        .find(|l| l.starts_with("machine_cpu_cores{boot_id=\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(machine, Some(cores), "{body}");
+    assert!(body.contains("\nmachine_scrape_error 0\n"), "{body}");
 
     let (code, body) = get(port, "/metrics/probes").await.unwrap();
     assert_eq!(code, 200);

@@ -79,6 +79,14 @@ const ALLOWED: &[(&str, &str)] = &[
         "nodelet says where its container stats come from (the CRI); the kubelet serves it in some runs only (see RACY)",
     ),
     (
+        "metrics/cadvisor/container_",
+        "nodelet serves the runtime's container metrics (CRI ListPodSandboxMetrics), as the kubelet does under its PodAndContainerStatsFromCRI gate; the kubelet's default cAdvisor has a few more families (load, task states, I/O times, CFS burst, health) and help texts of its own",
+    ),
+    (
+        "metrics/cadvisor/cadvisor_version_info",
+        "cAdvisor's own build, which nodelet does not link",
+    ),
+    (
         "metrics/apiserver_",
         "metrics of API server libraries linked into the kubelet's binary, about requests it never serves",
     ),
@@ -639,7 +647,7 @@ const TIMES: [&str; 5] = [
 /// What an agent serves and writes about its pods, reduced to what both must agree on: each
 /// pod's status (times dropped, IDs and addresses replaced), the layout and lines of its pod
 /// logs (timestamps dropped), the shape of /stats/summary (its key paths) and the metric
-/// families on /metrics and /metrics/resource as Prometheus reads them: their names, and each
+/// families on /metrics, /metrics/resource and /metrics/cadvisor as Prometheus reads them: their names, and each
 /// one's type and help text (without the stability level the kubelet's start with).
 #[derive(Default)]
 struct Served {
@@ -715,7 +723,11 @@ async fn served(port: u16, logs: &Path, pods: &[String], replace: &[(String, &st
         out.logs.insert(format!("logs/{rel}"), lines.join("\n"));
     }
     shape("summary", &get("/stats/summary").await, &mut out.summary);
-    for (path, prefix) in [("/metrics", ""), ("/metrics/resource", "resource/")] {
+    for (path, prefix) in [
+        ("/metrics", ""),
+        ("/metrics/resource", "resource/"),
+        ("/metrics/cadvisor", "cadvisor/"),
+    ] {
         let Some((200, text)) = fetch(path).await else {
             continue;
         };
@@ -729,7 +741,7 @@ async fn served(port: u16, logs: &Path, pods: &[String], replace: &[(String, &st
         // nodelet's own metrics are under a prefix of their own.
         for (name, family) in families.iter().filter(|(n, _)| !n.starts_with("nodelet_")) {
             let name = format!("{prefix}{name}");
-            let help = ["[ALPHA] ", "[BETA] ", "[STABLE] "]
+            let help = ["[ALPHA] ", "[BETA] ", "[STABLE] ", "[INTERNAL] "]
                 .iter()
                 .find_map(|level| family.help.strip_prefix(level))
                 .unwrap_or(&family.help);

@@ -105,10 +105,7 @@ fn millis(time: &Value) -> Option<i64> {
 
 /// A label value escaped for the text format.
 fn escaped(v: &Value) -> String {
-    let text = v.as_str().unwrap_or_default();
-    text.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    crate::metrics::label_value(v.as_str().unwrap_or_default())
 }
 
 /// Adds the CPU time (core-seconds), working set and swap use of `stats`, the node's, a
