@@ -271,6 +271,9 @@ pub struct Metrics {
     http_inflight: Family,
     http_duration: Histogram,
     ensure_image_requests: Family,
+    image_volumes_requested: Family,
+    image_volumes_mounted: Family,
+    image_volume_errors: Family,
     pod_status_sync_duration: Histogram,
     metrics_provider: Family,
     volume_stats_duration: Histogram,
@@ -436,6 +439,24 @@ pub fn get() -> &'static Metrics {
             "Number of ensure-image requests processed by the kubelet.",
             "counter",
             &["pull_policy", "present_locally", "pull_required"],
+        ),
+        image_volumes_requested: Family::new(
+            "kubelet_image_volume_requested_total",
+            "Number of requested image volumes.",
+            "counter",
+            &[],
+        ),
+        image_volumes_mounted: Family::new(
+            "kubelet_image_volume_mounted_succeed_total",
+            "Number of successful image volume mounts.",
+            "counter",
+            &[],
+        ),
+        image_volume_errors: Family::new(
+            "kubelet_image_volume_mounted_errors_total",
+            "Number of failed image volume mounts.",
+            "counter",
+            &[],
         ),
         pod_status_sync_duration: Histogram::with_buckets(
             "kubelet_pod_status_sync_duration_seconds",
@@ -940,6 +961,19 @@ impl Metrics {
             .add(&[if init { "init_container" } else { "container" }], 1.0);
     }
 
+    /// The runtime was asked to create a container that mounts image volumes: `requested`
+    /// of them, in `mounts` volume mounts, which the runtime `failed` to mount (its error says
+    /// ImageVolumeMountFailed) or not, as upstream counts them.
+    pub fn image_volumes(&self, requested: usize, mounts: usize, failed: bool) {
+        self.image_volumes_requested.add(&[], requested as f64);
+        let outcome = if failed {
+            &self.image_volume_errors
+        } else {
+            &self.image_volumes_mounted
+        };
+        outcome.add(&[], mounts as f64);
+    }
+
     /// A pod was evicted for `signal` (memory.available, nodefs.available...).
     pub fn eviction(&self, signal: &str) {
         self.evictions.add(&[signal], 1.0);
@@ -1228,6 +1262,9 @@ impl Metrics {
             &self.in_progress_resizes,
             &self.http_inflight,
             &self.ensure_image_requests,
+            &self.image_volumes_requested,
+            &self.image_volumes_mounted,
+            &self.image_volume_errors,
             &self.metrics_provider,
             &self.startup_pre_agent,
             &self.startup_pre_registration,

@@ -301,10 +301,18 @@ impl Syncer {
         let step = format!("the runtime to create and start container {}", start.name);
         let step = self.diagnoses.begin(&uid, step);
         let sandbox = prepared.sandbox_config.clone();
-        let id = self
+        let image_volumes = image_volume_mounts(pod, container);
+        let created = self
             .runtime
             .create_container(prepared.sandbox_id, config, sandbox, stop_signal)
-            .await?;
+            .await;
+        if let Some((volumes, mounts)) = image_volumes {
+            let failed = created
+                .as_ref()
+                .is_err_and(|e| e.status_message().starts_with("ImageVolumeMountFailed"));
+            crate::metrics::get().image_volumes(volumes, mounts, failed);
+        }
+        let id = created?;
         let target = Target::container(pod, &start.name);
         let created = format!("Created container: {}", start.name);
         self.events.normal(target.clone(), "Created", created);
@@ -451,4 +459,26 @@ fn create_world_writable(path: &std::path::Path) -> std::io::Result<()> {
     }
     std::fs::write(path, b"")?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+}
+
+/// How many of the pod's image volumes the container mounts, and in how many mounts; `None`
+/// when it mounts none.
+fn image_volume_mounts(pod: &Pod, container: &Container) -> Option<(usize, usize)> {
+    let spec = pod.spec.as_ref()?;
+    let images: std::collections::HashSet<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.image.is_some())
+        .map(|v| v.name.as_str())
+        .collect();
+    let mounts: Vec<&str> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.name.as_str())
+        .filter(|name| images.contains(name))
+        .collect();
+    let volumes: std::collections::HashSet<&&str> = mounts.iter().collect();
+    (!mounts.is_empty()).then_some((volumes.len(), mounts.len()))
 }

@@ -70,6 +70,14 @@ impl Error {
         }
     }
 
+    /// The runtime's own message of a failed call; empty if the runtime did not answer.
+    pub fn status_message(&self) -> &str {
+        match self {
+            Error::Call { status, .. } => status.message(),
+            _ => "",
+        }
+    }
+
     /// True when the object the call was about does not exist (any more).
     pub fn is_not_found(&self) -> bool {
         self.code() == Some(tonic::Code::NotFound)

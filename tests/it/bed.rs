@@ -815,3 +815,28 @@ spec:
 
 /// A script fragment that keeps a container running until it is stopped.
 pub const FOREVER: &str = "while true; do sleep 1; done";
+
+/// Waits until the node's `/metrics` on the read-only `port` holds every line of `lines`; on
+/// timeout, says which are missing and what the node shows of their families.
+pub async fn metrics_show(port: u16, what: &str, lines: &[String]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = crate::healthz::get(port, "/metrics").await.map(|(_, b)| b);
+        let body = body.unwrap_or_default();
+        let missing: Vec<&String> = (lines.iter())
+            .filter(|want| !body.lines().any(|l| l == want.as_str()))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let family = |l: &str| l.split(['{', ' ']).next().unwrap_or_default().to_string();
+            let families: Vec<String> = missing.iter().map(|m| family(m)).collect();
+            let shown: Vec<&str> = (body.lines())
+                .filter(|l| !l.starts_with('#') && families.contains(&family(l)))
+                .collect();
+            panic!("{what}: missing {missing:?}; the node shows {shown:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -799,7 +799,8 @@ async fn a_credential_provider_plugin_logs_in_to_the_registry_with_auth() {
 /// 1.6 predates the field and cannot create the container.
 #[tokio::test]
 async fn an_image_volume_mounts_the_images_contents_read_only() {
-    let node = Node::start("imagevol", &[]).await;
+    let port = crate::bed::free_port();
+    let node = Node::start("imagevol", &["--read-only-port", &port.to_string()]).await;
     let script = serde_json::to_string(
         "trap 'exit 0' TERM; if [ -x /img/bin/busybox ]; then echo found; fi; if touch /img/x 2>/dev/null; then echo writable; else echo read-only; fi; while true; do sleep 1; done",
     )
@@ -824,6 +825,13 @@ spec:
     if crate::bed::containerd2() {
         let log = node.wait_log("v", "c", "read-only").await;
         assert!(log.contains("found"), "the image's files are there: {log}");
+        let counted = [
+            "kubelet_image_volume_requested_total 1",
+            "kubelet_image_volume_mounted_succeed_total 1",
+            "kubelet_image_volume_mounted_errors_total 0",
+        ]
+        .map(String::from);
+        crate::bed::metrics_show(port, "the image volume counts", &counted).await;
     } else {
         node.wait_status("v", "CreateContainerError", |s: &PodStatus| {
             s.container_statuses.as_ref().is_some_and(|c| {
