@@ -2,6 +2,7 @@
 //! server: counted, in flight and timed, by method, path bucket, server type and whether the
 //! request is long-running.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{Request, State};
@@ -51,9 +52,9 @@ fn bucket(path: &str) -> &'static str {
 }
 
 /// Records a request to the server of `server_type` (`readonly` or `readwrite`). It is in
-/// flight until its response body is sent or dropped (a followed log until the client leaves);
-/// a stream upgraded from the request (exec, attach, port-forward) runs on in a task of its
-/// own, past its response.
+/// flight until its response body is sent or dropped (a followed log until the client leaves),
+/// and a stream upgraded from it (exec, attach, port-forward) until the stream ends: the
+/// request carries an [`InFlight`] for the handler to hold in the stream's task.
 pub async fn record(
     State(server_type): State<&'static str>,
     request: Request,
@@ -70,11 +71,15 @@ pub async fn record(
     } else {
         "false"
     };
-    let served = Served {
+    let served = Arc::new(Served {
         labels: [method, path, server_type, long_running],
         since: Instant::now(),
-    };
+    });
     crate::metrics::get().http_request(&served.labels);
+    let mut request = request;
+    request.extensions_mut().insert(InFlight {
+        _served: served.clone(),
+    });
     let response = next.run(request).await;
     // The body owns the record: dropping the body, at its end or with the client, ends it.
     response.map(|body| {
@@ -85,7 +90,14 @@ pub async fn record(
     })
 }
 
-/// A request in flight; dropping it records the request as served.
+/// A request in flight, for a handler whose work outlives the response (an upgraded stream)
+/// to hold until that work ends.
+#[derive(Clone)]
+pub struct InFlight {
+    _served: Arc<Served>,
+}
+
+/// A request in flight; dropping it (its last holder) records the request as served.
 struct Served {
     labels: [&'static str; 4],
     since: Instant,

@@ -528,7 +528,9 @@ async fn proxy(url: &str, mut req: Request) -> Response {
         return Response::from_parts(parts, Body::new(body));
     }
     let server_side = hyper::upgrade::on(&mut response);
+    let in_flight = req.extensions_mut().remove::<super::instrument::InFlight>();
     tokio::spawn(async move {
+        let _in_flight = in_flight;
         let (Ok(client), Ok(server)) = tokio::join!(client_side, server_side) else {
             tracing::debug!("a streaming upgrade did not complete");
             return;

@@ -338,33 +338,32 @@ fn node_usage(time: &str) -> (Value, Value, Value) {
     (cpu, memory, swap)
 }
 
-/// `/metrics/cadvisor`: the machine's facts and the runtime's pod and container metrics. What
-/// cannot be read is left out and logged; a runtime without the metric calls only once.
+/// `/metrics/cadvisor`: the machine's facts (read once) and the runtime's pod and container
+/// metrics. What cannot be read is left out and logged; a runtime without the metric calls
+/// only once.
 pub async fn cadvisor_metrics(source: &Source) -> String {
+    static MACHINE: std::sync::OnceLock<cadvisor::Machine> = std::sync::OnceLock::new();
     static TOLD_UNIMPLEMENTED: std::sync::atomic::AtomicBool =
         std::sync::atomic::AtomicBool::new(false);
-    let machine = cadvisor::Machine::detect();
-    if let Err(e) = &machine {
-        tracing::warn!(error = %e, "cannot read the machine's CPUs for /metrics/cadvisor");
-    }
-    let (descriptors, pods, stats) = tokio::join!(
+    let machine = match MACHINE.get() {
+        Some(m) => Some(m),
+        None => match cadvisor::Machine::detect() {
+            Ok(m) => Some(MACHINE.get_or_init(|| m)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the machine's CPUs for /metrics/cadvisor");
+                None
+            }
+        },
+    };
+    let (descriptors, pods) = tokio::join!(
         source.runtime.metric_descriptors(),
         source.runtime.pod_sandbox_metrics(),
-        source.runtime.container_stats(),
     );
-    let cpu_ns = stats
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|s| {
-            let ns = s.cpu?.usage_core_nano_seconds?.value;
-            Some((s.attributes?.id, ns))
-        })
-        .collect();
     let runtime = match descriptors.and_then(|d| Ok((d, pods?))) {
         Ok((descriptors, pods)) => cadvisor::RuntimeMetrics {
             descriptors,
             pods,
-            cpu_ns,
+            cpu_ns: precise_cpu(source).await,
         },
         Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
             if !TOLD_UNIMPLEMENTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -377,7 +376,20 @@ pub async fn cadvisor_metrics(source: &Source) -> String {
             Default::default()
         }
     };
-    cadvisor::render(machine.as_ref().ok(), &runtime)
+    cadvisor::render(machine, &runtime)
+}
+
+/// Each container's CPU time in nanoseconds by ID, from the runtime's container stats (none
+/// if they cannot be read: the runtime's whole seconds stay).
+async fn precise_cpu(source: &Source) -> std::collections::HashMap<String, u64> {
+    let stats = source.runtime.container_stats().await.unwrap_or_default();
+    stats
+        .into_iter()
+        .filter_map(|s| {
+            let ns = s.cpu?.usage_core_nano_seconds?.value;
+            Some((s.attributes?.id, ns))
+        })
+        .collect()
 }
 
 /// Only the CPU and memory of the node, its pods and their running containers (with their

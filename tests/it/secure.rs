@@ -453,7 +453,7 @@ async fn container_logs_and_node_logs_are_served_and_stay_inside_their_dirs() {
 async fn exec_through_the_api_returns_the_output_and_exit_code() {
     let (node, port) = open_node("secure-exec").await;
     node.write_manifest("e.yaml", &pod_yaml("e", &[("app", FOREVER)], ""));
-    node.wait_running("e", 1).await;
+    let (_, containers) = node.wait_running("e", 1).await;
     // The API knows a pod once its first sync has recorded a status.
     node.wait_status("e", "recorded", |_| true).await;
     let pod = node.pod_name("e");
@@ -462,8 +462,17 @@ async fn exec_through_the_api_returns_the_output_and_exit_code() {
         api.get("/healthz").await.ok()
     })
     .await;
+    // The command ends once the test lets it, so the session is seen in flight first.
+    let script = "echo hi; echo oops >&2; while [ ! -e /tmp/go ]; do sleep 0.1; done; exit 3";
+    let script: String = script
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'0'..=b'9' => char::from(b).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
     let url = format!(
-        "wss://localhost:{port}/exec/default/{pod}/app?command=sh&command=-c&command=echo%20hi%3B%20echo%20oops%20%3E%262%3B%20exit%203&output=1&error=1"
+        "wss://localhost:{port}/exec/default/{pod}/app?command=sh&command=-c&command={script}&output=1&error=1"
     );
     let mut request = url.into_client_request().unwrap();
     request.headers_mut().insert(
@@ -479,6 +488,7 @@ async fn exec_through_the_api_returns_the_output_and_exit_code() {
         "v4.channel.k8s.io"
     );
     let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
+    let mut released = false;
     while let Some(Ok(message)) = tokio::time::timeout(Duration::from_secs(30), ws.next())
         .await
         .expect("exec output")
@@ -487,7 +497,13 @@ async fn exec_through_the_api_returns_the_output_and_exit_code() {
             continue;
         };
         match data.split_first() {
-            Some((1, rest)) => stdout.extend_from_slice(rest),
+            Some((1, rest)) => {
+                stdout.extend_from_slice(rest);
+                if !released {
+                    in_flight_until_released(&api, &node, &containers[0].id).await;
+                    released = true;
+                }
+            }
             Some((2, rest)) => stderr.extend_from_slice(rest),
             Some((3, rest)) => {
                 status = Some(serde_json::from_slice::<serde_json::Value>(rest).unwrap());
@@ -497,12 +513,39 @@ async fn exec_through_the_api_returns_the_output_and_exit_code() {
         }
     }
     let _ = ws.close(None).await;
+    drop(ws);
     assert_eq!(String::from_utf8_lossy(&stdout), "hi\n");
     assert_eq!(String::from_utf8_lossy(&stderr), "oops\n");
     let status = status.expect("a final status");
     assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
     assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
+    // The stream over and the client gone, the request is no longer in flight.
+    let done = format!("{EXEC_IN_FLIGHT} 0");
+    eventually("the exec served", Duration::from_secs(10), || async {
+        let (_, body) = api.get("/metrics").await.ok()?;
+        body.lines().any(|l| l == done).then_some(())
+    })
+    .await;
     node.finish().await;
+}
+
+/// The in-flight gauge of exec requests to the authenticated server.
+const EXEC_IN_FLIGHT: &str = "kubelet_http_inflight_requests{method=\"GET\",path=\"exec\",server_type=\"readwrite\",long_running=\"true\"}";
+
+/// Waits until the running exec session shows in flight on `/metrics`, then lets its command
+/// in `container` end.
+async fn in_flight_until_released(api: &Client, node: &Node, container: &str) {
+    let open = format!("{EXEC_IN_FLIGHT} 1");
+    eventually("the exec in flight", Duration::from_secs(10), || async {
+        let (_, body) = api.get("/metrics").await.ok()?;
+        body.lines().any(|l| l == open).then_some(())
+    })
+    .await;
+    let go = ["touch", "/tmp/go"].map(String::from).to_vec();
+    let touched = node
+        .runtime
+        .exec_sync(container, go, Duration::from_secs(10));
+    assert_eq!(touched.await.expect("exec touch").exit_code, 0);
 }
 
 /// CPU seconds this process has used (the in-process node's included).
