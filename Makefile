@@ -160,16 +160,11 @@ conformance-node: deps k8s runtime-up images registries e2e-images build
 # The kubelet's containerd for the bench: configured as the main bed's, for it alone.
 KUBELET_BED = $(NODELET_TESTBED)/beds/bench-kubelet
 
-# The driver builds in a target dir of its own, beside the release build's mostly single-threaded
-# link rather than after it.
-BENCH_TARGET_DIR = $(TARGET_DIR)-bench
-
 bench: deps k8s runtime-up images registries control-plane-images
-	cargo build --release --locked --bin nodelet & release=$$!; \
-	CARGO_TARGET_DIR=$(BENCH_TARGET_DIR) cargo build --profile bench-driver --locked --example bench \
-		|| { wait $$release; exit 1; }; wait $$release
+	cargo build --release --locked --bin nodelet
+	cargo build --profile bench-driver --locked --example bench
 	@status=0; NODELET_TESTBED=$(KUBELET_BED) NODELET_TESTBED_NET=24 $(TESTBED) up && \
-	$(BENCH_TARGET_DIR)/bench-driver/examples/bench \
+	$(TARGET_DIR)/bench-driver/examples/bench \
 		--endpoint unix://$(NODELET_TESTBED)/containerd.sock \
 		--nodelet $(TARGET_DIR)/release/nodelet --out target/bench \
 		--kubelet $(K8S_BIN)/kubelet --kubelet-endpoint unix://$(KUBELET_BED)/containerd.sock \
