@@ -29,11 +29,13 @@ pub struct Pressure {
     pub io: Option<Psi>,
 }
 
-/// Each pod's and each container's pressure, by pod UID and by container ID.
+/// Each pod's and each container's pressure, by pod UID and by container ID; and, read in the
+/// same walk, each pod's process count (the members of its cgroup and every cgroup below it).
 #[derive(Debug, Default)]
 pub struct Pressures {
     pub pods: HashMap<String, Pressure>,
     pub containers: HashMap<String, Pressure>,
+    pub processes: HashMap<String, u64>,
 }
 
 /// Parses a pressure file (`some avg10=.. avg60=.. avg300=.. total=..`, then `full ...`). A
@@ -117,6 +119,25 @@ pub fn of(paths: &[&str]) -> Vec<Option<Pressure>> {
         .collect()
 }
 
+/// The pressure of the agent's own cgroup on the unified hierarchy (`0::` in /proc/self/cgroup).
+pub fn own() -> Option<Pressure> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    of(&[path]).pop().flatten()
+}
+
+/// The processes in the cgroup at `dir` and in every cgroup below it (at most `depth` deep).
+fn processes(dir: &Path, depth: usize) -> u64 {
+    let here = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map_or(0, |procs| procs.lines().count() as u64);
+    let below = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let below: u64 = below
+        .filter(|e| depth > 0 && e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| processes(&e.path(), depth - 1))
+        .sum();
+    here + below
+}
+
 /// The pod UID a pod cgroup's name holds: `pod<uid>` (cgroupfs) or `...-pod<uid>.slice`
 /// (systemd, with `_` for `-`).
 fn pod_uid(name: &str) -> Option<String> {
@@ -140,7 +161,7 @@ fn container_id(name: &str) -> Option<&str> {
 }
 
 /// Every pod and container cgroup under `pods` (the cgroup the pods live in, QoS tiers below
-/// it) on the unified hierarchy, with its pressure.
+/// it) on the unified hierarchy, with its pressure, and each pod's process count.
 pub fn pods(pods: &str) -> Pressures {
     let mut out = Pressures::default();
     let Some(mount) = unified_mount() else {
@@ -175,6 +196,7 @@ pub fn pods(pods: &str) -> Pressures {
                 out.containers.insert(id.to_string(), of_dir(&child_dir));
             }
         }
+        out.processes.insert(uid.clone(), processes(&dir, 4));
         out.pods.insert(uid, of_dir(&dir));
     }
     out

@@ -448,14 +448,16 @@ fn add_pressure(stats: &mut Value, p: &Pressure, time: &str) {
     }
 }
 
-/// The pressure of each system container named by a cgroup path (the agent's own, `None`,
-/// is left out: it is the cgroup of whatever started it).
+/// The pressure of each system container named by a cgroup path, or (`None`) the agent's own.
 fn system_pressures(paths: &[Option<&str>]) -> Vec<Option<Pressure>> {
     let named: Vec<&str> = paths.iter().flatten().copied().collect();
     let mut found = pressure::of(&named).into_iter();
     paths
         .iter()
-        .map(|p| p.and_then(|_| found.next().flatten()))
+        .map(|p| match p {
+            Some(_) => found.next().flatten(),
+            None => pressure::own(),
+        })
         .collect()
 }
 
@@ -555,8 +557,8 @@ pub async fn summary(source: &Source) -> crate::runtime::Result<Value> {
     Ok(summary)
 }
 
-/// Every pod's stats: its running containers', its network, volumes, ephemeral storage and
-/// pressure.
+/// Every pod's stats: its running containers', its network, volumes, ephemeral storage,
+/// pressure and process count.
 async fn all_pod_stats(
     source: &Source,
     time: &str,
@@ -590,6 +592,9 @@ async fn all_pod_stats(
                     pod_stats(&job_source, &uid, pod_ref, containers, network, &job_time);
                 if let Some(pressure) = pressures.pods.get(&uid) {
                     add_pressure(&mut stats, pressure, &job_time);
+                }
+                if let Some(count) = pressures.processes.get(&uid) {
+                    stats["process_stats"] = json!({ "process_count": count });
                 }
                 stats
             })

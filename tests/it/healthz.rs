@@ -365,10 +365,21 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     );
     assert!(stats["startTime"].is_string(), "{stats}");
     assert!(stats["containers"][0]["startTime"].is_string(), "{stats}");
-    // Pressure stall information of the node (/proc/pressure), and of the pod and its
-    // container from their cgroups on the unified hierarchy (mounted beside v1 here).
+    // The pod's processes: its container's and the sandbox's.
+    assert!(
+        stats["process_stats"]["process_count"]
+            .as_u64()
+            .is_some_and(|n| n >= 2),
+        "{stats}"
+    );
+    // Pressure stall information of the node (/proc/pressure), and of the agent's own cgroup,
+    // the pod and its container from their cgroups on the unified hierarchy (mounted beside v1
+    // here).
+    let kubelet = system.iter().find(|c| c["name"] == "kubelet");
+    let kubelet = kubelet.expect("the kubelet system container");
     for (what, at) in [
         ("node", n),
+        ("kubelet", kubelet),
         ("pod", stats),
         ("container", &stats["containers"][0]),
     ] {

@@ -67,6 +67,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "each container's pressure stall information, as for cpu.psi",
     ),
     (
+        "summary.pods[].process_stats.",
+        "nodelet counts each pod's processes in its cgroups; the kubelet's cAdvisor finds none for these pods on this host",
+    ),
+    (
         "summary.pods[].network.",
         "nodelet reads each pod's network counters in the pod's network namespace; the kubelet's cAdvisor finds none for these pods on this host",
     ),
