@@ -302,17 +302,17 @@ impl Syncer {
         let step = self.diagnoses.begin(&uid, step);
         let sandbox = prepared.sandbox_config.clone();
         let image_volumes = image_volume_mounts(pod, container);
-        let created = self
+        let made = self
             .runtime
             .create_container(prepared.sandbox_id, config, sandbox, stop_signal)
             .await;
         if let Some((volumes, mounts)) = image_volumes {
-            let failed = created
+            let failed = made
                 .as_ref()
                 .is_err_and(|e| e.status_message().starts_with("ImageVolumeMountFailed"));
             crate::metrics::get().image_volumes(volumes, mounts, failed);
         }
-        let id = created?;
+        let id = made?;
         let target = Target::container(pod, &start.name);
         let created = format!("Created container: {}", start.name);
         self.events.normal(target.clone(), "Created", created);

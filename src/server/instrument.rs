@@ -57,7 +57,7 @@ fn bucket(path: &str) -> &'static str {
 /// request carries an [`InFlight`] for the handler to hold in the stream's task.
 pub async fn record(
     State(server_type): State<&'static str>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let method = METHODS
@@ -76,7 +76,6 @@ pub async fn record(
         since: Instant::now(),
     });
     crate::metrics::get().http_request(&served.labels);
-    let mut request = request;
     request.extensions_mut().insert(InFlight {
         _served: served.clone(),
     });
