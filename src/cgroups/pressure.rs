@@ -126,16 +126,19 @@ pub fn own() -> Option<Pressure> {
     of(&[path]).pop().flatten()
 }
 
+/// The members of the cgroup at `dir`.
+fn members(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("cgroup.procs")).map_or(0, |p| p.lines().count() as u64)
+}
+
 /// The processes in the cgroup at `dir` and in every cgroup below it (at most `depth` deep).
 fn processes(dir: &Path, depth: usize) -> u64 {
-    let here = std::fs::read_to_string(dir.join("cgroup.procs"))
-        .map_or(0, |procs| procs.lines().count() as u64);
     let below = std::fs::read_dir(dir).into_iter().flatten().flatten();
     let below: u64 = below
         .filter(|e| depth > 0 && e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| processes(&e.path(), depth - 1))
         .sum();
-    here + below
+    members(dir) + below
 }
 
 /// The pod UID a pod cgroup's name holds: `pod<uid>` (cgroupfs) or `...-pod<uid>.slice`
@@ -191,12 +194,14 @@ pub fn pods(pods: &str) -> Pressures {
     }
     for (name, dir) in candidates {
         let Some(uid) = pod_uid(&name) else { continue };
+        let mut count = members(&dir);
         for (child, child_dir) in subdirs(&dir) {
             if let Some(id) = container_id(&child) {
                 out.containers.insert(id.to_string(), of_dir(&child_dir));
             }
+            count += processes(&child_dir, 3);
         }
-        out.processes.insert(uid.clone(), processes(&dir, 4));
+        out.processes.insert(uid.clone(), count);
         out.pods.insert(uid, of_dir(&dir));
     }
     out

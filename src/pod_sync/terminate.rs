@@ -332,10 +332,6 @@ mod tests {
             "root/pods/gone",
             "root/pods/held",
             "logs/ns_web_kept",
-        ] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        for d in [
             "logs/ns_web_gone/c",
             "logs/notes",
             "logs/a_b_c_gone",

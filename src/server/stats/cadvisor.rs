@@ -9,15 +9,15 @@
 //! calls (containerd before 2.0) leaves only the machine's facts.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::path::Path;
 
+use super::resource::{Sample, write_family};
 use crate::host::MachineIds;
 use crate::metrics::label_value;
 use crate::runtime::cri;
 
 /// What cAdvisor's machine collector reports under the kubelet's metric set.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub(crate) struct Machine {
     pub(crate) ids: MachineIds,
     /// Logical CPUs.
@@ -111,9 +111,6 @@ const CPU_USAGE: &str = "container_cpu_usage_seconds_total";
 /// A machine family: name, help, and samples as (labels after the machine's ids, value).
 type MachineFamily = (&'static str, &'static str, Vec<(String, f64)>);
 
-/// One sample: its labels as `{...}` text, value and time in ms (`None`: measured now).
-type Sample = (String, f64, Option<i64>);
-
 /// The text format of the machine's families (`None`: it could not be read, which
 /// `machine_scrape_error` says) and of the runtime's metrics, families in name order.
 pub(crate) fn render(machine: Option<&Machine>, runtime: &RuntimeMetrics) -> String {
@@ -125,17 +122,21 @@ pub(crate) fn render(machine: Option<&Machine>, runtime: &RuntimeMetrics) -> Str
             label_value(&m.ids.machine_id),
             label_value(&m.ids.system_uuid),
         );
-        for (name, help, samples) in m.families() {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for (extra, value) in samples {
-                let _ = writeln!(out, "{name}{{{ids}{extra}}} {value}");
-            }
+        for (name, help, values) in m.families() {
+            let samples: Vec<Sample> = values
+                .into_iter()
+                .map(|(extra, value)| (format!("{{{ids}{extra}}}"), value, None))
+                .collect();
+            write_family(&mut out, name, help, "gauge", &samples);
         }
     }
-    let failed = u8::from(machine.is_none());
-    let _ = writeln!(
-        out,
-        "# HELP machine_scrape_error 1 if there was an error while getting machine metrics, 0 otherwise.\n# TYPE machine_scrape_error gauge\nmachine_scrape_error {failed}"
+    let failed = f64::from(u8::from(machine.is_none()));
+    write_family(
+        &mut out,
+        "machine_scrape_error",
+        "1 if there was an error while getting machine metrics, 0 otherwise.",
+        "gauge",
+        &[(String::new(), failed, None)],
     );
     render_runtime(&mut out, runtime);
     out
@@ -149,7 +150,7 @@ fn render_runtime(out: &mut String, runtime: &RuntimeMetrics) {
         .iter()
         .map(|d| (d.name.as_str(), d))
         .collect();
-    let mut families: BTreeMap<&str, (&str, Vec<Sample>)> = BTreeMap::new();
+    let mut families: BTreeMap<&str, (&cri::MetricDescriptor, &str, Vec<Sample>)> = BTreeMap::new();
     let metrics = runtime.pods.iter().flat_map(|p| {
         let containers = p.container_metrics.iter().flat_map(|c| &c.metrics);
         p.metrics.iter().chain(containers)
@@ -172,10 +173,10 @@ fn render_runtime(out: &mut String, runtime: &RuntimeMetrics) {
             Ok(cri::MetricType::Counter) => "counter",
             _ => "gauge",
         };
-        let precise = labels
-            .iter()
-            .find(|(k, _)| m.name == CPU_USAGE && *k == "id")
-            .and_then(|(_, id)| runtime.cpu_ns.get(id.as_str()));
+        let id = labels.iter().find(|(k, _)| *k == "id").map(|(_, id)| id);
+        let precise = id
+            .filter(|_| m.name == CPU_USAGE)
+            .and_then(|id| runtime.cpu_ns.get(id.as_str()));
         let value = match precise {
             Some(ns) => *ns as f64 / 1e9,
             None => m.value.as_ref().map_or(0, |v| v.value) as f64,
@@ -183,22 +184,16 @@ fn render_runtime(out: &mut String, runtime: &RuntimeMetrics) {
         let at = (m.timestamp != 0).then_some(m.timestamp / 1_000_000);
         let family = families
             .entry(d.name.as_str())
-            .or_insert((kind, Vec::new()));
+            .or_insert((d, kind, Vec::new()));
         family
-            .1
+            .2
             .push((format!("{{{}}}", text.join(",")), value, at));
     }
-    for (name, (kind, mut samples)) in families {
-        let help = by_name.get(name).map_or("", |d| d.help.as_str());
-        let _ = writeln!(out, "# HELP {name} [INTERNAL] {help}\n# TYPE {name} {kind}");
+    for (name, (d, kind, mut samples)) in families {
         samples.sort_by(|a, b| a.0.cmp(&b.0));
         samples.dedup_by(|a, b| a.0 == b.0);
-        for (labels, value, at) in samples {
-            let _ = match at {
-                Some(ms) => writeln!(out, "{name}{labels} {value} {ms}"),
-                None => writeln!(out, "{name}{labels} {value}"),
-            };
-        }
+        let help = format!("[INTERNAL] {}", d.help);
+        write_family(out, name, &help, kind, &samples);
     }
 }
 

@@ -84,9 +84,30 @@ const FAMILIES: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
-/// Samples by family name: labels, value and timestamp in ms.
+/// One sample: its labels as `{...}` text (empty for none), value and time in ms (`None`:
+/// measured now).
+pub(super) type Sample = (String, f64, Option<i64>);
+
+/// Writes one family in the text format: its help, type and samples.
+pub(super) fn write_family(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    kind: &str,
+    samples: &[Sample],
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value, at) in samples {
+        let _ = match at {
+            Some(ms) => writeln!(out, "{name}{labels} {value} {ms}"),
+            None => writeln!(out, "{name}{labels} {value}"),
+        };
+    }
+}
+
+/// Samples by family name.
 #[derive(Default)]
-struct Samples(BTreeMap<String, Vec<(String, f64, Option<i64>)>>);
+struct Samples(BTreeMap<String, Vec<Sample>>);
 
 impl Samples {
     fn push(&mut self, family: String, labels: &str, value: f64, at: Option<i64>) {
@@ -172,14 +193,7 @@ pub fn render(summary: Option<&Value>) -> String {
         let Some(list) = samples.0.get(*name) else {
             continue;
         };
-        let _ = writeln!(out, "# HELP {name} [{stability}] {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, value, at) in list {
-            let _ = match at {
-                Some(ms) => writeln!(out, "{name}{labels} {value} {ms}"),
-                None => writeln!(out, "{name}{labels} {value}"),
-            };
-        }
+        write_family(&mut out, name, &format!("[{stability}] {help}"), kind, list);
     }
     out
 }
