@@ -214,15 +214,17 @@ clean_network() {
 
 # ---------------------------------------------------------------- cgroups
 
-# Remove the cgroup roots the tests and `make run` gave their nodes (/nodelet-test/<node>,
-# /nodelet-dev), deepest first, in every hierarchy; a tree still holding processes stays.
+# Remove the cgroup roots the tests, `make run`, the bench and the conformance nodes gave their
+# nodes (/nodelet-test/<node>, /nodelet-dev, /nodelet-bench, /nodelet-conformance-<n>), deepest
+# first, in every hierarchy; a tree still holding processes stays.
 clean_test_cgroups() {
     local mount root
     while read -r mount; do
-        for root in nodelet-test nodelet-dev nodelet-bench; do
-            [[ -d $mount/$root ]] || continue
-            find "$mount/$root" -depth -type d -exec rmdir {} + 2>/dev/null || true
-            [[ -d $mount/$root ]] && log "warning: cgroup $mount/$root is still in use"
+        for root in "$mount"/nodelet-test "$mount"/nodelet-dev "$mount"/nodelet-bench \
+            "$mount"/nodelet-conformance-*; do
+            [[ -d $root ]] || continue
+            find "$root" -depth -type d -exec rmdir {} + 2>/dev/null || true
+            [[ -d $root ]] && log "warning: cgroup $root is still in use"
         done
     done < <(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5; break } }' /proc/self/mountinfo)
     return 0
