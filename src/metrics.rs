@@ -109,6 +109,11 @@ const GO_DEFAULT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Upper bounds (seconds) of upstream's storage operation histograms.
+const STORAGE_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+];
+
 /// The labels of the kubelet's HTTP server metrics.
 const HTTP_LABELS: &[&str] = &["method", "path", "server_type", "long_running"];
 
@@ -298,6 +303,13 @@ pub struct Metrics {
     container_log_used: Family,
     orphan_pods_cleaned: Family,
     orphan_pods_failed: Family,
+    storage_operation_duration: Histogram,
+    volume_operation_total: Histogram,
+    volume_manager_volumes: Family,
+    reconstructed_volumes: Family,
+    reconstructed_volume_errors: Family,
+    force_cleaned_volumes: Family,
+    force_cleaned_volume_errors: Family,
 }
 
 /// When the node first tried to register, first registered as a new Node and was first
@@ -788,6 +800,48 @@ pub fn get() -> &'static Metrics {
             "counter",
             &["static"],
         ),
+        storage_operation_duration: Histogram::with_buckets(
+            "storage_operation_duration_seconds",
+            "Storage operation duration",
+            &["volume_plugin", "operation_name", "status", "migrated"],
+            STORAGE_BUCKETS,
+        ),
+        volume_operation_total: Histogram::with_buckets(
+            "volume_operation_total_seconds",
+            "Storage operation end to end duration in seconds",
+            &["plugin_name", "operation_name"],
+            STORAGE_BUCKETS,
+        ),
+        volume_manager_volumes: Family::new(
+            "volume_manager_total_volumes",
+            "Number of volumes in Volume Manager",
+            "gauge",
+            &["plugin_name", "state"],
+        ),
+        reconstructed_volumes: Family::new(
+            "reconstruct_volume_operations_total",
+            "The number of volumes that were attempted to be reconstructed from the operating system during kubelet startup. This includes both successful and failed reconstruction.",
+            "counter",
+            &[],
+        ),
+        reconstructed_volume_errors: Family::new(
+            "reconstruct_volume_operations_errors_total",
+            "The number of volumes that failed reconstruction from the operating system during kubelet startup.",
+            "counter",
+            &[],
+        ),
+        force_cleaned_volumes: Family::new(
+            "force_cleaned_failed_volume_operations_total",
+            "The number of volumes that were force cleaned after their reconstruction failed during kubelet startup. This includes both successful and failed cleanups.",
+            "counter",
+            &[],
+        ),
+        force_cleaned_volume_errors: Family::new(
+            "force_cleaned_failed_volume_operation_errors_total",
+            "The number of volumes that failed force cleanup after their reconstruction failed during kubelet startup.",
+            "counter",
+            &[],
+        ),
     })
 }
 
@@ -1094,6 +1148,44 @@ impl Metrics {
         self.orphan_pods_failed.set(&[], failed as f64);
     }
 
+    /// A volume operation (`volume_mount`, `volume_unmount`...) of a volume of `plugin`
+    /// (`kubernetes.io/empty-dir`...) ended, as upstream's operation executor records it.
+    pub fn storage_operation(&self, plugin: &str, operation: &str, took: Duration, failed: bool) {
+        let status = if failed { "fail-unknown" } else { "success" };
+        self.storage_operation_duration
+            .observe(&[plugin, operation, status, "false"], took.as_secs_f64());
+    }
+
+    /// A volume of `plugin` was first mounted, `took` after its pod first wanted it.
+    pub fn volume_mounted(&self, plugin: &str, took: Duration) {
+        self.volume_operation_total
+            .observe(&[plugin, "overall_volume_mount"], took.as_secs_f64());
+    }
+
+    /// How many volumes of each plugin the pods want and have, by (plugin, state), upstream's
+    /// `desired_state_of_world` and `actual_state_of_world`.
+    pub fn set_volumes(&self, counts: &BTreeMap<(&str, &str), usize>) {
+        let series = counts
+            .iter()
+            .map(|((plugin, state), n)| (vec![plugin.to_string(), state.to_string()], *n as f64))
+            .collect();
+        self.volume_manager_volumes.replace(series);
+    }
+
+    /// The volumes found on the node at start: `found` of them, `failed` not known well enough
+    /// to be taken back.
+    pub fn volumes_reconstructed(&self, found: usize, failed: usize) {
+        self.reconstructed_volumes.add(&[], found as f64);
+        self.reconstructed_volume_errors.add(&[], failed as f64);
+    }
+
+    /// Volumes that could not be taken back were removed with their pod: `removed` of them,
+    /// `failed` of which could not be.
+    pub fn volumes_force_cleaned(&self, removed: usize, failed: usize) {
+        self.force_cleaned_volumes.add(&[], removed as f64);
+        self.force_cleaned_volume_errors.add(&[], failed as f64);
+    }
+
     /// The usage of one volume was measured by walking it (`du`, upstream's metric source).
     pub fn volume_stats_measured(&self, took: Duration) {
         self.volume_stats_duration
@@ -1204,7 +1296,7 @@ impl Metrics {
     }
 
     /// Every histogram, in the order they are rendered.
-    fn histograms(&self) -> [&Histogram; 14] {
+    fn histograms(&self) -> [&Histogram; 16] {
         [
             &self.runtime_duration,
             &self.pleg_relist_duration,
@@ -1220,6 +1312,8 @@ impl Metrics {
             &self.volume_stats_duration,
             &self.pod_status_sync_duration,
             &self.topology_duration,
+            &self.storage_operation_duration,
+            &self.volume_operation_total,
         ]
     }
 
@@ -1285,6 +1379,11 @@ impl Metrics {
             &self.container_log_used,
             &self.orphan_pods_cleaned,
             &self.orphan_pods_failed,
+            &self.volume_manager_volumes,
+            &self.reconstructed_volumes,
+            &self.reconstructed_volume_errors,
+            &self.force_cleaned_volumes,
+            &self.force_cleaned_volume_errors,
         ] {
             f.render(&mut out);
         }

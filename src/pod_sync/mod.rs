@@ -172,6 +172,8 @@ pub struct Syncer {
     /// The ID ranges of `hostUsers: false` pods.
     userns: userns::Manager,
     resources: Arc<crate::cm::Resources>,
+    /// The pods' volumes on the host.
+    volumes: Arc<crate::volumes::Manager>,
 }
 
 /// What the syncer keeps of one pod between its syncs; forgetting the pod is dropping its book.
@@ -231,7 +233,6 @@ impl Syncer {
             cleanups: parts.cleanups,
             leftovers: Default::default(),
             runtime,
-            ctx,
             statuses: parts.status.reader(),
             status: parts.status,
             books: Default::default(),
@@ -239,6 +240,8 @@ impl Syncer {
             refused: Default::default(),
             userns: parts.userns,
             resources: parts.resources,
+            volumes: Arc::new(crate::volumes::Manager::new(&ctx.root_dir)),
+            ctx,
         }
     }
 
@@ -411,8 +414,8 @@ impl PodSyncer for Syncer {
                 }
             };
             let held = sandboxes.into_iter().map(|sb| sb.uid).collect();
-            let root_dir = self.ctx.root_dir.clone();
-            let remove = move || orphans.except(&held).remove(&root_dir);
+            let volumes = self.volumes.clone();
+            let remove = move || orphans.except(&held).remove(&volumes);
             swept = tokio::task::spawn_blocking(remove)
                 .await
                 .unwrap_or_default();

@@ -28,7 +28,7 @@ impl Syncer {
             objects,
             resource_field: &resource_field,
         };
-        let mounted = volumes::setup(pod, &self.ctx.root_dir, &inputs).inspect_err(|e| {
+        let mounted = self.volumes.setup(pod, &inputs).inspect_err(|e| {
             let message = match e {
                 volumes::Error::Volume { volume, message } => {
                     format!("MountVolume.SetUp failed for volume {volume:?} : {message}")

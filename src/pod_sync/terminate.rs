@@ -158,7 +158,7 @@ impl Syncer {
     /// warning the first time) and is tried again by housekeeping; it holds nothing up.
     pub(super) fn clean_up(&self, uid: &PodUid, leftover: Leftover) {
         let mut left = Vec::new();
-        if let Err(e) = volumes::teardown(&self.ctx.root_dir, &uid.0) {
+        if let Err(e) = self.volumes.teardown(&uid.0) {
             left.push(format!("volumes: {}", crate::types::error_chain(&e)));
         }
         if let Err(e) = self.cgroups.remove_pod(&uid.0) {
@@ -275,10 +275,10 @@ impl Orphans {
 
     /// Removes the directories, each pod's volumes unmounted first. Returns how many pod
     /// directories there were and how many could not be removed.
-    pub(super) fn remove(self, root_dir: &Path) -> (usize, usize) {
+    pub(super) fn remove(self, volumes: &volumes::Manager) -> (usize, usize) {
         let mut failed = 0;
         for uid in &self.pods {
-            match volumes::teardown(root_dir, uid) {
+            match volumes.teardown(uid) {
                 Ok(()) => {
                     tracing::info!(%uid, "removed the directory of a pod the node no longer has")
                 }
@@ -350,7 +350,8 @@ mod tests {
             [(logs.join("ns_web_gone"), "gone".to_string())]
         );
         let held = HashSet::from([PodUid("held".into())]);
-        assert_eq!(orphans.except(&held).remove(&root), (1, 0));
+        let volumes = volumes::Manager::new(&root);
+        assert_eq!(orphans.except(&held).remove(&volumes), (1, 0));
         assert!(!root.join("pods/gone").exists() && !logs.join("ns_web_gone").exists());
         for d in [
             "root/pods/kept",

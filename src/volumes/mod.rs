@@ -3,10 +3,12 @@
 //! volumes (configMap, secret, downwardAPI, projected) written atomically, secrets on tmpfs.
 
 mod atomic;
+mod manager;
 mod projected;
 pub mod subpath;
 
-use std::collections::HashMap;
+pub use manager::Manager;
+
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -135,31 +137,58 @@ pub struct VolumeDir {
     pub tmpfs: bool,
 }
 
-/// The plugin directory name of a volume nodelet makes itself, and whether it lives on tmpfs.
-fn plugin(v: &Volume) -> Option<(&'static str, bool)> {
+/// The plugin of a volume nodelet makes itself under the pod's directory, upstream's name, and
+/// whether it lives on tmpfs.
+fn made_plugin(v: &Volume) -> Option<(&'static str, bool)> {
     if let Some(ed) = &v.empty_dir {
-        Some(("empty-dir", ed.medium.as_deref() == Some("Memory")))
+        Some((EMPTY_DIR, ed.medium.as_deref() == Some("Memory")))
     } else if v.config_map.is_some() {
-        Some(("configmap", false))
+        Some((CONFIG_MAP, false))
     } else if v.secret.is_some() {
-        Some(("secret", true))
+        Some((SECRET, true))
     } else if v.downward_api.is_some() {
-        Some(("downward-api", true))
+        Some((DOWNWARD_API, true))
     } else if v.projected.is_some() {
-        Some(("projected", true))
+        Some((PROJECTED, true))
     } else {
         None
     }
 }
 
+const EMPTY_DIR: &str = "kubernetes.io/empty-dir";
+const CONFIG_MAP: &str = "kubernetes.io/configmap";
+const SECRET: &str = "kubernetes.io/secret";
+const DOWNWARD_API: &str = "kubernetes.io/downward-api";
+const PROJECTED: &str = "kubernetes.io/projected";
+
+/// The plugins whose volumes nodelet makes under the pod's directory.
+const MADE: [&str; 5] = [EMPTY_DIR, CONFIG_MAP, SECRET, DOWNWARD_API, PROJECTED];
+
+/// A volume's plugin as upstream names it (`kubernetes.io/empty-dir`...); `None` for the
+/// kinds nodelet does not support.
+fn plugin(v: &Volume) -> Option<&'static str> {
+    if v.host_path.is_some() {
+        Some("kubernetes.io/host-path")
+    } else if v.image.is_some() {
+        Some("kubernetes.io/image")
+    } else {
+        made_plugin(v).map(|(plugin, _)| plugin)
+    }
+}
+
+/// The directory of a plugin's volumes under the pod's `volumes/` (`kubernetes.io~empty-dir`).
+fn plugin_dir(plugin: &str) -> String {
+    plugin.replacen('/', "~", 1)
+}
+
 /// `<pod dir>/volumes/kubernetes.io~<plugin>/<name>` for the volumes nodelet makes itself
 /// (emptyDir, configMap, secret, downwardAPI, projected); `None` for hostPath and the rest.
 pub fn volume_dir(pod_dir: &Path, v: &Volume) -> Option<VolumeDir> {
-    let (plugin, tmpfs) = plugin(v)?;
+    let (plugin, tmpfs) = made_plugin(v)?;
     Some(VolumeDir {
         path: pod_dir
             .join("volumes")
-            .join(format!("kubernetes.io~{plugin}"))
+            .join(plugin_dir(plugin))
             .join(&v.name),
         tmpfs,
     })
@@ -182,60 +211,70 @@ pub struct Mounted {
     pub image: Option<String>,
 }
 
-/// Makes every volume of the pod available on the host and returns each by name. Idempotent: a
-/// pod's volumes are set up on every sync, which is also how API-data volumes follow changes.
-pub fn setup(pod: &Pod, root_dir: &Path, inputs: &Inputs<'_>) -> Result<HashMap<String, Mounted>> {
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let dir = pod_dir(root_dir, uid);
-    private_dir(&dir).map_err(io("cannot create", &dir))?;
+/// The pod's own directory and its `volumes`, `plugins` and `containers`, private.
+fn make_pod_dir(dir: &Path) -> Result<()> {
+    private_dir(dir).map_err(io("cannot create", dir))?;
     for sub in ["volumes", "plugins", "containers"] {
         private_dir(&dir.join(sub)).map_err(io("cannot create", &dir.join(sub)))?;
     }
-    let mut mounted = HashMap::new();
-    let fs_group = spec(pod).security_context.as_ref().and_then(|s| s.fs_group);
-    for v in spec(pod).volumes.iter().flatten() {
-        if let Some(image) = &v.image {
-            let reference = image.reference.clone().unwrap_or_default();
-            let mount = Mounted {
-                path: PathBuf::new(),
-                read_only: true,
-                image: Some(reference),
-            };
-            mounted.insert(v.name.clone(), mount);
-            continue;
-        }
-        let (path, read_only) = if v.empty_dir.is_some() {
-            (empty_dir(v, &dir, fs_group)?, false)
-        } else if let Some(hp) = &v.host_path {
-            host_path(
-                &v.name,
-                Path::new(&hp.path),
-                hp.type_.as_deref().unwrap_or(""),
-            )?;
-            (PathBuf::from(&hp.path), false)
-        } else if let Some(files) = projected::payload(pod, v, inputs) {
-            let files = files.map_err(|message| Error::Volume {
-                volume: v.name.clone(),
-                message,
-            })?;
-            (api_data(v, &dir, &files, fs_group)?, true)
-        } else {
-            return Err(Error::Volume {
-                volume: v.name.clone(),
-                message: "volume type is not supported".into(),
-            });
-        };
-        let mount = Mounted {
-            path,
-            read_only,
-            image: None,
-        };
-        mounted.insert(v.name.clone(), mount);
-    }
-    Ok(mounted)
+    Ok(())
 }
 
-/// [`volume_dir`] for a volume [`setup`] has already sorted as one nodelet makes itself.
+/// One volume set up: where it is, and whether the pod's fsGroup was applied to its files
+/// this time.
+struct Made {
+    mounted: Mounted,
+    group_applied: bool,
+}
+
+/// Makes one volume of the pod (whose directory is `dir`) available on the host. Idempotent:
+/// it runs on every sync, which is also how API-data volumes follow changes.
+fn mount(pod: &Pod, v: &Volume, dir: &Path, inputs: &Inputs<'_>) -> Result<Made> {
+    let fs_group = spec(pod).security_context.as_ref().and_then(|s| s.fs_group);
+    let (path, read_only, group_applied) = if let Some(image) = &v.image {
+        let mounted = Mounted {
+            path: PathBuf::new(),
+            read_only: true,
+            image: Some(image.reference.clone().unwrap_or_default()),
+        };
+        return Ok(Made {
+            mounted,
+            group_applied: false,
+        });
+    } else if v.empty_dir.is_some() {
+        (empty_dir(v, dir, fs_group)?, false, fs_group.is_some())
+    } else if let Some(hp) = &v.host_path {
+        host_path(
+            &v.name,
+            Path::new(&hp.path),
+            hp.type_.as_deref().unwrap_or(""),
+        )?;
+        (PathBuf::from(&hp.path), false, false)
+    } else if let Some(files) = projected::payload(pod, v, inputs) {
+        let files = files.map_err(|message| Error::Volume {
+            volume: v.name.clone(),
+            message,
+        })?;
+        let (path, written) = api_data(v, dir, &files, fs_group)?;
+        (path, true, written && fs_group.is_some())
+    } else {
+        return Err(Error::Volume {
+            volume: v.name.clone(),
+            message: "volume type is not supported".into(),
+        });
+    };
+    let mounted = Mounted {
+        path,
+        read_only,
+        image: None,
+    };
+    Ok(Made {
+        mounted,
+        group_applied,
+    })
+}
+
+/// [`volume_dir`] for a volume [`mount`] has already sorted as one nodelet makes itself.
 fn made_dir(pod_dir: &Path, v: &Volume) -> Result<VolumeDir> {
     volume_dir(pod_dir, v).ok_or_else(|| Error::Volume {
         volume: v.name.clone(),
@@ -243,14 +282,14 @@ fn made_dir(pod_dir: &Path, v: &Volume) -> Result<VolumeDir> {
     })
 }
 
-/// Writes an API-data volume under `<pod>/volumes/kubernetes.io~<kind>/<name>`. All but
-/// configMap volumes live on tmpfs, so secrets never touch the disk.
+/// Writes an API-data volume under `<pod>/volumes/kubernetes.io~<kind>/<name>`; says whether
+/// its files changed. All but configMap volumes live on tmpfs, so secrets never touch the disk.
 fn api_data(
     v: &Volume,
     pod_dir: &Path,
     files: &atomic::Payload,
     fs_group: Option<i64>,
-) -> Result<PathBuf> {
+) -> Result<(PathBuf, bool)> {
     let VolumeDir { path, tmpfs } = made_dir(pod_dir, v)?;
     make_volume_dir(&path)?;
     if tmpfs && !is_mount_point(&path) {
@@ -260,10 +299,12 @@ fn api_data(
         })?;
     }
     let gid = fs_group.map(|g| g as u32);
-    if atomic::write(&path, files, gid).map_err(io("cannot write the files of", &path))? {
+    let written =
+        atomic::write(&path, files, gid).map_err(io("cannot write the files of", &path))?;
+    if written {
         tracing::debug!(volume = %v.name, dir = %path.display(), files = files.len(), "volume files updated");
     }
-    Ok(path)
+    Ok((path, written))
 }
 
 /// A volume's own directory under a private `kubernetes.io~<kind>` one: the containers that
@@ -349,7 +390,7 @@ fn host_path(volume: &str, path: &Path, kind: &str) -> Result<()> {
 }
 
 /// Removes the pod's directory and everything in it, unmounting its tmpfs volumes first.
-pub fn teardown(root_dir: &Path, uid: &str) -> Result<()> {
+fn remove_pod_dir(root_dir: &Path, uid: &str) -> Result<()> {
     if !crate::types::is_path_part(uid) {
         return Err(Error::Io {
             action: "refusing to remove the directory of a pod whose UID is no path part under",

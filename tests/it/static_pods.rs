@@ -7,7 +7,7 @@ use nodelet::runtime::{
     LABEL_POD_UID,
 };
 
-use crate::bed::{FOREVER, Node, eventually, pod_yaml};
+use crate::bed::{FOREVER, Node, eventually, metrics_show, pod_yaml};
 
 #[tokio::test]
 async fn a_busybox_pod_starts_and_its_output_appears_in_its_log() {
@@ -104,7 +104,10 @@ async fn a_host_network_pod_sees_the_host_network() {
 
 #[tokio::test]
 async fn a_host_path_file_and_an_empty_dir_are_shared_by_two_containers() {
-    let node = Node::start("volumes", &[]).await;
+    let port = crate::bed::free_port();
+    let read_only = ["--read-only-port".to_string(), port.to_string()];
+    let read_only = read_only.each_ref().map(String::as_str);
+    let mut node = Node::start("volumes", &read_only).await;
     let host_dir = node.path("host-data");
     std::fs::create_dir_all(&host_dir).unwrap();
     std::fs::write(host_dir.join("greeting"), "from-the-host\n").unwrap();
@@ -161,6 +164,40 @@ async fn a_host_path_file_and_an_empty_dir_are_shared_by_two_containers() {
         std::fs::read_to_string(&empty_dir).unwrap(),
         "from-the-host\n"
     );
+    let operation = |plugin: &str, operation: &str, n: usize| {
+        format!(
+            "storage_operation_duration_seconds_count{{volume_plugin=\"kubernetes.io/{plugin}\",operation_name=\"{operation}\",status=\"success\",migrated=\"false\"}} {n}"
+        )
+    };
+    let volumes = |plugin: &str, n: usize| {
+        ["desired", "actual"].map(|state| {
+            format!("volume_manager_total_volumes{{plugin_name=\"kubernetes.io/{plugin}\",state=\"{state}_state_of_world\"}} {n}")
+        })
+    };
+    let mut lines = vec![
+        operation("empty-dir", "verify_controller_attached_volume", 1),
+        operation("empty-dir", "volume_mount", 1),
+        operation("host-path", "verify_controller_attached_volume", 2),
+        operation("host-path", "volume_mount", 2),
+        "volume_operation_total_seconds_count{plugin_name=\"kubernetes.io/empty-dir\",operation_name=\"overall_volume_mount\"} 1".into(),
+        "reconstruct_volume_operations_total 0".into(),
+    ];
+    lines.extend(volumes("empty-dir", 1));
+    lines.extend(volumes("host-path", 2));
+    metrics_show(port, "the volume manager's metrics", &lines).await;
+
+    // A restarted agent takes the emptyDir back from the disk: it is not mounted again. The
+    // hostPath volumes, which leave nothing under the pod, are (as upstream).
+    node.stop_agent().await;
+    node.restart(&read_only).await;
+    node.wait_running("volumes", 2).await;
+    let lines = [
+        "reconstruct_volume_operations_total 1".to_string(),
+        "reconstruct_volume_operations_errors_total 0".into(),
+        operation("empty-dir", "volume_mount", 1),
+        operation("host-path", "volume_mount", 4),
+    ];
+    metrics_show(port, "the volumes taken back after a restart", &lines).await;
 
     node.remove_manifest("volumes.yaml");
     node.wait_gone(&sandbox.uid, Duration::from_secs(30)).await;
@@ -173,6 +210,16 @@ async fn a_host_path_file_and_an_empty_dir_are_shared_by_two_containers() {
     assert!(
         host_dir.join("greeting").exists(),
         "hostPath content is never removed"
+    );
+    let lines = [
+        operation("empty-dir", "volume_unmount", 1),
+        operation("host-path", "volume_unmount", 2),
+    ];
+    metrics_show(port, "the volumes unmounted", &lines).await;
+    let metrics = crate::healthz::get(port, "/metrics").await.unwrap().1;
+    assert!(
+        !metrics.contains("volume_manager_total_volumes{"),
+        "no pod wants or has volumes: {metrics}"
     );
     node.finish().await;
 }

@@ -142,16 +142,6 @@ const GAPS: &[(&str, &str)] = &[
         "kubelet metrics nodelet does not serve yet: the image manager's pull records (imagemanager_*), the first network pod's start SLI, dropped pod watch events, and a single pod's PLEG relist (nodelet's PLEG always relists every pod)",
     ),
     ("metrics/dra_", "dynamic resource allocation"),
-    ("metrics/storage_operation_", "volume operation metrics"),
-    ("metrics/volume_", "volume operation metrics"),
-    (
-        "metrics/reconstruct_volume_",
-        "volume reconstruction metrics",
-    ),
-    (
-        "metrics/force_cleaned_failed_volume_",
-        "volume operation metrics",
-    ),
 ];
 
 /// The upstream kubelet in standalone mode on a containerd of its own, stopped and cleaned up
