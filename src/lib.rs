@@ -9,7 +9,9 @@
 //! `host` (the one place for facts about the machine), `service_links` (the Services containers
 //! learn of through their environment) and `objects`
 //! (the ConfigMaps, Secrets and RuntimeClasses beside static pods, which carries the service
-//! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`; `config`, `runtime`,
+//! links) are leaves; `oom` (system OOM kills from the kernel's log) uses only `events`;
+//! `pod_startup` (the API pods' startup latency, fed by `images` and `cluster`) uses only
+//! `metrics` and `pod`; `config`, `runtime`,
 //! `cgroups`, `status`, `sources` and `volumes` use only leaves; `pleg`, `probe`, `images`,
 //! `log_rotation`, `eviction` and `cm` (the CPU manager, and the device manager with its
 //! plugins) use `runtime`; `admission` (the admit handlers' stateless checks)
@@ -43,6 +45,7 @@ pub(crate) mod objects;
 pub(crate) mod oom;
 pub(crate) mod pleg;
 pub mod pod;
+pub(crate) mod pod_startup;
 pub mod pod_sync;
 pub(crate) mod pod_workers;
 pub(crate) mod probe;

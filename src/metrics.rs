@@ -109,6 +109,12 @@ const GO_DEFAULT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Upper bounds (seconds) of upstream's pod startup latency histograms.
+const POD_STARTUP_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
 /// Upper bounds (seconds) of upstream's storage operation histograms.
 const STORAGE_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
@@ -130,6 +136,9 @@ struct Histogram {
     help: &'static str,
     labels: &'static [&'static str],
     buckets: &'static [f64],
+    /// Whether a histogram without labels shows only once observed, as upstream's histogram
+    /// vectors without labels do; one with labels always waits for its first series.
+    hidden_until_observed: bool,
     values: Mutex<BTreeMap<Vec<String>, HistogramData>>,
 }
 
@@ -150,7 +159,16 @@ impl Histogram {
             help,
             labels,
             buckets,
+            hidden_until_observed: false,
             values: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// This histogram shows only once observed.
+    fn hidden_until_observed(self) -> Self {
+        Histogram {
+            hidden_until_observed: true,
+            ..self
         }
     }
 
@@ -182,7 +200,7 @@ impl Histogram {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if values.is_empty() {
-            if !self.labels.is_empty() {
+            if !self.labels.is_empty() || self.hidden_until_observed {
                 return;
             }
             values.insert(Vec::new(), self.empty());
@@ -310,6 +328,9 @@ pub struct Metrics {
     reconstructed_volume_errors: Family,
     force_cleaned_volumes: Family,
     force_cleaned_volume_errors: Family,
+    pod_start_sli: Histogram,
+    pod_start_total: Histogram,
+    first_network_pod_start: Family,
 }
 
 /// When the node first tried to register, first registered as a new Node and was first
@@ -842,6 +863,26 @@ pub fn get() -> &'static Metrics {
             "counter",
             &[],
         ),
+        pod_start_sli: Histogram::with_buckets(
+            "kubelet_pod_start_sli_duration_seconds",
+            "Duration in seconds to start a pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            &[],
+            POD_STARTUP_BUCKETS,
+        )
+        .hidden_until_observed(),
+        pod_start_total: Histogram::with_buckets(
+            "kubelet_pod_start_total_duration_seconds",
+            "Duration in seconds to start a pod since creation, including time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            &[],
+            POD_STARTUP_BUCKETS,
+        )
+        .hidden_until_observed(),
+        first_network_pod_start: Family::new(
+            "kubelet_first_network_pod_start_sli_duration_seconds",
+            "Duration in seconds to start the first network pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            "gauge",
+            &[],
+        ),
     })
 }
 
@@ -1148,6 +1189,19 @@ impl Metrics {
         self.orphan_pods_failed.set(&[], failed as f64);
     }
 
+    /// An API pod was seen started on the watch, `total` seconds after its creation; `sli` is
+    /// that without its image pulls and init containers, unless it is a stateful pod; the
+    /// first pod on the pod network to start sets the network's figure.
+    pub fn pod_start_observed(&self, total: f64, sli: Option<f64>, first_network: bool) {
+        self.pod_start_total.observe(&[], total);
+        if let Some(sli) = sli {
+            self.pod_start_sli.observe(&[], sli);
+            if first_network {
+                self.first_network_pod_start.set(&[], sli);
+            }
+        }
+    }
+
     /// A volume operation (`volume_mount`, `volume_unmount`...) of a volume of `plugin`
     /// (`kubernetes.io/empty-dir`...) ended, as upstream's operation executor records it.
     pub fn storage_operation(&self, plugin: &str, operation: &str, took: Duration, failed: bool) {
@@ -1296,7 +1350,7 @@ impl Metrics {
     }
 
     /// Every histogram, in the order they are rendered.
-    fn histograms(&self) -> [&Histogram; 16] {
+    fn histograms(&self) -> [&Histogram; 18] {
         [
             &self.runtime_duration,
             &self.pleg_relist_duration,
@@ -1314,6 +1368,8 @@ impl Metrics {
             &self.topology_duration,
             &self.storage_operation_duration,
             &self.volume_operation_total,
+            &self.pod_start_sli,
+            &self.pod_start_total,
         ]
     }
 
@@ -1384,6 +1440,7 @@ impl Metrics {
             &self.reconstructed_volume_errors,
             &self.force_cleaned_volumes,
             &self.force_cleaned_volume_errors,
+            &self.first_network_pod_start,
         ] {
             f.render(&mut out);
         }

@@ -58,7 +58,12 @@ pub fn watch(
     let task = async move {
         let mut stream = watcher(api, config)
             .backoff(super::watch_backoff::watch_backoff())
-            .modify(slim)
+            .modify(|pod| {
+                if !is_mirror(pod) {
+                    crate::pod_startup::get().observed_on_watch(pod);
+                }
+                slim(pod);
+            })
             .reflect(writer)
             .ready_chunks(BATCH)
             .boxed();
@@ -143,7 +148,13 @@ fn handle(
                 *listed = true;
                 changed = true;
             }
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => changed = true,
+            Ok(watcher::Event::Apply(_)) => changed = true,
+            Ok(watcher::Event::Delete(pod)) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    crate::pod_startup::get().forget(uid);
+                }
+                changed = true;
+            }
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Err(e) => {
                 tracing::warn!(node = %node, error = %crate::types::error_chain(&e), "the watch of this node's pods failed; retrying")

@@ -87,6 +87,7 @@ pub async fn run(
             match push(&client, &target, &entry.pod).await {
                 Pushed::Yes => {
                     crate::metrics::get().pod_status_synced(since.elapsed());
+                    crate::pod_startup::get().status_pushed(&target.uid, &entry.pod);
                     pending.remove(&target.uid);
                     pushed.insert(target.uid, entry.version);
                 }

@@ -327,6 +327,8 @@ impl Puller {
                 remaining,
             });
         }
+        // The pod's pull lasts from here, its wait on another pod's pull of the image included.
+        let started = Instant::now();
         let lock = self
             .in_flight
             .lock()
@@ -342,10 +344,12 @@ impl Puller {
         if req.policy != "Always"
             && let Some(found) = self.present(wanted).await?
         {
+            crate::pod_startup::get().pulled(&req.pod.0, started);
             return Ok(found);
         }
         // Boxed: a pull's state is large, and most requests find the image present.
         let result = Box::pin(self.pull(req, wanted, parsed)).await;
+        crate::pod_startup::get().pulled(&req.pod.0, started);
         let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(found) => {

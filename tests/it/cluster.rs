@@ -810,7 +810,8 @@ spec:
     assert_eq!(out.trim(), "exec-42");
 
     // The node's metrics: its startup steps, timed once it registered and was Ready, the pod
-    // statuses it pushed, and the requests its authenticated server served for the API server.
+    // statuses it pushed, the pod's startup as the watch showed it (the first on the pod
+    // network), and the requests its authenticated server served for the API server.
     let metrics = eventually(
         "the node startup metrics",
         Duration::from_secs(30),
@@ -828,6 +829,9 @@ spec:
                 "kubelet_node_startup_post_registration_duration_seconds",
                 "kubelet_node_startup_duration_seconds",
                 "kubelet_pod_status_sync_duration_seconds_count",
+                "kubelet_pod_start_total_duration_seconds_count",
+                "kubelet_pod_start_sli_duration_seconds_count",
+                "kubelet_first_network_pod_start_sli_duration_seconds",
             ]
             .iter()
             .all(|name| set(name))
@@ -836,6 +840,8 @@ spec:
     )
     .await;
     for series in [
+        "kubelet_pod_start_total_duration_seconds_count 1\n",
+        "kubelet_pod_start_sli_duration_seconds_count 1\n",
         "kubelet_http_requests_total{method=\"GET\",path=\"containerLogs\",server_type=\"readwrite\",long_running=\"false\"}",
         "path=\"exec\",server_type=\"readwrite\",long_running=\"true\"}",
     ] {
@@ -1131,7 +1137,13 @@ async fn an_api_pod_pulls_a_private_image_with_its_image_pull_secret() {
         Some(&format!("{user}:{password}")),
     );
     let cp = ControlPlane::start("pullsecret", true).await;
-    let node = join(&cp, "pullsecret", &[]).await;
+    let read_only = crate::bed::free_port();
+    let node = join(
+        &cp,
+        "pullsecret",
+        &["--read-only-port", &read_only.to_string()],
+    )
+    .await;
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     let config = serde_json::json!({"auths": {reg.clone(): {"auth": auth}}}).to_string();
     let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
@@ -1177,6 +1189,28 @@ spec:
         .container_statuses
         .expect("statuses")[0];
     assert!(status.image_id.contains("sha256:"), "{status:?}");
+    // The pod's start SLI leaves out its image pull.
+    let (total, sli) = eventually(
+        "the pod's startup latency",
+        Duration::from_secs(30),
+        || async {
+            let (_, text) = crate::healthz::get(read_only, "/metrics").await?;
+            let sum = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}_sum ")))
+                    .and_then(|v| v.parse::<f64>().ok())
+            };
+            Some((
+                sum("kubelet_pod_start_total_duration_seconds")?,
+                sum("kubelet_pod_start_sli_duration_seconds")?,
+            ))
+        },
+    )
+    .await;
+    assert!(
+        sli < total,
+        "the SLI {sli} s leaves out the pull from {total} s"
+    );
     node.finish().await;
 }
 
