@@ -331,6 +331,11 @@ pub struct Metrics {
     pod_start_sli: Histogram,
     pod_start_total: Histogram,
     first_network_pod_start: Family,
+    pull_intents_on_disk: Family,
+    pulled_records_on_disk: Family,
+    pull_intents_in_memory: Family,
+    pulled_records_in_memory: Family,
+    mustpull_checks: Family,
 }
 
 /// When the node first tried to register, first registered as a new Node and was first
@@ -883,6 +888,36 @@ pub fn get() -> &'static Metrics {
             "gauge",
             &[],
         ),
+        pull_intents_on_disk: Family::new(
+            "kubelet_imagemanager_ondisk_pullintents",
+            "Number of ImagePullIntents stored on disk.",
+            "gauge",
+            &[],
+        ),
+        pulled_records_on_disk: Family::new(
+            "kubelet_imagemanager_ondisk_pulledrecords",
+            "Number of ImagePulledRecords stored on disk.",
+            "gauge",
+            &[],
+        ),
+        pull_intents_in_memory: Family::new(
+            "kubelet_imagemanager_inmemory_pullintents_usage_percent",
+            "The ImagePullIntents in-memory cache usage in percent.",
+            "gauge",
+            &[],
+        ),
+        pulled_records_in_memory: Family::new(
+            "kubelet_imagemanager_inmemory_pulledrecords_usage_percent",
+            "The ImagePulledRecords in-memory cache usage in percent.",
+            "gauge",
+            &[],
+        ),
+        mustpull_checks: Family::new(
+            "kubelet_imagemanager_image_mustpull_checks_total",
+            "Counter for how many times kubelet checked whether credentials need to be re-verified to access an image",
+            "counter",
+            &["result"],
+        ),
     })
 }
 
@@ -1202,6 +1237,22 @@ impl Metrics {
         }
     }
 
+    /// Whether a pod had to show its credentials for an image on the node was decided, with
+    /// upstream's result (`credentialPolicyAllowed`, `credentialRecordFound`,
+    /// `mustAuthenticate`).
+    pub fn image_mustpull_check(&self, result: &str) {
+        self.mustpull_checks.add(&[result], 1.0);
+    }
+
+    /// The image pull records: (intents, pulled records) on the disk, and how full the
+    /// in-memory caches of each are, in percent.
+    pub fn image_pull_records(&self, on_disk: (usize, usize), in_memory: (f64, f64)) {
+        self.pull_intents_on_disk.set(&[], on_disk.0 as f64);
+        self.pulled_records_on_disk.set(&[], on_disk.1 as f64);
+        self.pull_intents_in_memory.set(&[], in_memory.0);
+        self.pulled_records_in_memory.set(&[], in_memory.1);
+    }
+
     /// A volume operation (`volume_mount`, `volume_unmount`...) of a volume of `plugin`
     /// (`kubernetes.io/empty-dir`...) ended, as upstream's operation executor records it.
     pub fn storage_operation(&self, plugin: &str, operation: &str, took: Duration, failed: bool) {
@@ -1441,6 +1492,11 @@ impl Metrics {
             &self.force_cleaned_volumes,
             &self.force_cleaned_volume_errors,
             &self.first_network_pod_start,
+            &self.pull_intents_on_disk,
+            &self.pulled_records_on_disk,
+            &self.pull_intents_in_memory,
+            &self.pulled_records_in_memory,
+            &self.mustpull_checks,
         ] {
             f.render(&mut out);
         }

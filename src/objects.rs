@@ -64,6 +64,8 @@ pub struct Object {
     pub kind: Kind,
     pub namespace: String,
     pub name: String,
+    /// The API server's UID of the object (empty for objects from files).
+    pub uid: String,
     /// Every key with its bytes: a ConfigMap's data and binaryData, a Secret's data with its
     /// stringData applied.
     pub data: BTreeMap<String, Vec<u8>>,
@@ -155,6 +157,7 @@ fn finish(
         kind,
         namespace: meta.namespace.unwrap_or_else(|| "default".into()),
         name: meta.name.unwrap_or_default(),
+        uid: meta.uid.unwrap_or_default(),
         data,
         binary,
     })
@@ -286,6 +289,7 @@ pub fn token(namespace: &str, name: &str, token: &str) -> Object {
         kind: Kind::ServiceAccountToken,
         namespace: namespace.to_string(),
         name: name.to_string(),
+        uid: String::new(),
         data: BTreeMap::from([(TOKEN_KEY.to_string(), token.as_bytes().to_vec())]),
         binary: BTreeSet::new(),
     }

@@ -75,6 +75,82 @@ pub fn redacted_url(url: &str) -> String {
     }
 }
 
+/// When a pod must show its credentials for an image already on the node
+/// (imagePullCredentialsVerificationPolicy, upstream's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PullVerification {
+    /// Any pod may use any image on the node.
+    NeverVerify,
+    /// For the images the node pulled, not for those put there otherwise (upstream's default).
+    NeverVerifyPreloadedImages,
+    /// For every image but those of preloadedImagesVerificationAllowlist.
+    NeverVerifyAllowlistedImages,
+    /// For every image.
+    AlwaysVerify,
+}
+
+impl PullVerification {
+    pub const ALL: [PullVerification; 4] = [
+        PullVerification::NeverVerify,
+        PullVerification::NeverVerifyPreloadedImages,
+        PullVerification::NeverVerifyAllowlistedImages,
+        PullVerification::AlwaysVerify,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullVerification::NeverVerify => "NeverVerify",
+            PullVerification::NeverVerifyPreloadedImages => "NeverVerifyPreloadedImages",
+            PullVerification::NeverVerifyAllowlistedImages => "NeverVerifyAllowlistedImages",
+            PullVerification::AlwaysVerify => "AlwaysVerify",
+        }
+    }
+
+    /// Whether a pod must show its credentials for `image` (as written), which the node
+    /// pulled or not; `allowlist` holds repositories or `prefix/*` wildcards.
+    pub fn requires(self, allowlist: &[String], image: &str, pulled_by_node: bool) -> bool {
+        match self {
+            PullVerification::NeverVerify => false,
+            PullVerification::NeverVerifyPreloadedImages => pulled_by_node,
+            PullVerification::AlwaysVerify => true,
+            PullVerification::NeverVerifyAllowlistedImages => {
+                let repo = image_repository(image);
+                !allowlist.iter().any(|p| match p.strip_suffix('*') {
+                    Some(prefix) => repo.starts_with(prefix),
+                    None => repo == p,
+                })
+            }
+        }
+    }
+
+    /// Why an allow-list entry is not a repository without tag or digest nor a `prefix/*`
+    /// wildcard, if it is neither.
+    pub fn check_pattern(pattern: &str) -> Result<(), &'static str> {
+        if pattern.trim() != pattern || pattern.is_empty() {
+            return Err("empty, or with spaces around it");
+        }
+        match pattern.strip_suffix("/*") {
+            Some("") => Err("a wildcard needs at least a registry host"),
+            Some(prefix) if prefix.contains('*') => Err("only a trailing /* is allowed"),
+            Some(_) => Ok(()),
+            None if pattern.contains('*') => Err("only a trailing /* is allowed"),
+            None if image_repository(pattern) != pattern => {
+                Err("neither a tag nor a digest is allowed")
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// An image as written without its tag and digest.
+pub fn image_repository(image: &str) -> &str {
+    let name = image.split_once('@').map_or(image, |(name, _)| name);
+    match name.rfind(':') {
+        Some(i) if !name[i..].contains('/') => &name[..i],
+        _ => name,
+    }
+}
+
 /// How pod cgroups are named, as nodelet and the runtime must agree (`--cgroup-driver`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CgroupDriver {
@@ -230,6 +306,43 @@ pub struct Allocatable {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn pull_verification_follows_the_policy_and_the_allowlist() {
+        let list = [
+            "reg.example/team/*".to_string(),
+            "docker.io/library/busybox".to_string(),
+        ];
+        let allowlisted = PullVerification::NeverVerifyAllowlistedImages;
+        assert!(!allowlisted.requires(&list, "reg.example/team/app:1", true));
+        assert!(!allowlisted.requires(&list, "docker.io/library/busybox@sha256:ab", true));
+        assert!(allowlisted.requires(&list, "reg.example/other/app:1", false));
+        assert!(!PullVerification::NeverVerifyPreloadedImages.requires(&[], "x", false));
+        assert!(PullVerification::NeverVerifyPreloadedImages.requires(&[], "x", true));
+        assert_eq!(
+            image_repository("reg.example:5000/app:1"),
+            "reg.example:5000/app"
+        );
+        assert_eq!(
+            image_repository("reg.example:5000/app"),
+            "reg.example:5000/app"
+        );
+        assert_eq!(image_repository("app:1@sha256:ab"), "app");
+        for bad in [
+            "",
+            " reg.example/*",
+            "*",
+            "/*",
+            "reg.example/a*/b",
+            "reg.example/app:1",
+        ] {
+            assert!(PullVerification::check_pattern(bad).is_err(), "{bad:?}");
+        }
+        for good in ["reg.example/*", "reg.example:5000/team/app"] {
+            assert!(PullVerification::check_pattern(good).is_ok(), "{good:?}");
+        }
+    }
+
     use super::*;
 
     #[derive(Debug, thiserror::Error)]

@@ -59,6 +59,8 @@ pub(crate) struct Core {
     pub(super) services: crate::service_links::Store,
     /// The cgroup driver in use (see [`cgroup_driver`]), which /configz shows.
     pub(super) cgroup_driver: crate::types::CgroupDriver,
+    /// Which credentials each image was pulled with, pruned by image GC.
+    pub(super) pull_records: Option<Arc<crate::images::PullRecords>>,
 }
 
 impl Core {
@@ -101,7 +103,13 @@ impl Core {
         };
         let (objects_writer, objects) =
             crate::objects::store(config.static_pod_url_local_secrets, services.clone());
-        let puller = image_puller(config, &runtime, credential_providers, &recorder);
+        let pull_records = pull_records(config, &runtime).await?;
+        let puller = image_puller(
+            config,
+            &runtime,
+            (credential_providers, pull_records.clone()),
+            &recorder,
+        );
         let reservation = memory_reservation(config, &host.capacity, &host.allocatable);
         let resources = resource_managers(config, reservation)?;
         tracker.spawn(resources.cpus.clone().run(runtime.clone(), cancel.clone()));
@@ -159,6 +167,7 @@ impl Core {
             runtime_handlers,
             services,
             cgroup_driver: host.driver,
+            pull_records,
         }))
     }
 
@@ -516,11 +525,48 @@ async fn restored_probe_results(config: &Config, runtime: &RuntimeClient) -> pro
     probe::Results::restore(&config.root_dir, &running)
 }
 
-/// The image puller, with its pull pool, rate limits and credential providers.
+/// The records of which credentials each image was pulled with, when
+/// KubeletEnsureSecretPulledImages is on; the intents of pulls a stop cut short are settled
+/// first.
+async fn pull_records(
+    config: &Config,
+    runtime: &RuntimeClient,
+) -> Result<Option<Arc<crate::images::PullRecords>>> {
+    if !config.feature("KubeletEnsureSecretPulledImages") {
+        return Ok(None);
+    }
+    let records = crate::images::PullRecords::open(
+        &config.root_dir,
+        (
+            config.image_pull_credentials_verification_policy,
+            config.preloaded_images_verification_allowlist.clone(),
+        ),
+        config.max_pods as usize,
+        config.max_parallel_image_pulls.unwrap_or(0) as usize,
+    )
+    .with_context(|| {
+        format!(
+            "cannot keep image pull records in {}",
+            config.root_dir.join("image_manager").display()
+        )
+    })?;
+    match runtime.list_images().await {
+        Ok(images) => records.recover(&images),
+        Err(e) => {
+            tracing::warn!(error = %crate::types::error_chain(&e), "cannot list the runtime's images; pulls a stop cut short stay unsettled")
+        }
+    }
+    Ok(Some(Arc::new(records)))
+}
+
+/// The image puller, with its pull pool, rate limits, credential providers and pull records.
 fn image_puller(
     config: &Config,
     runtime: &RuntimeClient,
-    credential_providers: Option<Arc<crate::images::Providers>>,
+    (credential_providers, pull_records): (
+        Option<Arc<crate::images::Providers>>,
+        Option<Arc<crate::images::PullRecords>>,
+    ),
     recorder: &crate::events::Recorder,
 ) -> crate::images::Puller {
     crate::images::Puller::new(
@@ -536,6 +582,7 @@ fn image_puller(
                 .unwrap_or(crate::images::PULL_BACKOFF_INITIAL),
             credential_providers,
             progress_deadline: config.image_pull_progress_deadline,
+            pull_records,
         },
         recorder.clone(),
     )

@@ -17,6 +17,7 @@ pub(super) fn spawn(config: &Config, core: &Core, cancel: &CancellationToken) {
             low_percent: config.image_gc_low_threshold_percent,
             min_age: config.image_minimum_gc_age,
         },
+        core.pull_records.clone(),
     );
     core.tracker.spawn(crate::images::gc::run(
         gc,

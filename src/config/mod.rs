@@ -18,6 +18,7 @@ use read::Reader;
 pub use settings::{Config, FIELDS};
 
 pub use crate::types::CgroupDriver;
+use crate::types::PullVerification;
 
 /// A stage of graceful node shutdown: the pods from this priority up to the next stage's get
 /// `seconds` to stop (upstream's ShutdownGracePeriodByPodPriority).
@@ -236,6 +237,8 @@ pub const FEATURE_GATES: &[(&str, bool, &str)] = &[
     // of every second (upstream's gate is off by default; nodelet's is on where the runtime
     // streams events, and falls back to the 1 s relist where it does not).
     ("EventedPLEG", true, "ALPHA"),
+    // A pod uses an image already on the node only if it could pull it itself.
+    ("KubeletEnsureSecretPulledImages", true, "BETA"),
     // A cpuCFSQuotaPeriod other than 100ms (upstream's alpha gate, off by default).
     ("CustomCPUCFSQuotaPeriod", false, "ALPHA"),
     // qosReserved acted on (upstream's alpha gate, off by default).
@@ -376,6 +379,12 @@ fn check(c: &Config, r: &mut Reader<'_>) {
     let shutdown = c.shutdown_grace_period;
     let critical = c.shutdown_grace_period_critical_pods;
     let api_server = "to reach the API server";
+    let allowlist = &c.preloaded_images_verification_allowlist;
+    let bad_pattern = allowlist.iter().find_map(|p| {
+        PullVerification::check_pattern(p)
+            .err()
+            .map(|why| format!("{p:?}: {why}"))
+    });
     let rules = [
         (
             !is_dns1123_subdomain(&c.node_name),
@@ -463,6 +472,19 @@ fn check(c: &Config, r: &mut Reader<'_>) {
             c.exit_on_lock_contention && c.lock_file.is_none(),
             "exitOnLockContention",
             "needs --lock-file".into(),
+        ),
+        (
+            !allowlist.is_empty()
+                && c.image_pull_credentials_verification_policy
+                    != PullVerification::NeverVerifyAllowlistedImages,
+            "preloadedImagesVerificationAllowlist",
+            "is only read with imagePullCredentialsVerificationPolicy NeverVerifyAllowlistedImages"
+                .into(),
+        ),
+        (
+            bad_pattern.is_some(),
+            "preloadedImagesVerificationAllowlist",
+            bad_pattern.unwrap_or_default(),
         ),
     ];
     for (broken, field, why) in rules {

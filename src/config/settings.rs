@@ -21,6 +21,7 @@ use super::{
 };
 use crate::cm::cpuset::CpuSet;
 use crate::cm::topology::{Policy, Scope};
+use crate::types::PullVerification;
 
 /// Declares [`Config`], [`FIELDS`] and the readers and shows of every field. A field is read
 /// with `parse P` (P turns the knob's text into the value) or `read R` (R gets the reader, the
@@ -448,6 +449,18 @@ settings! {
         Scalar "imageCredentialProviderConfig" "image-credential-provider-config" false,
         "Credential provider plugin config (a JSON/YAML file, or a directory of them merged in name order)",
         default None, read read::path, show opt_path;
+    image_pull_credentials_verification_policy: PullVerification =
+        Scalar "imagePullCredentialsVerificationPolicy" "" true,
+        "When a pod must show credentials for an image already on the node: NeverVerify, NeverVerifyPreloadedImages (images the node did not pull are exempt), NeverVerifyAllowlistedImages or AlwaysVerify",
+        default PullVerification::NeverVerifyPreloadedImages,
+        parse |s| PullVerification::ALL.into_iter().find(|p| p.as_str() == s).ok_or_else(|| {
+            format!("{s:?} is not one of NeverVerify, NeverVerifyPreloadedImages, NeverVerifyAllowlistedImages, AlwaysVerify")
+        }),
+        show |v| json!(v.as_str());
+    preloaded_images_verification_allowlist: Vec<String> =
+        List "preloadedImagesVerificationAllowlist" "" true,
+        "Repositories (or registry/path/* prefixes) exempt from credential checks under NeverVerifyAllowlistedImages",
+        default Vec::new(), read read::list, show json;
     /// `None`: a pull may stand still forever.
     image_pull_progress_deadline: Option<Duration> =
         Scalar "imagePullProgressDeadline" "image-pull-progress-deadline" false,

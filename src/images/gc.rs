@@ -4,8 +4,10 @@
 //! the runtime pins are never removed.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::PullRecords;
 use crate::runtime::{self, RuntimeClient};
 
 /// The thresholds (imageGCHighThresholdPercent, imageGCLowThresholdPercent, imageMinimumGCAge).
@@ -59,6 +61,8 @@ pub struct ImageGc {
     runtime: RuntimeClient,
     policy: Policy,
     seen: HashMap<String, (SystemTime, SystemTime)>,
+    /// The pull records to prune of the images GC removed.
+    records: Option<Arc<PullRecords>>,
 }
 
 /// How full the filesystem holding `path` is, in percent, and its size in bytes.
@@ -71,11 +75,16 @@ fn usage(path: &str) -> Option<(f64, u64)> {
 }
 
 impl ImageGc {
-    pub fn new(runtime: RuntimeClient, policy: Policy) -> ImageGc {
+    pub fn new(
+        runtime: RuntimeClient,
+        policy: Policy,
+        records: Option<Arc<PullRecords>>,
+    ) -> ImageGc {
         ImageGc {
             runtime,
             policy,
             seen: HashMap::new(),
+            records,
         }
     }
 
@@ -142,18 +151,23 @@ impl ImageGc {
         let chosen = choose(&candidates, to_free, now, self.policy.min_age);
         tracing::debug!(?candidates, ?chosen, "image GC candidates");
         let mut freed = 0;
+        let mut remaining: HashSet<String> = images.iter().map(|i| i.id.clone()).collect();
         for id in chosen {
             let size = candidates.iter().find(|c| c.id == id).map_or(0, |c| c.size);
             match self.runtime.remove_image(&id).await {
                 Ok(()) => {
                     tracing::info!(image = %id, bytes = size, "removed unused image");
                     self.seen.remove(&id);
+                    remaining.remove(&id);
                     freed += size;
                 }
                 Err(e) => {
                     tracing::warn!(image = %id, error = %crate::types::error_chain(&e), "cannot remove image")
                 }
             }
+        }
+        if let Some(records) = &self.records {
+            records.prune(&remaining, now);
         }
         Ok(freed)
     }

@@ -9,6 +9,7 @@ mod credential_provider;
 pub mod gc;
 mod keyring;
 mod progress;
+mod pull_records;
 mod reference;
 
 use std::collections::HashMap;
@@ -24,7 +25,8 @@ use crate::runtime::{self, RuntimeClient, cri};
 use crate::types::PodUid;
 
 pub use credential_provider::Providers;
-pub use keyring::{Credential, Keyring};
+pub use keyring::Keyring;
+pub use pull_records::{PullRecords, SecretRef};
 pub use reference::{Reference, parse as parse_reference};
 
 /// The most pulls at once when pulls are parallel and maxParallelImagePulls is not set.
@@ -58,6 +60,12 @@ pub enum Error {
         #[source]
         source: runtime::Error,
     },
+    #[error("Failed to record image pull intent for container image {image:?}")]
+    Intent {
+        image: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -67,7 +75,10 @@ impl Error {
             Error::InvalidName { .. } => "InvalidImageName",
             Error::NeverPull { .. } => "ErrImageNeverPull",
             Error::BackOff { .. } => "ImagePullBackOff",
-            Error::Pull { .. } | Error::Stalled { .. } | Error::Inspect { .. } => "ErrImagePull",
+            Error::Pull { .. }
+            | Error::Stalled { .. }
+            | Error::Inspect { .. }
+            | Error::Intent { .. } => "ErrImagePull",
         }
     }
 }
@@ -116,6 +127,9 @@ pub struct Config {
     /// A pull whose downloads do not move for this long is cancelled
     /// (--image-pull-progress-deadline); `None`: never.
     pub progress_deadline: Option<Duration>,
+    /// Which credentials each image was pulled with, so that a pod proves it may use an image
+    /// on the node (`None`: KubeletEnsureSecretPulledImages is off, any pod may).
+    pub pull_records: Option<Arc<PullRecords>>,
 }
 
 /// How often a pull's progress is looked at.
@@ -198,16 +212,24 @@ pub struct Request<'a> {
     /// Always, IfNotPresent or Never.
     pub policy: &'a str,
     pub sandbox: &'a cri::PodSandboxConfig,
-    /// The credentials of the pod's imagePullSecrets, tried before the node's.
-    pub secrets: &'a [Keyring],
+    /// The pod's imagePullSecrets, tried before the node's credentials.
+    pub secrets: &'a [PullSecret],
     /// Where the pod's wait on the pull shows (`nodelet describe`).
     pub diagnoses: &'a crate::status::Diagnoses,
 }
 
-/// The docker configs of the pod's imagePullSecrets (`kubernetes.io/dockerconfigjson` or the
-/// legacy `kubernetes.io/dockercfg`). A missing or unreadable one is reported and skipped: the
-/// pull is tried without it, as upstream does.
-pub fn pull_secret_keyrings(pod: &Pod, objects: &crate::objects::View) -> Vec<Keyring> {
+/// One of the pod's imagePullSecrets: the Secret, and the registry logins it holds.
+pub struct PullSecret {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub keyring: Keyring,
+}
+
+/// The pod's imagePullSecrets that hold docker configs (`kubernetes.io/dockerconfigjson` or
+/// the legacy `kubernetes.io/dockercfg`). A missing or unreadable one is reported and skipped:
+/// the pull is tried without it, as upstream does.
+pub fn pull_secrets(pod: &Pod, objects: &crate::objects::View) -> Vec<PullSecret> {
     let names = crate::pod::spec(pod)
         .image_pull_secrets
         .iter()
@@ -228,13 +250,44 @@ pub fn pull_secret_keyrings(pod: &Pod, objects: &crate::objects::View) -> Vec<Ke
             (None, None) => Err("it has neither .dockerconfigjson nor .dockercfg".into()),
         };
         match parsed {
-            Ok(k) => out.push(k),
+            Ok(keyring) => out.push(PullSecret {
+                uid: secret.uid.clone(),
+                namespace: secret.namespace.clone(),
+                name: secret.name.clone(),
+                keyring,
+            }),
             Err(why) => {
                 tracing::warn!(pod = %crate::types::full_name(pod), secret = %name, "cannot use the image pull secret: {why}")
             }
         }
     }
     out
+}
+
+/// A login to try for a pull: its credentials (none: anonymous) and the pod's Secret they come
+/// from (none: the node's own, which every pod may use).
+struct Attempt {
+    auth: Option<cri::AuthConfig>,
+    secret: Option<SecretRef>,
+}
+
+/// The logins the pod's pull secrets hold for the image's registry and path.
+fn secret_attempts(req: &Request<'_>, r: &Reference) -> Vec<Attempt> {
+    let logins = req.secrets.iter().flat_map(|s| {
+        let found = s.keyring.lookup(&r.domain, &r.path);
+        found.into_iter().map(move |c| (s, c.auth_config()))
+    });
+    logins
+        .map(|(s, auth)| Attempt {
+            secret: Some(SecretRef {
+                uid: s.uid.clone(),
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+                credential_hash: pull_records::credential_hash(&auth),
+            }),
+            auth: Some(auth),
+        })
+        .collect()
 }
 
 impl Puller {
@@ -279,22 +332,27 @@ impl Puller {
                 .present(&wanted)
                 .await
                 .inspect_err(|_| count(None, None))?;
-            if let Some(found) = found {
+            let present = found.is_some();
+            if let Some(found) = found
+                && !self.must_pull(req, &parsed, &found)
+            {
                 count(Some(true), Some(false));
-                self.events.normal(
-                    req.target.clone(),
-                    "Pulled",
-                    format!("Container image {image:?} already present on machine"),
-                );
+                let message = match self.config.pull_records {
+                    Some(_) => format!(
+                        "Container image {image:?} already present on machine and can be accessed by the pod"
+                    ),
+                    None => format!("Container image {image:?} already present on machine"),
+                };
+                self.events.normal(req.target.clone(), "Pulled", message);
                 return Ok(found);
             }
             if req.policy == "Never" {
-                count(Some(false), None);
+                count(Some(present), present.then_some(true));
                 return Err(Error::NeverPull {
                     image: image.into(),
                 });
             }
-            count(Some(false), Some(true));
+            count(Some(present), Some(true));
         } else {
             count(None, Some(true));
         }
@@ -340,16 +398,34 @@ impl Puller {
         let step = req.diagnoses.begin(req.pod, waiting);
         let _one_pull_per_image = lock.lock().await;
         drop(step);
-        // Another pod may have pulled it while this one waited.
+        // Another pod may have pulled it while this one waited, with credentials this pod
+        // may not have.
         if req.policy != "Always"
             && let Some(found) = self.present(wanted).await?
+            && !self.must_pull(req, parsed, &found)
         {
             crate::pod_startup::get().pulled(&req.pod.0, started);
             return Ok(found);
         }
+        if let Some(records) = &self.config.pull_records {
+            records
+                .pull_started(image)
+                .map_err(|source| Error::Intent {
+                    image: image.into(),
+                    source,
+                })?;
+        }
         // Boxed: a pull's state is large, and most requests find the image present.
         let result = Box::pin(self.pull(req, wanted, parsed)).await;
         crate::pod_startup::get().pulled(&req.pod.0, started);
+        if let Some(records) = &self.config.pull_records {
+            let pulled = result.as_ref().ok();
+            records.pull_ended(
+                image,
+                pulled.map(|(i, secret)| (i.id.as_str(), secret.clone())),
+            );
+        }
+        let result = result.map(|(image, _)| image);
         let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(found) => {
@@ -394,8 +470,25 @@ impl Puller {
         permit
     }
 
-    /// Pulls with each matching credential in turn (or none when none match) until one works.
-    async fn pull(&self, req: &Request<'_>, wanted: &str, r: &Reference) -> Result<Image, Error> {
+    /// Whether the pod must pull the image it found on the node to show it may use it.
+    fn must_pull(&self, req: &Request<'_>, r: &Reference, found: &Image) -> bool {
+        let Some(records) = &self.config.pull_records else {
+            return false;
+        };
+        let secrets: Vec<SecretRef> = (secret_attempts(req, r).into_iter())
+            .filter_map(|a| a.secret)
+            .collect();
+        records.must_pull(req.image, &found.id, &secrets)
+    }
+
+    /// Pulls with each matching credential in turn (or none when none match) until one works;
+    /// returns the image and the pod's Secret whose credentials it was pulled with, if any.
+    async fn pull(
+        &self,
+        req: &Request<'_>,
+        wanted: &str,
+        r: &Reference,
+    ) -> Result<(Image, Option<SecretRef>), Error> {
         let image = req.image;
         let waiting = format!(
             "a pull slot for image {image:?} (at most {} pulls at once, {} from registry {})",
@@ -419,45 +512,46 @@ impl Puller {
             self.runtime
                 .pull_image(wanted, auth, Some(req.sandbox.clone()))
         };
+        let first = attempts.next().unwrap_or(Attempt {
+            auth: None,
+            secret: None,
+        });
+        let mut used = first.secret;
         let mut outcome = self
-            .watched(
-                req,
-                &r.domain,
-                &step,
-                &mut progress,
-                pull(attempts.next().flatten()),
-            )
+            .watched(req, &r.domain, &step, &mut progress, pull(first.auth))
             .await;
-        for auth in attempts {
+        for attempt in attempts {
             // Another credential may be let in; a registry that stalls stalls for all.
             if !matches!(outcome, Err(Watched::Failed(_))) {
                 break;
             }
+            used = attempt.secret;
             outcome = self
-                .watched(req, &r.domain, &step, &mut progress, pull(auth))
+                .watched(req, &r.domain, &step, &mut progress, pull(attempt.auth))
                 .await;
         }
-        self.pulled(req, r, outcome, started, &progress).await
+        let image = self.pulled(req, r, outcome, started, &progress).await?;
+        Ok((image, used))
     }
 
-    /// The credentials to try for the pull, in order: the pod's pull secrets, the node's
-    /// keyring, then the credential providers'; one attempt without any when there are none.
-    async fn credentials(&self, req: &Request<'_>, r: &Reference) -> Vec<Option<cri::AuthConfig>> {
-        let keyring = Keyring::load(&self.config.root_dir);
-        let mut credentials: Vec<Credential> = req
-            .secrets
-            .iter()
-            .chain(std::iter::once(&keyring))
-            .flat_map(|k| k.lookup(&r.domain, &r.path))
-            .collect();
+    /// The logins to try for the pull, in order: the pod's pull secrets, the node's keyring,
+    /// then the credential providers'; one attempt without any when there are none.
+    async fn credentials(&self, req: &Request<'_>, r: &Reference) -> Vec<Attempt> {
+        let mut node = Keyring::load(&self.config.root_dir).lookup(&r.domain, &r.path);
         if let Some(providers) = &self.config.credential_providers {
-            credentials.extend(providers.lookup(&r.domain, &r.path).await);
+            node.extend(providers.lookup(&r.domain, &r.path).await);
         }
-        tracing::debug!(image = %req.image, credentials = credentials.len(), "credentials found for the pull");
-        let mut attempts: Vec<Option<cri::AuthConfig>> =
-            credentials.iter().map(|c| Some(c.auth_config())).collect();
+        let mut attempts = secret_attempts(req, r);
+        attempts.extend(node.iter().map(|c| Attempt {
+            auth: Some(c.auth_config()),
+            secret: None,
+        }));
+        tracing::debug!(image = %req.image, credentials = attempts.len(), "credentials found for the pull");
         if attempts.is_empty() {
-            attempts.push(None);
+            attempts.push(Attempt {
+                auth: None,
+                secret: None,
+            });
         }
         attempts
     }

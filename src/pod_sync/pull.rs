@@ -38,7 +38,7 @@ impl Syncer {
             .image_pull_policy
             .as_deref()
             .unwrap_or("IfNotPresent");
-        let secrets = images::pull_secret_keyrings(pod, prepared.objects);
+        let secrets = images::pull_secrets(pod, prepared.objects);
         let request = images::Request {
             pod: &PodUid::of(pod),
             target: &Target::container(pod, &start.name),

@@ -1211,6 +1211,84 @@ spec:
         sli < total,
         "the SLI {sli} s leaves out the pull from {total} s"
     );
+
+    // The image is on the node now, pulled with regcred's credentials: a pod with a Secret of
+    // the same credentials uses it as it is, pods without credentials may not.
+    let twin: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "regcred-twin"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": config},
+    }))
+    .expect("a secret");
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cp.admin.clone(), "default")
+        .create(&PostParams::default(), &twin)
+        .await
+        .expect("create the twin pull secret");
+    let user_of = |name: &str, policy: &str, secrets: &str| {
+        pod.replace("name: private", &format!("name: {name}"))
+            .replace(
+                "  imagePullSecrets: [{name: regcred}]\n",
+                &format!("  imagePullSecrets: [{secrets}]\n"),
+            )
+            .replace(
+                &format!("    image: {image}\n"),
+                &format!("    image: {image}\n    imagePullPolicy: {policy}\n"),
+            )
+    };
+    for (name, policy, secrets) in [
+        ("twin", "IfNotPresent", "{name: regcred-twin}"),
+        ("thief", "IfNotPresent", ""),
+        ("never", "Never", ""),
+    ] {
+        cp.pods("default")
+            .create(
+                &PostParams::default(),
+                &bound_pod(&user_of(name, policy, secrets), &node.name),
+            )
+            .await
+            .expect("create the pod");
+    }
+    cp.wait_pod(
+        "default",
+        "twin",
+        "Running with the image on the node",
+        |p| phase(p) == "Running",
+    )
+    .await;
+    let waiting = |p: &Pod| -> String {
+        let statuses = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        let state = statuses.and_then(|s| s.first()?.state.clone());
+        (state.and_then(|s| s.waiting?.reason)).unwrap_or_default()
+    };
+    cp.wait_pod(
+        "default",
+        "thief",
+        "refused the image without credentials",
+        |p| matches!(waiting(p).as_str(), "ErrImagePull" | "ImagePullBackOff"),
+    )
+    .await;
+    cp.wait_pod(
+        "default",
+        "never",
+        "refused the image it may not pull",
+        |p| waiting(p) == "ErrImageNeverPull",
+    )
+    .await;
+    let metrics = crate::healthz::get(read_only, "/metrics")
+        .await
+        .expect("metrics")
+        .1;
+    for series in [
+        "kubelet_imagemanager_image_mustpull_checks_total{result=\"credentialRecordFound\"}",
+        "kubelet_imagemanager_image_mustpull_checks_total{result=\"mustAuthenticate\"}",
+        "kubelet_imagemanager_ondisk_pulledrecords 1\n",
+        "kubelet_imagemanager_ondisk_pullintents 0\n",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
     node.finish().await;
 }
 

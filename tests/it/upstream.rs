@@ -139,7 +139,7 @@ const RACY: &[&str] = &["metrics/kubelet_metrics_provider"];
 const GAPS: &[(&str, &str)] = &[
     (
         "metrics/kubelet_",
-        "kubelet metrics nodelet does not serve yet: the image manager's pull records (imagemanager_*), dropped pod watch events, and a single pod's PLEG relist (nodelet's PLEG always relists every pod)",
+        "kubelet metrics nodelet does not serve: dropped pod watch events (the alpha PodsAPI's gRPC server, which nodelet does not have), and a single pod's PLEG relist (nodelet's PLEG always relists every pod)",
     ),
     ("metrics/dra_", "dynamic resource allocation"),
 ];
