@@ -174,6 +174,10 @@ pub struct Syncer {
     resources: Arc<crate::cm::Resources>,
     /// The pods' volumes on the host.
     volumes: Arc<crate::volumes::Manager>,
+    /// The restart counts a terminated pod's containers reached, by container name: a pod
+    /// back with the same UID soon after (a static pod's manifest deleted and written again)
+    /// counts on from them, as upstream's does from the dead containers it still has.
+    carried: std::sync::Mutex<HashMap<PodUid, HashMap<String, u32>>>,
 }
 
 /// What the syncer keeps of one pod between its syncs; forgetting the pod is dropping its book.
@@ -241,8 +245,15 @@ impl Syncer {
             userns: parts.userns,
             resources: parts.resources,
             volumes: Arc::new(crate::volumes::Manager::new(&ctx.root_dir)),
+            carried: Default::default(),
             ctx,
         }
+    }
+
+    /// The restart counts the pod's containers reached before it last terminated, if it did.
+    fn carried_counts(&self, uid: &PodUid) -> Option<HashMap<String, u32>> {
+        let carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        carried.get(uid).cloned()
     }
 
     /// Works on the pod's book, opening one for a pod that has none.
@@ -255,7 +266,13 @@ impl Syncer {
     /// step in a file of its own), and record the status.
     async fn sync(&self, pod: &Pod) -> Result<Option<Duration>, Error> {
         let mut rt = self.current(pod).await?;
-        let plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
+        let mut plan = actions::plan(pod, &rt, &self.probe_view(pod, &rt));
+        if let Some(carried) = self.carried_counts(&PodUid::of(pod)) {
+            for start in &mut plan.start {
+                let from = carried.get(&start.name).copied().unwrap_or(0);
+                start.restart_count = start.restart_count.max(from);
+            }
+        }
         tracing::debug!(pod = %full_name(pod), ?plan, "sync plan");
         // A sync that changes the pod records its status from the reading it started from
         // before (a new pod shows as Pending at once, even while its images are pulled) and
@@ -387,6 +404,9 @@ impl PodSyncer for Syncer {
             tracing::warn!(error = %e, "cannot update the QoS cgroups");
         }
         self.userns.release_orphans();
+        let wanted: HashSet<PodUid> = desired.iter().map(|p| PodUid::of(p)).collect();
+        (self.carried.lock().unwrap_or_else(|e| e.into_inner()))
+            .retain(|uid, _| wanted.contains(uid));
         self.retry_leftovers(&desired);
     }
 

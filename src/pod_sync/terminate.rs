@@ -3,7 +3,7 @@
 //! confirm the stop, its final status, and what it left on the node removed, in the background
 //! when it cannot be at once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +98,14 @@ impl Syncer {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
         let rt = self.runtime.pod_runtime(&uid).await?;
+        let mut counts: HashMap<String, u32> = HashMap::new();
+        for c in &rt.containers {
+            let next = counts.entry(c.name.clone()).or_default();
+            *next = (*next).max(c.attempt + 1);
+        }
+        if !counts.is_empty() {
+            (self.carried.lock().unwrap_or_else(|e| e.into_inner())).insert(uid.clone(), counts);
+        }
         self.kill_all(pod, &rt, true, grace_from).await?;
         self.userns.release(&uid);
         let leftover = Leftover {

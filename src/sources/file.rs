@@ -157,8 +157,22 @@ impl Scanner {
     /// Reads every manifest and returns the source's full snapshot, or `None` when the path
     /// cannot be listed.
     pub fn scan(&mut self) -> Option<SourceSnapshot> {
+        self.scan_without(&HashSet::new())
+    }
+
+    /// Whether any of these files, deleted since the last scan, described something and is
+    /// back already: its pods must be seen to go before they come back.
+    fn deleted_and_back(&self, deleted: &HashSet<PathBuf>) -> bool {
+        deleted
+            .iter()
+            .any(|f| self.last_good.contains_key(f) && f.exists())
+    }
+
+    /// [`Scanner::scan`] as if the files `skip` were not there.
+    fn scan_without(&mut self, skip: &HashSet<PathBuf>) -> Option<SourceSnapshot> {
         let seen = crate::types::now().to_string();
-        let files = self.files()?;
+        let mut files = self.files()?;
+        files.retain(|f| !skip.contains(f));
         let present: HashSet<&PathBuf> = files.iter().collect();
         self.parsed.retain(|f, _| present.contains(f));
         self.last_good.retain(|f, _| present.contains(f));
@@ -229,6 +243,9 @@ struct Changes {
     notify: Notify,
     /// Some change finished a write: the files can be read now.
     finished: AtomicBool,
+    /// The files deleted: one deleted and written again is a pod removed and added again
+    /// (restarted, as upstream), not an unchanged file.
+    deleted: std::sync::Mutex<HashSet<PathBuf>>,
 }
 
 impl Changes {
@@ -271,6 +288,14 @@ pub async fn run(config: Config, tx: mpsc::Sender<SourceSnapshot>, cancel: Cance
         if watcher.is_none() {
             watcher = watch(&config.path, changed.clone());
         }
+        let deleted =
+            std::mem::take(&mut *changed.deleted.lock().unwrap_or_else(|e| e.into_inner()));
+        if scanner.deleted_and_back(&deleted)
+            && let Some(snapshot) = scanner.scan_without(&deleted)
+            && tx.send(snapshot).await.is_err()
+        {
+            return;
+        }
         if let Some(snapshot) = scanner.scan()
             && tx.send(snapshot).await.is_err()
         {
@@ -309,6 +334,10 @@ fn watch(path: &Path, changed: Arc<Changes>) -> Option<notify::RecommendedWatche
                 )
             ) => {}
         Ok(e) => {
+            if let EventKind::Remove(_) = e.kind {
+                let mut deleted = changed.deleted.lock().unwrap_or_else(|e| e.into_inner());
+                deleted.extend(e.paths);
+            }
             if finishes_a_write(&e.kind) {
                 changed.finished.store(true, Ordering::Release);
             }

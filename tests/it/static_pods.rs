@@ -270,6 +270,34 @@ async fn a_manifest_removed_and_put_back_runs_its_pod_afresh() {
     node.finish().await;
 }
 
+/// A manifest deleted and written again at once (upstream's "Mirror Pod, recreate" test) is a
+/// pod removed and added again: it restarts, its container counted as restarted once.
+#[tokio::test]
+async fn a_manifest_deleted_and_written_again_at_once_restarts_its_pod() {
+    let node = Node::start("recreate", &[]).await;
+    let yaml = pod_yaml("recreate", &[("c", FOREVER)], "");
+    node.write_manifest("recreate.yaml", &yaml);
+    let (first, first_containers) = node.wait_running("recreate", 1).await;
+    node.remove_manifest("recreate.yaml");
+    std::fs::write(node.manifests().join("recreate.yaml"), &yaml).expect("write it again");
+    node.wait_status("recreate", "its container restarted once", |s| {
+        let statuses = s.container_statuses.iter().flatten();
+        statuses
+            .map(|c| {
+                (
+                    c.restart_count,
+                    c.state.as_ref().and_then(|s| s.running.as_ref()),
+                )
+            })
+            .any(|(count, running)| count == 1 && running.is_some())
+    })
+    .await;
+    let (second, second_containers) = node.wait_running("recreate", 1).await;
+    assert_eq!(first.uid, second.uid, "the same manifest is the same pod");
+    assert_ne!(first_containers[0].id, second_containers[0].id);
+    node.finish().await;
+}
+
 #[tokio::test]
 async fn a_manifest_put_back_while_its_pod_terminates_restarts_it_once_it_is_down() {
     let port = crate::bed::free_port();
