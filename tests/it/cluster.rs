@@ -1146,16 +1146,20 @@ async fn an_api_pod_pulls_a_private_image_with_its_image_pull_secret() {
     .await;
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     let config = serde_json::json!({"auths": {reg.clone(): {"auth": auth}}}).to_string();
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "regcred"},
-        "type": "kubernetes.io/dockerconfigjson",
-        "stringData": {".dockerconfigjson": config},
-    }))
-    .expect("a secret");
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cp.admin.clone(), "default")
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create the pull secret");
+    let pull_secret = async |name: &str| {
+        let secret: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": config},
+            }))
+            .expect("a secret");
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cp.admin.clone(), "default")
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create the pull secret");
+    };
+    pull_secret("regcred").await;
     let pod = format!(
         r#"
 apiVersion: v1
@@ -1214,16 +1218,7 @@ spec:
 
     // The image is on the node now, pulled with regcred's credentials: a pod with a Secret of
     // the same credentials uses it as it is, pods without credentials may not.
-    let twin: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "regcred-twin"},
-        "type": "kubernetes.io/dockerconfigjson",
-        "stringData": {".dockerconfigjson": config},
-    }))
-    .expect("a secret");
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cp.admin.clone(), "default")
-        .create(&PostParams::default(), &twin)
-        .await
-        .expect("create the twin pull secret");
+    pull_secret("regcred-twin").await;
     let user_of = |name: &str, policy: &str, secrets: &str| {
         pod.replace("name: private", &format!("name: {name}"))
             .replace(
