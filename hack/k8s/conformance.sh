@@ -54,7 +54,7 @@ EOF
 # with the additions in image_args.
 IMAGES=$(cat <<'EOF'
 e2e-test-images/busybox:1.37.0-1	upstream's busybox image: the same busybox applets, and a stand-in for nmeter (the time of day with milliseconds), which Debian's busybox lacks
-e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with dash as /bin/sh and stand-ins for curl (plain GETs), netcat (TCP and UDP), nmeter (as in the busybox image) and bash (busybox sh) (upstream: on alpine with bash, curl, netcat, dig, iperf)
+e2e-test-images/agnhost:2.63.0	agnhost built from this module, on busybox with dash as /bin/sh and stand-ins for curl (plain GETs), netcat (TCP and UDP), nmeter (as in the busybox image) and bash (busybox sh), and the test bed's pause image as its fake registry's pause:testing (upstream: on alpine with bash, curl, netcat, dig, iperf, and registry.k8s.io's pause)
 e2e-test-images/agnhost:2.55	the previous agnhost (tests only change a pod's image to it): the same build
 e2e-test-images/nonroot:1.5	busybox with USER 1234, as upstream's
 e2e-test-images/nonewprivs:1.4	nnp built from this module, setuid root, as upstream's
@@ -76,12 +76,50 @@ dash_args() {
     done
 }
 
+# agnhost's fake-registry-server serves the images under /var/registry that upstream's agnhost
+# image bakes in (its prepare_registry.sh): here the test bed's pause image as pause:testing,
+# laid out as that server reads it (a tag file naming the manifest's digest, and each manifest
+# and blob at <kind>/sha256/<first two>/<digest>/data). Prints the mkimage.py arguments.
+registry_args() {
+    local dir=$E2E_DIR/registry
+    rm -rf "$dir"
+    python3 - "$TB/images/pause.tar" "$dir" <<'PY'
+import json, os, sys, tarfile
+archive, out = sys.argv[1], sys.argv[2]
+def add(src, dest):
+    print("--add")
+    print(f"{src}:var/registry/pause/{dest}:644")
+with tarfile.open(archive) as t:
+    def blob(digest):
+        return t.extractfile("blobs/" + digest.replace(":", "/")).read()
+    def put(kind, digest):
+        algo, hexd = digest.split(":", 1)
+        dest = f"{kind}/{algo}/{hexd[:2]}/{hexd}/data"
+        path = os.path.join(out, dest)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(blob(digest))
+        add(path, dest)
+    manifest = json.loads(t.extractfile("index.json").read())["manifests"][0]["digest"]
+    put("manifests", manifest)
+    parts = json.loads(blob(manifest))
+    for digest in [parts["config"]["digest"]] + [l["digest"] for l in parts["layers"]]:
+        put("blobs", digest)
+tag = os.path.join(out, "manifests", "testing")
+with open(tag, "w") as f:
+    f.write(manifest + "\n")
+add(tag, "manifests/testing")
+PY
+}
+
 image_args() { # name:tag bin -> mkimage.py busybox arguments
-    local path=(--path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin) dash
+    local path=(--path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin) dash registry
     case $1 in
         e2e-test-images/busybox:*) ARGS=(--add "$2/nmeter:bin/nmeter:755") ;;
         e2e-test-images/agnhost:*) mapfile -t dash < <(dash_args)
-            ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost
+            registry=$(registry_args) || die "cannot lay out the fake registry's pause image"
+            mapfile -t registry <<<"$registry"
+            ARGS=("${path[@]}" --add "$2/agnhost:agnhost:755" --link agnhost-2:agnhost "${registry[@]}"
             --add "$E2E_DIR/curl:usr/bin/curl:755" --add "$2/nc:usr/bin/nc:755" --add "$2/nmeter:usr/bin/nmeter:755"
             --add "$E2E_DIR/bash:bin/bash:755" "${dash[@]}"
             --add "$AGNHOST_SRC/porter/localhost.crt:localhost.crt:644"
@@ -145,7 +183,7 @@ cmd_images() {
             archive=$TB/images/pause.tar
         else
             image_args "$name" "$bin"
-            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$bin/nmeter" "$E2E_DIR/curl" "$E2E_DIR/bash" "$E2E_DIR/os-release"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
+            stamp=$( { sha256sum "$BUSYBOX_BIN" "$hack/mkimage.py" "$bin/agnhost" "$bin/nnp" "$bin/nc" "$bin/nmeter" "$E2E_DIR/curl" "$E2E_DIR/bash" "$E2E_DIR/os-release" "$TB/images/pause.tar"; echo "$ref ${ARGS[*]}"; } | sha256sum | cut -d' ' -f1)
             if [[ ! -s $archive || $(cat "$archive.stamp" 2>/dev/null) != "$stamp" ]]; then
                 log "building $name ($what)"
                 python3 "$hack/mkimage.py" busybox --busybox "$BUSYBOX_BIN" --ref "$ref" --out "$archive" "${ARGS[@]}" >/dev/null
