@@ -131,6 +131,10 @@ pub struct PullRecords {
 struct State {
     /// Pulls under way, by image as written.
     in_flight: HashMap<String, u32>,
+    /// The images with an intent on the disk, and the image IDs with a record there: read
+    /// once at start, then kept as the files are written and removed.
+    intents: HashSet<String>,
+    records: HashSet<String>,
     /// Pulled records read or written, by image ID, with when each was last used (a tick).
     cache: HashMap<String, (Pulled, u64)>,
     tick: u64,
@@ -157,22 +161,28 @@ impl PullRecords {
                 .mode(0o700)
                 .create(d)?;
         }
-        let state = State {
+        let intents = read_all::<Intent>(&pulling).into_iter();
+        let mut state = State {
             in_flight: HashMap::new(),
+            intents: intents.map(|i| i.image).collect(),
+            records: HashSet::new(),
             cache: HashMap::new(),
             tick: 0,
             intents_size: (2 * max_pods).max(2 * max_parallel).clamp(1, 1024),
             pulled_size: (5 * max_pods).clamp(1, 2000),
         };
-        let records = PullRecords {
+        for record in read_all::<Pulled>(&pulled) {
+            state.records.insert(record.image_ref.clone());
+            state.cache(record);
+        }
+        state.publish();
+        Ok(PullRecords {
             verification,
             allowlist,
             pulling,
             pulled,
             state: Mutex::new(state),
-        };
-        records.publish(&records.lock());
-        Ok(records)
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -189,21 +199,23 @@ impl PullRecords {
                     .map(|name| (name.as_str(), i.id.as_str()))
             })
             .collect();
-        for intent in self.read_all::<Intent>(&self.pulling) {
-            let Some(id) = on_node.get(intent.image.as_str()) else {
+        let mut state = self.lock();
+        let cut_short: Vec<String> = state.intents.iter().cloned().collect();
+        for image in cut_short {
+            let Some(id) = on_node.get(image.as_str()) else {
                 continue;
             };
-            tracing::info!(image = %intent.image, "an image pull was under way when the agent stopped; the image is on the node and its pull is recorded");
-            let mut state = self.lock();
+            tracing::info!(%image, "an image pull was under way when the agent stopped; the image is on the node and its pull is recorded");
             let mut record = self.get(&mut state, id).unwrap_or_else(|| new_record(id));
             record
                 .credential_mapping
-                .entry(repository(&intent.image).into())
+                .entry(repository(&image).into())
                 .or_default();
             self.put(&mut state, record);
-            remove(&self.pulling.join(file_name(&intent.image)));
+            remove(&self.pulling.join(file_name(&image)));
+            state.intents.remove(&image);
         }
-        self.publish(&self.lock());
+        state.publish();
     }
 
     /// Whether a pod must pull `image` (as written), present on the node as `image_ref`, to
@@ -219,8 +231,8 @@ impl PullRecords {
         let mut state = self.lock();
         let record = self.get(&mut state, image_ref);
         let pulled_by_node = record.is_some()
-            || state.in_flight.get(image).is_some_and(|n| *n > 0)
-            || self.pulling.join(file_name(image)).exists();
+            || state.in_flight.contains_key(image)
+            || state.intents.contains(image);
         if !self
             .verification
             .requires(&self.allowlist, image, pulled_by_node)
@@ -271,7 +283,8 @@ impl PullRecords {
         };
         write_json(&self.pulling, &file_name(image), &intent)?;
         *state.in_flight.entry(image.to_string()).or_default() += 1;
-        self.publish(&state);
+        state.intents.insert(image.to_string());
+        state.publish();
         Ok(())
     }
 
@@ -301,11 +314,12 @@ impl PullRecords {
         let left = state.in_flight.get(image).copied().unwrap_or(0);
         if left <= 1 {
             state.in_flight.remove(image);
+            state.intents.remove(image);
             remove(&self.pulling.join(file_name(image)));
         } else {
             state.in_flight.insert(image.to_string(), left - 1);
         }
-        self.publish(&state);
+        state.publish();
     }
 
     /// After image GC removed images: drops the records of images no longer on the node that
@@ -313,34 +327,42 @@ impl PullRecords {
     pub fn prune(&self, on_node: &HashSet<String>, began: std::time::SystemTime) {
         let began = k8s_openapi::jiff::Timestamp::try_from(began).unwrap_or_default();
         let mut state = self.lock();
-        for record in self.read_all::<Pulled>(&self.pulled) {
-            let updated = record
-                .last_updated_time
-                .parse::<k8s_openapi::jiff::Timestamp>();
-            let old = updated.map_or(true, |t| t < began);
-            if old && !on_node.contains(&record.image_ref) {
-                tracing::info!(image = %record.image_ref, "forgetting the pull record of an image no longer on the node");
-                state.cache.remove(&record.image_ref);
-                remove(&self.pulled.join(file_name(&record.image_ref)));
+        let gone: Vec<String> = (state.records.iter())
+            .filter(|id| !on_node.contains(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            let updated = self.get(&mut state, &id).and_then(|r| {
+                (r.last_updated_time)
+                    .parse::<k8s_openapi::jiff::Timestamp>()
+                    .ok()
+            });
+            if updated.is_none_or(|t| t < began) {
+                tracing::info!(image = %id, "forgetting the pull record of an image no longer on the node");
+                state.cache.remove(&id);
+                state.records.remove(&id);
+                remove(&self.pulled.join(file_name(&id)));
             }
         }
-        self.publish(&state);
+        state.publish();
     }
 
-    /// The record of an image ID, from the cache or the disk.
+    /// The record of an image ID, from the cache or, for one the cache let go, the disk.
     fn get(&self, state: &mut State, image_ref: &str) -> Option<Pulled> {
+        if !state.records.contains(image_ref) {
+            return None;
+        }
         state.tick += 1;
         let tick = state.tick;
         if let Some((record, used)) = state.cache.get_mut(image_ref) {
             *used = tick;
             return Some(record.clone());
         }
-        let path = self.pulled.join(file_name(image_ref));
-        let record: Pulled = read_json(&path)?;
+        let record: Pulled = read_json(&self.pulled.join(file_name(image_ref)))?;
         if record.image_ref != image_ref {
             return None;
         }
-        self.cache(state, record.clone());
+        state.cache(record.clone());
         Some(record)
     }
 
@@ -350,53 +372,49 @@ impl PullRecords {
             tracing::warn!(image = %record.image_ref, error = %e, "cannot write the image's pull record");
             return;
         }
-        self.cache(state, record);
-        self.publish(state);
+        state.records.insert(record.image_ref.clone());
+        state.cache(record);
+        state.publish();
     }
+}
 
+impl State {
     /// Keeps the record in the cache, dropping the least recently used one when it is full.
-    fn cache(&self, state: &mut State, record: Pulled) {
-        state.tick += 1;
-        let tick = state.tick;
-        if state.cache.len() >= state.pulled_size && !state.cache.contains_key(&record.image_ref) {
-            let oldest = state
-                .cache
-                .iter()
+    fn cache(&mut self, record: Pulled) {
+        self.tick += 1;
+        if self.cache.len() >= self.pulled_size && !self.cache.contains_key(&record.image_ref) {
+            let oldest = (self.cache.iter())
                 .min_by_key(|(_, (_, used))| *used)
                 .map(|(k, _)| k.clone());
             if let Some(oldest) = oldest {
-                state.cache.remove(&oldest);
+                self.cache.remove(&oldest);
             }
         }
-        state.cache.insert(record.image_ref.clone(), (record, tick));
+        self.cache
+            .insert(record.image_ref.clone(), (record, self.tick));
     }
 
-    /// Every record of a directory that reads as one.
-    fn read_all<T: serde::de::DeserializeOwned>(&self, dir: &Path) -> Vec<T> {
-        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-        entries
-            .filter(|e| is_record(&e.file_name().to_string_lossy()))
-            .filter_map(|e| read_json(&e.path()))
-            .collect()
-    }
-
-    /// Sets upstream's gauges: the records on the disk, and how full the caches are.
-    fn publish(&self, state: &State) {
-        let count = |dir: &Path| {
-            let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-            entries
-                .filter(|e| is_record(&e.file_name().to_string_lossy()))
-                .count()
-        };
+    /// Sets upstream's gauges: the intents and records on the disk, and how full the caches
+    /// are.
+    fn publish(&self) {
         let percent = |n: usize, size: usize| (n * 100) as f64 / size as f64;
         crate::metrics::get().image_pull_records(
-            (count(&self.pulling), count(&self.pulled)),
+            (self.intents.len(), self.records.len()),
             (
-                percent(state.in_flight.len(), state.intents_size),
-                percent(state.cache.len(), state.pulled_size),
+                percent(self.in_flight.len(), self.intents_size),
+                percent(self.cache.len(), self.pulled_size),
             ),
         );
     }
+}
+
+/// Every record of a directory that reads as one.
+fn read_all<T: serde::de::DeserializeOwned>(dir: &Path) -> Vec<T> {
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    entries
+        .filter(|e| is_record(&e.file_name().to_string_lossy()))
+        .filter_map(|e| read_json(&e.path()))
+        .collect()
 }
 
 /// The hash of the credentials a Secret gives, as upstream computes it (SHA-256 of the JSON of
@@ -567,13 +585,21 @@ mod tests {
     #[test]
     fn records_in_upstreams_format_are_read_and_a_cut_short_pull_is_settled() {
         let tmp = tempfile::tempdir().unwrap();
-        let records = open(tmp.path(), PullVerification::NeverVerifyPreloadedImages);
+        // Files another agent wrote before this one started (the first open makes the
+        // directories).
+        open(tmp.path(), PullVerification::NeverVerifyPreloadedImages);
         let dir = tmp.path().join("image_manager");
         std::fs::write(
             dir.join("pulled").join(file_name("sha256:c")),
             r#"{"kind":"ImagePulledRecord","apiVersion":"kubelet.config.k8s.io/v1beta1","lastUpdatedTime":"2025-01-01T00:00:00Z","imageRef":"sha256:c","credentialMapping":{"reg.example/app":{"kubernetesSecrets":[{"uid":"u","namespace":"ns","name":"s","credentialHash":"h"}]}}}"#,
         )
         .unwrap();
+        std::fs::write(
+            dir.join("pulling").join(file_name("reg.example/cut:1")),
+            r#"{"kind":"ImagePullIntent","apiVersion":"kubelet.config.k8s.io/v1beta1","image":"reg.example/cut:1"}"#,
+        )
+        .unwrap();
+        let records = open(tmp.path(), PullVerification::NeverVerifyPreloadedImages);
         let known = SecretRef {
             uid: "u".into(),
             namespace: "ns".into(),
@@ -583,11 +609,6 @@ mod tests {
         assert!(!records.must_pull("reg.example/app:1", "sha256:c", &[known]));
         assert!(records.must_pull("reg.example/app:1", "sha256:c", &[]));
 
-        std::fs::write(
-            dir.join("pulling").join(file_name("reg.example/cut:1")),
-            r#"{"kind":"ImagePullIntent","apiVersion":"kubelet.config.k8s.io/v1beta1","image":"reg.example/cut:1"}"#,
-        )
-        .unwrap();
         let image = cri::Image {
             id: "sha256:d".into(),
             repo_tags: vec!["reg.example/cut:1".into()],
