@@ -93,6 +93,8 @@ pub struct Image {
     pub username: String,
     /// Bytes, as the runtime counts them.
     pub size: u64,
+    /// The references the runtime knows it by (its repository tags and digests).
+    pub names: Vec<String>,
 }
 
 impl From<cri::Image> for Image {
@@ -102,6 +104,7 @@ impl From<cri::Image> for Image {
             uid: i.uid.map(|u| u.value),
             username: i.username,
             size: i.size,
+            names: i.repo_tags.into_iter().chain(i.repo_digests).collect(),
         }
     }
 }
@@ -478,7 +481,8 @@ impl Puller {
         let secrets: Vec<SecretRef> = (secret_attempts(req, r).into_iter())
             .filter_map(|a| a.secret)
             .collect();
-        records.must_pull(req.image, &found.id, &secrets)
+        let named = found.names.contains(&r.to_string());
+        records.must_pull(req.image, (&found.id, named), &secrets)
     }
 
     /// Pulls with each matching credential in turn (or none when none match) until one works;
@@ -573,6 +577,7 @@ impl Puller {
                     uid: None,
                     username: String::new(),
                     size: 0,
+                    names: Vec::new(),
                 });
                 self.events.normal(
                     req.target.clone(),

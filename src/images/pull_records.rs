@@ -113,6 +113,13 @@ impl Pulled {
     }
 }
 
+/// Whether two image names are of the same repository once normalised (`busybox` is
+/// `docker.io/library/busybox`).
+fn same_repository(a: &str, b: &str) -> bool {
+    let repo = |image: &str| super::parse_reference(image).map(|r| (r.domain, r.path));
+    matches!((repo(a), repo(b)), (Ok(a), Ok(b)) if a == b)
+}
+
 /// A secret match writes its Secret into the record only while the record lists fewer.
 const RECORD_WHILE_MATCHING_LIMIT: usize = 100;
 
@@ -218,21 +225,35 @@ impl PullRecords {
         state.publish();
     }
 
-    /// Whether a pod must pull `image` (as written), present on the node as `image_ref`, to
-    /// prove it may use it, given the pod's credentials for the image (`secrets`), as
-    /// upstream decides it; counted by result.
-    pub fn must_pull(&self, image: &str, image_ref: &str, secrets: &[SecretRef]) -> bool {
+    /// Whether a pod must pull `image` (as written), present on the node as `image_ref` (and
+    /// `named` so by the runtime), to prove it may use it, given the pod's credentials for the
+    /// image (`secrets`), as upstream decides it; counted by result.
+    ///
+    /// One difference: upstream takes every name of an image ID the node pulled as pulled by
+    /// the node, so a preloaded image stops working under its own name once the node pulls
+    /// the same content under another. Here a name the runtime has for the image, under
+    /// whose repository the node never pulled it, counts as preloaded. A reference by ID or by
+    /// a name the runtime does not have is checked as upstream checks it.
+    pub fn must_pull(&self, image: &str, image_ref: (&str, bool), secrets: &[SecretRef]) -> bool {
         let (must, result) = self.check(image, image_ref, secrets);
         crate::metrics::get().image_mustpull_check(result);
         must
     }
 
-    fn check(&self, image: &str, image_ref: &str, secrets: &[SecretRef]) -> (bool, &'static str) {
+    fn check(
+        &self,
+        image: &str,
+        (image_ref, named): (&str, bool),
+        secrets: &[SecretRef],
+    ) -> (bool, &'static str) {
         let mut state = self.lock();
         let record = self.get(&mut state, image_ref);
-        let pulled_by_node = record.is_some()
-            || state.in_flight.contains_key(image)
-            || state.intents.contains(image);
+        let pulling = state.in_flight.contains_key(image) || state.intents.contains(image);
+        let pulled_under_this_name = record.as_ref().is_some_and(|r| {
+            let same = |key: &String| same_repository(key, image);
+            r.credential_mapping.keys().any(same)
+        });
+        let pulled_by_node = pulling || (record.is_some() && (!named || pulled_under_this_name));
         if !self
             .verification
             .requires(&self.allowlist, image, pulled_by_node)
@@ -525,7 +546,7 @@ mod tests {
         let image = "reg.example/private/app:1";
         records.pull_started(image).unwrap();
         assert!(
-            records.must_pull(image, "sha256:a", &[]),
+            records.must_pull(image, ("sha256:a", false), &[]),
             "a pull under way marks the image as the node's"
         );
         records.pull_ended(image, Some(("sha256:a", Some(secret("one", "h1")))));
@@ -535,17 +556,26 @@ mod tests {
                 .join(file_name(image))
                 .exists()
         );
-        assert!(records.must_pull(image, "sha256:a", &[]), "no credentials");
-        assert!(records.must_pull(image, "sha256:a", &[secret("other", "h2")]));
-        assert!(!records.must_pull(image, "sha256:a", &[secret("one", "h1")]));
+        assert!(
+            records.must_pull(image, ("sha256:a", false), &[]),
+            "no credentials"
+        );
+        assert!(records.must_pull(image, ("sha256:a", false), &[secret("other", "h2")]));
+        assert!(!records.must_pull(image, ("sha256:a", false), &[secret("one", "h1")]));
         assert!(
             !records.must_pull(
                 "reg.example/private/app:2",
-                "sha256:a",
+                ("sha256:a", false),
                 &[secret("twin", "h1")]
             ),
             "another Secret of the same credentials, under another tag of the repository"
         );
+        // A name the runtime has for the same content, under another repository, is one the
+        // image came by otherwise (preloaded); by its ID, or under the repository the node
+        // pulled, it is checked.
+        assert!(!records.must_pull("localhost/app:1", ("sha256:a", true), &[]));
+        assert!(records.must_pull("sha256:a", ("sha256:a", false), &[]));
+        assert!(records.must_pull("reg.example/private/app:9", ("sha256:a", true), &[]));
         // The twin is written down, and the record reads back from the disk.
         let again = open(tmp.path(), PullVerification::NeverVerifyPreloadedImages);
         let record = again.get(&mut again.lock(), "sha256:a").unwrap();
@@ -555,15 +585,15 @@ mod tests {
             .map(|s| s.name.as_str())
             .collect();
         assert_eq!(names, ["one", "twin"]);
-        assert!(again.must_pull(image, "sha256:a", &[]));
+        assert!(again.must_pull(image, ("sha256:a", false), &[]));
         assert!(
-            !again.must_pull("other.example/app:1", "sha256:b", &[]),
+            !again.must_pull("other.example/app:1", ("sha256:b", false), &[]),
             "an image the node did not pull is not checked by default"
         );
         let always = open(tmp.path(), PullVerification::AlwaysVerify);
-        assert!(always.must_pull("other.example/app:1", "sha256:b", &[]));
+        assert!(always.must_pull("other.example/app:1", ("sha256:b", false), &[]));
         let never = open(tmp.path(), PullVerification::NeverVerify);
-        assert!(!never.must_pull(image, "sha256:a", &[]));
+        assert!(!never.must_pull(image, ("sha256:a", false), &[]));
     }
 
     #[test]
@@ -572,14 +602,14 @@ mod tests {
         let records = open(tmp.path(), PullVerification::AlwaysVerify);
         records.pull_started("busybox").unwrap();
         records.pull_ended("busybox", Some(("sha256:b", None)));
-        assert!(!records.must_pull("busybox:latest", "sha256:b", &[]));
+        assert!(!records.must_pull("busybox:latest", ("sha256:b", false), &[]));
         // A later pull with a Secret takes nothing away.
         records.pull_started("busybox").unwrap();
         records.pull_ended("busybox", Some(("sha256:b", Some(secret("s", "h")))));
-        assert!(!records.must_pull("busybox", "sha256:b", &[]));
+        assert!(!records.must_pull("busybox", ("sha256:b", false), &[]));
         records.pull_started("busybox").unwrap();
         records.pull_ended("busybox", None);
-        assert!(!records.must_pull("busybox", "sha256:b", &[]));
+        assert!(!records.must_pull("busybox", ("sha256:b", false), &[]));
     }
 
     #[test]
@@ -606,8 +636,8 @@ mod tests {
             name: "s".into(),
             credential_hash: "h".into(),
         };
-        assert!(!records.must_pull("reg.example/app:1", "sha256:c", &[known]));
-        assert!(records.must_pull("reg.example/app:1", "sha256:c", &[]));
+        assert!(!records.must_pull("reg.example/app:1", ("sha256:c", false), &[known]));
+        assert!(records.must_pull("reg.example/app:1", ("sha256:c", false), &[]));
 
         let image = cri::Image {
             id: "sha256:d".into(),
@@ -621,7 +651,7 @@ mod tests {
                 .exists()
         );
         assert!(
-            records.must_pull("reg.example/cut:1", "sha256:d", &[]),
+            records.must_pull("reg.example/cut:1", ("sha256:d", false), &[]),
             "the credentials of a pull cut short are not known"
         );
 

@@ -132,6 +132,26 @@ pub fn parse(image: &str) -> Result<Reference, String> {
     })
 }
 
+/// The full name the runtime keeps for the image: domain, path, and the tag (`latest` when
+/// neither tag nor digest is given) or digest.
+impl std::fmt::Display for Reference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.domain, self.path)?;
+        match (&self.tag, &self.digest) {
+            (None, None) => f.write_str(":latest"),
+            (tag, digest) => {
+                if let Some(tag) = tag {
+                    write!(f, ":{tag}")?;
+                }
+                if let Some(digest) = digest {
+                    write!(f, "@{digest}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The image as given, with `:latest` added when it has neither tag nor digest (what the
 /// kubelet hands the runtime).
 pub fn with_default_tag(image: &str, r: &Reference) -> String {
@@ -155,6 +175,18 @@ mod tests {
             r.tag.map(|t| format!(":{t}")).unwrap_or_default(),
             r.digest.map(|d| format!("@{d}")).unwrap_or_default()
         )
+    }
+
+    #[test]
+    fn the_full_name_is_the_runtimes() {
+        let name = |image: &str| parse(image).unwrap().to_string();
+        assert_eq!(name("busybox"), "docker.io/library/busybox:latest");
+        assert_eq!(name("localhost/busybox:local"), "localhost/busybox:local");
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(
+            name(&format!("reg:5000/a/b@{digest}")),
+            format!("reg:5000/a/b@{digest}")
+        );
     }
 
     #[test]
