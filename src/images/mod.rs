@@ -478,11 +478,14 @@ impl Puller {
         let Some(records) = &self.config.pull_records else {
             return false;
         };
-        let secrets: Vec<SecretRef> = (secret_attempts(req, r).into_iter())
-            .filter_map(|a| a.secret)
-            .collect();
+        // The pod's credentials are hashed only when a record is to be matched.
+        let secrets = || -> Vec<SecretRef> {
+            (secret_attempts(req, r).into_iter())
+                .filter_map(|a| a.secret)
+                .collect()
+        };
         let named = found.names.contains(&r.to_string());
-        records.must_pull(req.image, (&found.id, named), &secrets)
+        records.must_pull(req.image, (&found.id, named), secrets)
     }
 
     /// Pulls with each matching credential in turn (or none when none match) until one works;

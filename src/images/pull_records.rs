@@ -227,14 +227,20 @@ impl PullRecords {
 
     /// Whether a pod must pull `image` (as written), present on the node as `image_ref` (and
     /// `named` so by the runtime), to prove it may use it, given the pod's credentials for the
-    /// image (`secrets`), as upstream decides it; counted by result.
+    /// image (`secrets`, asked for only when a record is to be matched), as upstream decides
+    /// it; counted by result.
     ///
     /// One difference: upstream takes every name of an image ID the node pulled as pulled by
     /// the node, so a preloaded image stops working under its own name once the node pulls
     /// the same content under another. Here a name the runtime has for the image, under
     /// whose repository the node never pulled it, counts as preloaded. A reference by ID or by
     /// a name the runtime does not have is checked as upstream checks it.
-    pub fn must_pull(&self, image: &str, image_ref: (&str, bool), secrets: &[SecretRef]) -> bool {
+    pub fn must_pull(
+        &self,
+        image: &str,
+        image_ref: (&str, bool),
+        secrets: impl FnOnce() -> Vec<SecretRef>,
+    ) -> bool {
         let (must, result) = self.check(image, image_ref, secrets);
         crate::metrics::get().image_mustpull_check(result);
         must
@@ -244,7 +250,7 @@ impl PullRecords {
         &self,
         image: &str,
         (image_ref, named): (&str, bool),
-        secrets: &[SecretRef],
+        secrets: impl FnOnce() -> Vec<SecretRef>,
     ) -> (bool, &'static str) {
         let mut state = self.lock();
         let record = self.get(&mut state, image_ref);
@@ -270,8 +276,11 @@ impl PullRecords {
         if known.node_pods_accessible {
             return (false, "credentialRecordFound");
         }
+        if known.kubernetes_secrets.is_empty() {
+            return (true, "mustAuthenticate");
+        }
         let listed = known.kubernetes_secrets.len();
-        for secret in secrets {
+        for secret in secrets() {
             let matched = known.kubernetes_secrets.iter().any(|k| {
                 (!k.credential_hash.is_empty() && k.credential_hash == secret.credential_hash)
                     || (&k.uid, &k.namespace, &k.name)
@@ -546,7 +555,7 @@ mod tests {
         let image = "reg.example/private/app:1";
         records.pull_started(image).unwrap();
         assert!(
-            records.must_pull(image, ("sha256:a", false), &[]),
+            records.must_pull(image, ("sha256:a", false), Vec::new),
             "a pull under way marks the image as the node's"
         );
         records.pull_ended(image, Some(("sha256:a", Some(secret("one", "h1")))));
@@ -557,25 +566,23 @@ mod tests {
                 .exists()
         );
         assert!(
-            records.must_pull(image, ("sha256:a", false), &[]),
+            records.must_pull(image, ("sha256:a", false), Vec::new),
             "no credentials"
         );
-        assert!(records.must_pull(image, ("sha256:a", false), &[secret("other", "h2")]));
-        assert!(!records.must_pull(image, ("sha256:a", false), &[secret("one", "h1")]));
+        assert!(records.must_pull(image, ("sha256:a", false), || vec![secret("other", "h2")]));
+        assert!(!records.must_pull(image, ("sha256:a", false), || vec![secret("one", "h1")]));
         assert!(
-            !records.must_pull(
-                "reg.example/private/app:2",
-                ("sha256:a", false),
-                &[secret("twin", "h1")]
-            ),
+            !records.must_pull("reg.example/private/app:2", ("sha256:a", false), || vec![
+                secret("twin", "h1")
+            ]),
             "another Secret of the same credentials, under another tag of the repository"
         );
         // A name the runtime has for the same content, under another repository, is one the
         // image came by otherwise (preloaded); by its ID, or under the repository the node
         // pulled, it is checked.
-        assert!(!records.must_pull("localhost/app:1", ("sha256:a", true), &[]));
-        assert!(records.must_pull("sha256:a", ("sha256:a", false), &[]));
-        assert!(records.must_pull("reg.example/private/app:9", ("sha256:a", true), &[]));
+        assert!(!records.must_pull("localhost/app:1", ("sha256:a", true), Vec::new));
+        assert!(records.must_pull("sha256:a", ("sha256:a", false), Vec::new));
+        assert!(records.must_pull("reg.example/private/app:9", ("sha256:a", true), Vec::new));
         // The twin is written down, and the record reads back from the disk.
         let again = open(tmp.path(), PullVerification::NeverVerifyPreloadedImages);
         let record = again.get(&mut again.lock(), "sha256:a").unwrap();
@@ -585,15 +592,15 @@ mod tests {
             .map(|s| s.name.as_str())
             .collect();
         assert_eq!(names, ["one", "twin"]);
-        assert!(again.must_pull(image, ("sha256:a", false), &[]));
+        assert!(again.must_pull(image, ("sha256:a", false), Vec::new));
         assert!(
-            !again.must_pull("other.example/app:1", ("sha256:b", false), &[]),
+            !again.must_pull("other.example/app:1", ("sha256:b", false), Vec::new),
             "an image the node did not pull is not checked by default"
         );
         let always = open(tmp.path(), PullVerification::AlwaysVerify);
-        assert!(always.must_pull("other.example/app:1", ("sha256:b", false), &[]));
+        assert!(always.must_pull("other.example/app:1", ("sha256:b", false), Vec::new));
         let never = open(tmp.path(), PullVerification::NeverVerify);
-        assert!(!never.must_pull(image, ("sha256:a", false), &[]));
+        assert!(!never.must_pull(image, ("sha256:a", false), Vec::new));
     }
 
     #[test]
@@ -602,14 +609,14 @@ mod tests {
         let records = open(tmp.path(), PullVerification::AlwaysVerify);
         records.pull_started("busybox").unwrap();
         records.pull_ended("busybox", Some(("sha256:b", None)));
-        assert!(!records.must_pull("busybox:latest", ("sha256:b", false), &[]));
+        assert!(!records.must_pull("busybox:latest", ("sha256:b", false), Vec::new));
         // A later pull with a Secret takes nothing away.
         records.pull_started("busybox").unwrap();
         records.pull_ended("busybox", Some(("sha256:b", Some(secret("s", "h")))));
-        assert!(!records.must_pull("busybox", ("sha256:b", false), &[]));
+        assert!(!records.must_pull("busybox", ("sha256:b", false), Vec::new));
         records.pull_started("busybox").unwrap();
         records.pull_ended("busybox", None);
-        assert!(!records.must_pull("busybox", ("sha256:b", false), &[]));
+        assert!(!records.must_pull("busybox", ("sha256:b", false), Vec::new));
     }
 
     #[test]
@@ -636,8 +643,8 @@ mod tests {
             name: "s".into(),
             credential_hash: "h".into(),
         };
-        assert!(!records.must_pull("reg.example/app:1", ("sha256:c", false), &[known]));
-        assert!(records.must_pull("reg.example/app:1", ("sha256:c", false), &[]));
+        assert!(!records.must_pull("reg.example/app:1", ("sha256:c", false), || vec![known]));
+        assert!(records.must_pull("reg.example/app:1", ("sha256:c", false), Vec::new));
 
         let image = cri::Image {
             id: "sha256:d".into(),
@@ -651,7 +658,7 @@ mod tests {
                 .exists()
         );
         assert!(
-            records.must_pull("reg.example/cut:1", ("sha256:d", false), &[]),
+            records.must_pull("reg.example/cut:1", ("sha256:d", false), Vec::new),
             "the credentials of a pull cut short are not known"
         );
 

@@ -77,12 +77,17 @@ impl Manager {
         let dir = pod_dir(&self.root_dir, uid);
         make_pod_dir(&dir)?;
         let volumes: Vec<&Volume> = spec(pod).volumes.iter().flatten().collect();
-        {
+        // The gauge is set again only when what the pod wants or has changed, not at every
+        // sync.
+        let mut changed = {
             let mut pods = self.lock();
             let entry = pods.entry(uid.to_string()).or_default();
             entry.since.get_or_insert_with(Instant::now);
-            entry.wanted = volumes.iter().filter_map(|v| plugin(v)).collect();
-        }
+            let wanted: Vec<&'static str> = volumes.iter().filter_map(|v| plugin(v)).collect();
+            let changed = entry.wanted != wanted;
+            entry.wanted = wanted;
+            changed
+        };
         let mut mounted = HashMap::new();
         let result = volumes.iter().try_for_each(|v| {
             let started = Instant::now();
@@ -91,7 +96,7 @@ impl Manager {
                 let took = started.elapsed();
                 let mut pods = self.lock();
                 let entry = pods.entry(uid.to_string()).or_default();
-                entry.record(
+                changed |= entry.record(
                     &v.name,
                     plugin,
                     took,
@@ -101,7 +106,9 @@ impl Manager {
             mounted.insert(v.name.clone(), made?.mounted);
             Ok(())
         });
-        self.publish(&self.lock());
+        if changed {
+            self.publish(&self.lock());
+        }
         result.map(|()| mounted)
     }
 
@@ -155,14 +162,14 @@ impl PodVolumes {
     /// Records the setup of volume `name` of `plugin`, which took `took` and applied the pod's
     /// fsGroup (`Ok(true)`) or not, or failed, as upstream's operation executor records it: a
     /// volume is checked to need no attaching once, then mounted; once mounted, only the
-    /// volumes that follow their sources are mounted again.
+    /// volumes that follow their sources are mounted again. Says whether it is newly mounted.
     fn record(
         &mut self,
         name: &str,
         plugin: &'static str,
         took: Duration,
         outcome: std::result::Result<bool, &super::Error>,
-    ) {
+    ) -> bool {
         let metrics = crate::metrics::get();
         let first = !self.mounted.contains_key(name);
         if first && self.verified.insert(name.to_string()) {
@@ -174,11 +181,11 @@ impl PodVolumes {
             );
         }
         if !first && !REMOUNTED.contains(&plugin) {
-            return;
+            return false;
         }
         metrics.storage_operation(plugin, "volume_mount", took, outcome.is_err());
         let Ok(group_applied) = outcome else {
-            return;
+            return false;
         };
         if group_applied {
             metrics.storage_operation(plugin, "volume_apply_access_control", took, false);
@@ -189,6 +196,7 @@ impl PodVolumes {
             }
             self.mounted.insert(name.to_string(), plugin);
         }
+        first
     }
 }
 

@@ -816,6 +816,14 @@ spec:
 /// A script fragment that keeps a container running until it is stopped.
 pub const FOREVER: &str = "while true; do sleep 1; done";
 
+/// The value of the sample `series` (a metric name, with its labels as the text shows them) in
+/// the metrics `text`, if it is there.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
 /// Waits until the node's `/metrics` on the read-only `port` holds every line of `lines`; on
 /// timeout, says which are missing and what the node shows of their families.
 pub async fn metrics_show(port: u16, what: &str, lines: &[String]) {

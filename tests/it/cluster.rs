@@ -817,12 +817,7 @@ spec:
         Duration::from_secs(30),
         || async {
             let (_, text) = crate::healthz::get(read_only, "/metrics").await?;
-            let set = |name: &str| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .is_some_and(|v| v > 0.0)
-            };
+            let set = |name: &str| crate::bed::sample(&text, name).is_some_and(|v| v > 0.0);
             [
                 "kubelet_node_startup_pre_registration_duration_seconds",
                 "kubelet_node_startup_registration_duration_seconds",
@@ -1199,11 +1194,7 @@ spec:
         Duration::from_secs(30),
         || async {
             let (_, text) = crate::healthz::get(read_only, "/metrics").await?;
-            let sum = |name: &str| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name}_sum ")))
-                    .and_then(|v| v.parse::<f64>().ok())
-            };
+            let sum = |name: &str| crate::bed::sample(&text, &format!("{name}_sum"));
             Some((
                 sum("kubelet_pod_start_total_duration_seconds")?,
                 sum("kubelet_pod_start_sli_duration_seconds")?,
