@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::pod::{container_quantity, overhead, parse_quantity, qos_class, requests, spec};
 
 pub mod pressure;
+pub mod stats;
 mod usage;
 
 /// Why a cgroup could not be set up.

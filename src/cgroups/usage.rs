@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 pub(super) struct Mount {
     pub point: PathBuf,
     pub v2: bool,
-    options: String,
+    pub(super) options: String,
 }
 
 /// Every cgroup and cgroup2 mount in a /proc/self/mountinfo text.

@@ -640,35 +640,6 @@ impl RuntimeClient {
             .stats)
     }
 
-    /// The metric families the runtime reports in [`Self::pod_sandbox_metrics`]. Runtimes that
-    /// predate the call answer `Unimplemented`.
-    pub async fn metric_descriptors(&self) -> Result<Vec<cri::MetricDescriptor>> {
-        let mut c = self.runtime.clone();
-        let req = cri::ListMetricDescriptorsRequest {};
-        Ok(self
-            .call(
-                "ListMetricDescriptors",
-                self.timeout,
-                c.list_metric_descriptors(req),
-            )
-            .await?
-            .descriptors)
-    }
-
-    /// Every pod sandbox's and container's metrics, as the runtime measures them now.
-    pub async fn pod_sandbox_metrics(&self) -> Result<Vec<cri::PodSandboxMetrics>> {
-        let mut c = self.runtime.clone();
-        let req = cri::ListPodSandboxMetricsRequest {};
-        Ok(self
-            .call(
-                "ListPodSandboxMetrics",
-                self.timeout,
-                c.list_pod_sandbox_metrics(req),
-            )
-            .await?
-            .pod_metrics)
-    }
-
     /// Runs a command in the container and waits for it, at most `timeout` (whole seconds, at
     /// least one); `Duration::ZERO`: until it ends or its container does, as upstream's hooks.
     pub async fn exec_sync(

@@ -338,13 +338,11 @@ fn node_usage(time: &str) -> (Value, Value, Value) {
     (cpu, memory, swap)
 }
 
-/// `/metrics/cadvisor`: the machine's facts (read once) and the runtime's pod and container
-/// metrics. What cannot be read is left out and logged; a runtime without the metric calls
-/// only once.
+/// `/metrics/cadvisor`: the machine's facts (read once), and every watched cgroup's figures,
+/// labelled from the runtime's sandboxes and containers. What cannot be read is left out and
+/// logged: without the runtime's lists, the cgroups are still served, by `id` alone.
 pub async fn cadvisor_metrics(source: &Source) -> String {
     static MACHINE: std::sync::OnceLock<cadvisor::Machine> = std::sync::OnceLock::new();
-    static TOLD_UNIMPLEMENTED: std::sync::atomic::AtomicBool =
-        std::sync::atomic::AtomicBool::new(false);
     let machine = match MACHINE.get() {
         Some(m) => Some(m),
         None => match cadvisor::Machine::detect() {
@@ -355,41 +353,77 @@ pub async fn cadvisor_metrics(source: &Source) -> String {
             }
         },
     };
-    let (descriptors, pods) = tokio::join!(
-        source.runtime.metric_descriptors(),
-        source.runtime.pod_sandbox_metrics(),
+    let (sandboxes, containers, layers) = tokio::join!(
+        source.runtime.list_sandboxes(None),
+        source.runtime.list_containers(None),
+        source.runtime.container_stats(),
     );
-    let runtime = match descriptors.and_then(|d| Ok((d, pods?))) {
-        Ok((descriptors, pods)) => cadvisor::RuntimeMetrics {
-            descriptors,
-            pods,
-            cpu_ns: precise_cpu(source).await,
-        },
-        Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
-            if !TOLD_UNIMPLEMENTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::info!(error = %crate::types::error_chain(&e), "the runtime gives no pod and container metrics: /metrics/cadvisor serves the machine's only");
-            }
-            Default::default()
-        }
-        Err(e) => {
-            tracing::warn!(error = %crate::types::error_chain(&e), "cannot read the runtime's pod and container metrics for /metrics/cadvisor");
-            Default::default()
-        }
+    let or_none = |what: &str, e: crate::runtime::Error| {
+        tracing::warn!(error = %crate::types::error_chain(&e), "cannot list the runtime's {what} for /metrics/cadvisor");
     };
-    cadvisor::render(machine, &runtime)
-}
-
-/// Each container's CPU time in nanoseconds by ID, from the runtime's container stats (none
-/// if they cannot be read: the runtime's whole seconds stay).
-async fn precise_cpu(source: &Source) -> std::collections::HashMap<String, u64> {
-    let stats = source.runtime.container_stats().await.unwrap_or_default();
-    stats
-        .into_iter()
-        .filter_map(|s| {
-            let ns = s.cpu?.usage_core_nano_seconds?.value;
-            Some((s.attributes?.id, ns))
-        })
-        .collect()
+    let sandboxes = sandboxes.unwrap_or_else(|e| {
+        or_none("sandboxes", e);
+        Vec::new()
+    });
+    let containers = containers.unwrap_or_else(|e| {
+        or_none("containers", e);
+        Vec::new()
+    });
+    let layers = layers.unwrap_or_else(|e| {
+        or_none("container stats", e);
+        Vec::new()
+    });
+    let mut watched = cadvisor::Watched::default();
+    for s in &sandboxes {
+        watched
+            .pods
+            .insert(s.uid.to_string(), (s.name.clone(), s.namespace.clone()));
+        let labels = cadvisor::Labels {
+            name: s.id.clone(),
+            pod: s.name.clone(),
+            namespace: s.namespace.clone(),
+            container: "POD".into(),
+            ..Default::default()
+        };
+        watched.containers.insert(s.id.clone(), (labels, true));
+    }
+    for c in &containers {
+        let pod = sandboxes.iter().find(|s| s.id == c.sandbox_id);
+        let labels = cadvisor::Labels {
+            name: c.id.clone(),
+            image: if c.user_image.is_empty() {
+                c.image.clone()
+            } else {
+                c.user_image.clone()
+            },
+            pod: pod.map(|p| p.name.clone()).unwrap_or_default(),
+            namespace: pod.map(|p| p.namespace.clone()).unwrap_or_default(),
+            container: c.name.clone(),
+            ..Default::default()
+        };
+        watched.containers.insert(c.id.clone(), (labels, false));
+    }
+    for l in layers {
+        let (Some(attrs), Some(layer)) = (l.attributes, l.writable_layer) else {
+            continue;
+        };
+        let mountpoint = layer.fs_id.map(|f| f.mountpoint).unwrap_or_default();
+        watched
+            .layers
+            .insert(attrs.id, (mountpoint, value(&layer.used_bytes)));
+    }
+    watched.roots = source
+        .system_containers
+        .iter()
+        .filter(|(name, _)| name != "pods")
+        .filter_map(|(_, path)| path.clone())
+        .collect();
+    watched.pods_root = source.pods_cgroup().map(str::to_string);
+    let at_ms = crate::types::now().as_millisecond();
+    let cgroups = tokio::task::spawn_blocking(move || watched.read())
+        .await
+        .unwrap_or_default();
+    cadvisor::render(machine, &cgroups, at_ms)
 }
 
 /// Only the CPU and memory of the node, its pods and their running containers (with their

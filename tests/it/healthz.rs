@@ -453,45 +453,79 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     );
     assert!(body.contains("\nresource_scrape_error 0\n"), "{body}");
 
-    // cAdvisor's endpoint, from the runtime: each container's usage labelled with its pod,
-    // namespace, container, ID and image, the pod's network under its sandbox, and the machine.
+    // cAdvisor's endpoint, from the cgroups: each container's figures labelled with its cgroup,
+    // runtime ID, image, pod, namespace and container name; its pod's cgroup with the pod's
+    // name; the pod's network under its sandbox (`POD`); the root cgroup; and the machine.
     let (code, body) = get(port, "/metrics/cadvisor").await.unwrap();
     assert_eq!(code, 200);
     let statuses = st.container_statuses.as_deref().unwrap_or_default();
     let id = statuses[0].container_id.as_deref().unwrap_or_default();
     let id = id.split_once("://").map_or(id, |(_, id)| id);
     let web = node.pod_name("web");
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
     let image = pod["spec"]["containers"][0]["image"].as_str().unwrap();
-    let value = |series: &str| {
+    let find = |family: &str, parts: &[String]| {
         body.lines().find_map(|l| {
-            let rest = l.strip_prefix(series)?.strip_prefix(' ')?;
-            rest.split(' ').next()?.parse::<f64>().ok()
+            let rest = l.strip_prefix(family)?.strip_prefix('{')?;
+            let (labels, value) = rest.rsplit_once("} ")?;
+            let labels: Vec<&str> = labels.split(',').collect();
+            if !parts.iter().all(|p| labels.contains(&p.as_str())) {
+                return None;
+            }
+            value.split(' ').next()?.parse::<f64>().ok()
         })
     };
-    let container = format!(
-        "{{container=\"c\",id=\"{id}\",image=\"{image}\",namespace=\"default\",pod=\"{web}\"}}"
-    );
+    let container = [
+        "container=\"c\"".to_string(),
+        format!("name=\"{id}\""),
+        format!("image=\"{image}\""),
+        "namespace=\"default\"".to_string(),
+        format!("pod=\"{web}\""),
+    ];
     for family in [
         "container_cpu_usage_seconds_total",
         "container_memory_working_set_bytes",
         "container_start_time_seconds",
         "container_threads",
+        "container_processes",
+        "container_ulimits_soft",
     ] {
-        let series = format!("{family}{container}");
         assert!(
-            value(&series).is_some_and(|v| v > 0.0),
-            "{series} in {body}"
+            find(family, &container).is_some_and(|v| v > 0.0),
+            "{family} {container:?} in {body}"
         );
     }
-    let sandbox = body
+    let cgroup = body
         .lines()
         .find(|l| {
-            l.starts_with("container_network_receive_packets_total{container=\"\",")
-                && l.contains(&format!("pod=\"{web}\""))
-                && l.contains("interface=\"eth0\"")
+            l.starts_with("container_memory_usage_bytes{") && l.contains(&format!("name=\"{id}\""))
         })
-        .unwrap_or_else(|| panic!("the pod's network in {body}"));
-    assert!(!sandbox.contains(&format!("id=\"{id}\"")), "{sandbox}");
+        .and_then(|l| l.split("id=\"").nth(1)?.split('"').next())
+        .unwrap_or_else(|| panic!("the container's cgroup in {body}"));
+    assert!(cgroup.ends_with(&format!("/pod{uid}/{id}")), "{cgroup}");
+    let pod_cgroup = [
+        "container=\"\"".to_string(),
+        format!("id=\"{}\"", cgroup.trim_end_matches(&format!("/{id}"))),
+        format!("pod=\"{web}\""),
+    ];
+    assert!(
+        find("container_memory_working_set_bytes", &pod_cgroup).is_some_and(|v| v > 0.0),
+        "{pod_cgroup:?} in {body}"
+    );
+    let sandbox = [
+        "container=\"POD\"".to_string(),
+        format!("pod=\"{web}\""),
+        "interface=\"eth0\"".to_string(),
+    ];
+    assert!(
+        find("container_network_receive_packets_total", &sandbox).is_some(),
+        "{sandbox:?} in {body}"
+    );
+    let root = ["id=\"/\"".to_string()];
+    assert!(
+        find("container_memory_usage_bytes", &root).is_some_and(|v| v > 0.0),
+        "the root cgroup in {body}"
+    );
     let cores = std::thread::available_parallelism().unwrap().get() as f64;
     let machine = body
         .lines()

@@ -67,6 +67,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "each container's pressure stall information, as for cpu.psi",
     ),
     (
+        "metrics/cadvisor/container_pressure_",
+        "nodelet reads each cgroup's pressure stall information on the unified hierarchy, which hybrid hosts like this one mount beside the v1 controllers; the kubelet's cAdvisor reads it only where the controllers are on v2",
+    ),
+    (
         "summary.pods[].process_stats.",
         "nodelet counts each pod's processes in its cgroups; the kubelet's cAdvisor finds none for these pods on this host",
     ),
@@ -81,10 +85,6 @@ const ALLOWED: &[(&str, &str)] = &[
     (
         "metrics/kubelet_metrics_provider",
         "nodelet says where its container stats come from (the CRI); the kubelet serves it in some runs only (see RACY)",
-    ),
-    (
-        "metrics/cadvisor/container_",
-        "nodelet serves the runtime's container metrics (CRI ListPodSandboxMetrics), as the kubelet does under its PodAndContainerStatsFromCRI gate; the kubelet's default cAdvisor has a few more families (load, task states, I/O times, CFS burst, health) and help texts of its own",
     ),
     (
         "metrics/cadvisor/cadvisor_version_info",

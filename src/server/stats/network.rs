@@ -19,16 +19,20 @@ const IGNORED_PREFIXES: &[&str] = &["lo", "veth", "docker", "nerdctl"];
 
 /// One interface's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Interface {
-    name: String,
-    rx_bytes: u64,
-    rx_errors: u64,
-    tx_bytes: u64,
-    tx_errors: u64,
+pub(super) struct Interface {
+    pub(super) name: String,
+    pub(super) rx_bytes: u64,
+    pub(super) rx_packets: u64,
+    pub(super) rx_errors: u64,
+    pub(super) rx_dropped: u64,
+    pub(super) tx_bytes: u64,
+    pub(super) tx_packets: u64,
+    pub(super) tx_errors: u64,
+    pub(super) tx_dropped: u64,
 }
 
 /// The interfaces of a /proc/net/dev text, ignored ones left out.
-fn parse_net_dev(text: &str) -> Vec<Interface> {
+pub(super) fn parse_net_dev(text: &str) -> Vec<Interface> {
     text.lines()
         .filter_map(|line| {
             let (name, counters) = line.split_once(':')?;
@@ -41,9 +45,13 @@ fn parse_net_dev(text: &str) -> Vec<Interface> {
             Some(Interface {
                 name: name.to_string(),
                 rx_bytes: *counters.first()?,
+                rx_packets: *counters.get(1)?,
                 rx_errors: *counters.get(2)?,
+                rx_dropped: *counters.get(3)?,
                 tx_bytes: *counters.get(8)?,
+                tx_packets: *counters.get(9)?,
                 tx_errors: *counters.get(10)?,
+                tx_dropped: *counters.get(11)?,
             })
         })
         .filter(|i| {
@@ -152,6 +160,7 @@ fn from_cri(n: &cri::NetworkUsage, time: &str) -> Value {
             rx_errors: value(&i.rx_errors),
             tx_bytes: value(&i.tx_bytes),
             tx_errors: value(&i.tx_errors),
+            ..Interface::default()
         })
         .collect();
     let default = n
@@ -175,6 +184,13 @@ async fn from_proc(runtime: &RuntimeClient, sandbox_id: &str, time: &str) -> Opt
             return None;
         }
     };
+    let interfaces = pod_interfaces(u32::try_from(pid).ok()?)?;
+    Some(network_json(&interfaces, DEFAULT_INTERFACE, time))
+}
+
+/// The interfaces seen from the process `pid`'s network namespace; `None` when that is the
+/// host's (a pod on the host network) or cannot be read.
+pub(super) fn pod_interfaces(pid: u32) -> Option<Vec<Interface>> {
     let netns = |pid: &str| {
         std::fs::metadata(format!("/proc/{pid}/ns/net"))
             .ok()
@@ -185,7 +201,7 @@ async fn from_proc(runtime: &RuntimeClient, sandbox_id: &str, time: &str) -> Opt
         return None;
     }
     let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
-    Some(network_json(&parse_net_dev(&text), DEFAULT_INTERFACE, time))
+    Some(parse_net_dev(&text))
 }
 
 #[cfg(test)]
@@ -210,16 +226,24 @@ vethab12:    100       1    0    0    0     0          0         0      200     
                 Interface {
                     name: "eth0".into(),
                     rx_bytes: 290265580,
+                    rx_packets: 16061,
                     rx_errors: 3,
+                    rx_dropped: 0,
                     tx_bytes: 1115536,
+                    tx_packets: 12009,
                     tx_errors: 4,
+                    tx_dropped: 0,
                 },
                 Interface {
                     name: "cni0".into(),
                     rx_bytes: 1234567890,
+                    rx_packets: 9,
                     rx_errors: 0,
+                    rx_dropped: 0,
                     tx_bytes: 42,
+                    tx_packets: 1,
                     tx_errors: 0,
+                    tx_dropped: 0,
                 },
             ]
         );
