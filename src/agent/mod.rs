@@ -351,6 +351,11 @@ fn cluster_config(
             ),
             runtime_handlers: crate::cluster::node::runtime_handlers(&core.runtime_handlers),
             devices: Some(core.resources.devices.clone()),
+            declared_features: ["InPlacePodLevelResourcesVerticalScaling"]
+                .into_iter()
+                .filter(|f| config.feature(f))
+                .map(String::from)
+                .collect(),
         },
         lease_duration_seconds: config.node_lease_duration_seconds,
         static_sources: sources(config)

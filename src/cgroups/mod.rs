@@ -11,7 +11,9 @@ use cgroups_rs::cgroup_builder::CgroupBuilder;
 use cgroups_rs::{Cgroup, hierarchies};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::pod::{container_quantity, overhead, parse_quantity, qos_class, requests, spec};
+use crate::pod::{
+    container_quantity, overhead, parse_quantity, pod_level, qos_class, requests, spec,
+};
 
 pub mod pressure;
 pub mod stats;
@@ -74,7 +76,8 @@ pub fn allocatable(
     }
 }
 
-/// Limits for a pod cgroup, as upstream's ResourceConfigForPod.
+/// Limits for a pod cgroup, as upstream's ResourceConfigForPod (the pod's own resources, where
+/// it sets them, in place of its containers').
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PodLimits {
     pub cpu_shares: u64,
@@ -125,7 +128,11 @@ pub fn pod_limits(pod: &Pod, cfs: Cfs) -> PodLimits {
     let limit =
         |c: &k8s_openapi::api::core::v1::Container, key: &str| container_quantity(c, true, key);
     let s = spec(pod);
+    // The pod's own limit where it sets one; else the containers', when every one has one.
     let all = |key: &str| -> Option<f64> {
+        if let Some(own) = pod_level(pod, true, key) {
+            return Some(own + overhead(pod, key));
+        }
         s.containers
             .iter()
             .map(|c| limit(c, key))
@@ -820,6 +827,30 @@ mod tests {
                 cpu_shares: 2,
                 cpu_quota: None,
                 memory: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_pods_own_limits_bound_its_cgroup() {
+        use serde_json::json;
+        let mut p = pod(
+            "u",
+            &[
+                json!({"limits": {"cpu": "100m", "memory": "16Mi"}}),
+                json!({}),
+            ],
+        );
+        p.spec.as_mut().unwrap().resources = serde_json::from_value(
+            json!({"requests": {"cpu": "250m"}, "limits": {"cpu": "500m", "memory": "64Mi"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            pod_limits(&p, Cfs::default()),
+            PodLimits {
+                cpu_shares: 256,
+                cpu_quota: Some(50_000),
+                memory: Some(64 * 1024 * 1024)
             }
         );
     }

@@ -45,6 +45,9 @@ pub struct Config {
     pub runtime_handlers: Vec<NodeRuntimeHandler>,
     /// The device plugins' extended resources, counted in capacity and allocatable.
     pub devices: Option<std::sync::Arc<crate::cm::devices::DeviceManager>>,
+    /// `status.declaredFeatures`: the features the API server may send this node pods or
+    /// changes needing (upstream's NodeDeclaredFeatures), sorted.
+    pub declared_features: Vec<String>,
 }
 
 /// The runtime handlers as the Node's status lists them (the default one named `""`).
@@ -254,6 +257,8 @@ pub fn status(
         node_info: Some(config.info.clone()),
         runtime_handlers: (!config.runtime_handlers.is_empty())
             .then(|| config.runtime_handlers.clone()),
+        declared_features: (!config.declared_features.is_empty())
+            .then(|| config.declared_features.clone()),
         ..Default::default()
     }
 }
@@ -530,6 +535,7 @@ mod tests {
                 }),
             }]),
             devices: None,
+            declared_features: vec!["InPlacePodLevelResourcesVerticalScaling".into()],
         }
     }
 
@@ -572,6 +578,10 @@ mod tests {
                 features.user_namespaces
             ),
             (Some(true), Some(true))
+        );
+        assert_eq!(
+            status.declared_features,
+            Some(vec!["InPlacePodLevelResourcesVerticalScaling".to_string()])
         );
     }
 

@@ -243,6 +243,9 @@ pub const FEATURE_GATES: &[(&str, bool, &str)] = &[
     ("CustomCPUCFSQuotaPeriod", false, "ALPHA"),
     // qosReserved acted on (upstream's alpha gate, off by default).
     ("QOSReserved", false, "ALPHA"),
+    // In-place resize of a pod's own resources (`spec.resources`), declared in the Node's
+    // status so that the API server takes such resizes for its pods.
+    ("InPlacePodLevelResourcesVerticalScaling", true, "BETA"),
 ];
 
 /// Upstream's CFS quota period.

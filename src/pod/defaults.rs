@@ -1,6 +1,7 @@
 //! API defaulting, as the API server applies it on create (pkg/apis/core/v1/defaults.go).
 
 use k8s_openapi::api::core::v1::{Container, EmptyDirVolumeSource, Pod, Probe};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
 /// Does the image reference carry a tag or a digest? (`busybox` and `reg:5000/busybox` do not.)
@@ -65,6 +66,44 @@ pub fn apply_defaults(pod: &mut Pod) {
             let reference = image.reference.as_deref().unwrap_or("");
             let always = !image_has_tag_or_digest(reference) || image_tag_is_latest(reference);
             image.pull_policy = Some(if always { "Always" } else { "IfNotPresent" }.into());
+        }
+    }
+    default_pod_requests(pod);
+}
+
+/// A pod that limits its own resources requests them too (upstream's defaultPodRequests): cpu
+/// and memory what its containers request together where any requests them, else its limit.
+fn default_pod_requests(pod: &mut Pod) {
+    let summed = super::qos::container_requests(pod);
+    let s = super::spec(pod);
+    let requested = |key: &str| {
+        super::all_containers(s).any(|c| super::container_quantity(c, false, key).is_some())
+    };
+    let from_containers: Vec<(&str, String)> = [
+        ("cpu", format!("{}m", (summed.cpu * 1000.0).round() as u64)),
+        (
+            "memory",
+            super::format_quantity(summed.memory.round() as u64, true),
+        ),
+    ]
+    .into_iter()
+    .filter(|(key, _)| requested(key))
+    .collect();
+    let Some(r) = pod.spec.as_mut().and_then(|s| s.resources.as_mut()) else {
+        return;
+    };
+    let Some(limits) = r.limits.clone().filter(|l| !l.is_empty()) else {
+        return;
+    };
+    let requests = r.requests.get_or_insert_with(Default::default);
+    for (key, quantity) in from_containers {
+        requests
+            .entry(key.to_string())
+            .or_insert(Quantity(quantity));
+    }
+    for (key, limit) in limits {
+        if super::qos::pod_level_resource(&key) {
+            requests.entry(key).or_insert(limit);
         }
     }
 }

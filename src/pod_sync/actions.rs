@@ -177,6 +177,7 @@ pub fn plan(pod: &Pod, rt: &PodRuntime, probes: &ProbeView) -> Plan {
     plan.sandbox_id = Some(current.id.clone());
     collect_garbage(rt, &current.id, &mut plan);
     let at = InSandbox {
+        pod,
         rt,
         sandbox: &current.id,
         probes,
@@ -221,6 +222,7 @@ fn in_new_sandbox(pod: &Pod, rt: &PodRuntime, policy: &str) -> Plan {
 
 /// The pod as the runtime holds it in its ready sandbox, and what is planned against.
 struct InSandbox<'a> {
+    pod: &'a Pod,
     rt: &'a PodRuntime,
     sandbox: &'a str,
     probes: &'a ProbeView,
@@ -301,7 +303,7 @@ fn plan_sidecar(
             } else if !initialized && at.probes.unstarted.contains(&c.id) {
                 return true;
             } else {
-                resize(plan, at.rt, c, init, true);
+                resize(plan, at, c, init, true);
             }
         }
         _ if app_done => {}
@@ -360,7 +362,7 @@ fn plan_app(plan: &mut Plan, at: &InSandbox<'_>, s: &PodSpec) {
                         plan.start.push(start(at.rt, want, false));
                     }
                 } else {
-                    resize(plan, at.rt, c, want, false);
+                    resize(plan, at, c, want, false);
                 }
             }
             ContainerState::Exited => {
@@ -407,11 +409,11 @@ fn plan_ephemeral(plan: &mut Plan, rt: &PodRuntime, s: &PodSpec) {
 /// A running container whose spec's resources differ from the limits it runs with is resized
 /// in place; or restarted, where its `resizePolicy` says so for a resource that changed. One
 /// created without a recorded digest is left alone.
-fn resize(plan: &mut Plan, rt: &PodRuntime, c: &Container, want: &SpecContainer, init: bool) {
+fn resize(plan: &mut Plan, at: &InSandbox<'_>, c: &Container, want: &SpecContainer, init: bool) {
     let Some(have) = ResourcesDigest::decode(&c.resources) else {
         return;
     };
-    let wanted = resources_digest(want);
+    let wanted = resources_digest(at.pod, want);
     if have == wanted {
         return;
     }
@@ -428,7 +430,7 @@ fn resize(plan: &mut Plan, rt: &PodRuntime, c: &Container, want: &SpecContainer,
             c,
             "its resources changed and its resize policy restarts it",
         ));
-        plan.start.push(start(rt, want, init));
+        plan.start.push(start(at.rt, want, init));
     } else {
         plan.resize.push(Resize {
             id: c.id.clone(),
@@ -623,7 +625,7 @@ mod tests {
         let mut before = a.clone();
         before.resources = serde_json::from_value(running_with).unwrap();
         let mut c = container(&p, "a1", "s1", "a", 0, ContainerState::Running, None);
-        c.resources = resources_digest(&before).encode();
+        c.resources = resources_digest(&p, &before).encode();
         let rt = PodRuntime {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![c],

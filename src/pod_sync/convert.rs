@@ -698,7 +698,7 @@ fn labels_and_annotations(
     );
     annotations.insert(
         ANNOTATION_RESOURCES.to_string(),
-        resources_digest(c).encode(),
+        resources_digest(pod, c).encode(),
     );
     if let Some(ports) = c.ports.as_ref().filter(|p| !p.is_empty()) {
         annotations.insert(
@@ -909,12 +909,13 @@ pub fn linux_resources(
     cfs: Cfs,
 ) -> cri::LinuxContainerResources {
     let quantity = |limits: bool, key: &str| container_quantity(c, limits, key);
-    let mut resources = limits_of(
-        quantity(false, "cpu"),
-        quantity(true, "cpu"),
-        quantity(true, "memory"),
-        cfs,
-    );
+    // A container without a limit of its own takes the pod's, where the pod sets one.
+    let limit = |key: &str| {
+        quantity(true, key)
+            .filter(|v| *v > 0.0)
+            .or_else(|| crate::pod::pod_level(pod, true, key))
+    };
+    let mut resources = limits_of(quantity(false, "cpu"), limit("cpu"), limit("memory"), cfs);
     // No swap beyond the memory limit (upstream's NoSwap on cgroup v1; containerd derives
     // memory.swap.max = 0 from it on v2).
     resources.memory_swap_limit_in_bytes = resources.memory_limit_in_bytes;
@@ -931,24 +932,27 @@ fn sandbox_resources(
 ) -> (cri::LinuxContainerResources, cri::LinuxContainerResources) {
     let s = spec(pod);
     let overhead = |key: &str| crate::pod::overhead(pod, key);
-    // The limits the containers set (upstream's PodLimits), whatever the others do.
+    // The pod's own limits where it sets them, else those the containers set (upstream's
+    // PodLimits), whatever the others do.
     let limit = |key: &str| -> Option<f64> {
         let sum: f64 = s
             .containers
             .iter()
             .filter_map(|c| container_quantity(c, true, key))
             .sum();
-        let pod = s
+        let total = s
             .init_containers
             .iter()
             .flatten()
             .filter_map(|c| container_quantity(c, true, key))
             .fold(sum, f64::max);
-        (pod > 0.0).then_some(pod)
+        let own = crate::pod::pod_level(pod, true, key);
+        own.or((total > 0.0).then_some(total))
     };
     let cpu_request = crate::pod::requests(pod).cpu - overhead("cpu");
-    let has_request =
-        crate::pod::all_containers(s).any(|c| container_quantity(c, false, "cpu").is_some());
+    let has_request = crate::pod::all_containers(s)
+        .any(|c| container_quantity(c, false, "cpu").is_some())
+        || crate::pod::pod_level(pod, false, "cpu").is_some();
     let own = limits_of(
         has_request.then_some(cpu_request),
         limit("cpu"),
@@ -981,9 +985,10 @@ fn supplemental_groups(pod: &Pod) -> Vec<i64> {
 
 /// What the container's cgroup limits come from, as a digest recorded on the container: its cpu
 /// part, then its memory part. Equal digests mean equal limits, however the quantities were
-/// written (`1` and `1000m`); the node's quota settings play no part.
-pub fn resources_digest(c: &Container) -> ResourcesDigest {
-    let r = linux_resources(&Pod::default(), c, 0.0, Cfs::default());
+/// written (`1` and `1000m`); the node's quota settings play no part. A limit the container
+/// takes from its pod's own resources counts as its own.
+pub fn resources_digest(pod: &Pod, c: &Container) -> ResourcesDigest {
+    let r = linux_resources(pod, c, 0.0, Cfs::default());
     ResourcesDigest {
         cpu: format!("{}/{}", r.cpu_shares, r.cpu_quota),
         memory: r.memory_limit_in_bytes.to_string(),
@@ -1118,6 +1123,38 @@ fn readonly_paths(sc: Option<&k8s_openapi::api::core::v1::SecurityContext>) -> V
 mod tests {
     use super::*;
     use crate::pod::{StaticOrigin, apply_defaults, decode_manifest, make_static};
+
+    #[test]
+    fn a_container_without_limits_takes_its_pods_own() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+                "containers": [
+                    {"name": "free"},
+                    {"name": "own", "resources": {"limits": {"memory": "16Mi"}}}
+                ]
+            }
+        }))
+        .unwrap();
+        let [free, own] = &spec(&pod).containers[..] else {
+            panic!("two containers");
+        };
+        let r = linux_resources(&pod, free, 0.0, Cfs::default());
+        assert_eq!((r.cpu_quota, r.memory_limit_in_bytes), (50_000, 64 << 20));
+        let r = linux_resources(&pod, own, 0.0, Cfs::default());
+        assert_eq!((r.cpu_quota, r.memory_limit_in_bytes), (50_000, 16 << 20));
+        // The digest follows the pod's limits, so that a pod-level resize resizes the container.
+        let mut bigger = pod.clone();
+        bigger.spec.as_mut().unwrap().resources = serde_json::from_value(
+            serde_json::json!({"limits": {"cpu": "500m", "memory": "96Mi"}}),
+        )
+        .unwrap();
+        assert_ne!(
+            resources_digest(&pod, free),
+            resources_digest(&bigger, free)
+        );
+        assert_eq!(resources_digest(&pod, own), resources_digest(&bigger, own));
+    }
 
     #[test]
     fn recursive_read_only_follows_upstream_rules() {

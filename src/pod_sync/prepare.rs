@@ -71,7 +71,7 @@ impl Syncer {
         self.runtime
             .update_container_resources(&r.id, resources)
             .await?;
-        let digest = convert::resources_digest(want).encode();
+        let digest = convert::resources_digest(pod, want).encode();
         tracing::info!(pod = %full_name(pod), container = %r.name, resources = %digest, "resized container in place");
         self.book(&PodUid::of(pod), |book| {
             book.resized.insert(r.id.clone(), digest.clone())

@@ -30,7 +30,7 @@ pub fn oom_score_adj(pod: &Pod, c: &Container, node_memory: f64) -> i64 {
         "Guaranteed" => -997,
         "BestEffort" => 1000,
         _ => {
-            let request = quantity(c, false, "memory").unwrap_or(0.0);
+            let request = quantity(c, false, "memory").unwrap_or(0.0) + pod_memory_share(pod);
             let score = if node_memory > 0.0 {
                 1000 - (1000.0 * request / node_memory) as i64
             } else {
@@ -39,6 +39,18 @@ pub fn oom_score_adj(pod: &Pod, c: &Container, node_memory: f64) -> i64 {
             score.clamp(3, 999)
         }
     }
+}
+
+/// Each container's share of the memory the pod requests for itself beyond what its containers
+/// request (upstream's remainingPodMemReqPerContainer); none without a pod-level request.
+fn pod_memory_share(pod: &Pod) -> f64 {
+    let s = crate::pod::spec(pod);
+    let Some(own) = crate::pod::pod_level(pod, false, "memory") else {
+        return 0.0;
+    };
+    let count = s.containers.len() + s.init_containers.as_ref().map_or(0, Vec::len);
+    let remaining = own - crate::pod::container_requests(pod).memory;
+    (remaining / count.max(1) as f64).trunc()
 }
 
 /// The value of `resourceFieldRef` `resource` (e.g. `limits.memory`) of container `c`, divided

@@ -74,6 +74,39 @@ fn terminated(c: &Container, runtime: &str) -> ContainerStateTerminated {
     }
 }
 
+/// The resources a container runs with, as upstream reads them back from the runtime: its
+/// spec's, and where it lists limits (or requests) but leaves cpu or memory to its pod's own
+/// limits, those in their place (a cpu request, read from the shares its limit gave it).
+fn running_resources(pod: &Pod, want: &SpecContainer) -> ResourceRequirements {
+    let mut r = want.resources.clone().unwrap_or_default();
+    let own = |limits: bool, key: &str| {
+        crate::pod::container_quantity(want, limits, key).filter(|v| *v > 0.0)
+    };
+    let written = |key: &str, v: f64| {
+        Quantity(if key == "cpu" {
+            format!("{}m", (v * 1000.0).round() as u64)
+        } else {
+            crate::pod::format_quantity(v.round() as u64, true)
+        })
+    };
+    if let Some(limits) = r.limits.as_mut() {
+        for key in ["cpu", "memory"] {
+            if own(true, key).is_none()
+                && let Some(v) = crate::pod::pod_level(pod, true, key)
+            {
+                limits.insert(key.into(), written(key, v));
+            }
+        }
+    }
+    if let Some(requests) = r.requests.as_mut()
+        && own(false, "cpu").is_none()
+        && let Some(v) = own(true, "cpu").or_else(|| crate::pod::pod_level(pod, true, "cpu"))
+    {
+        requests.insert("cpu".into(), written("cpu", v));
+    }
+    r
+}
+
 fn waiting_state(reason: &str, message: &str) -> ApiState {
     ApiState {
         waiting: Some(ContainerStateWaiting {
@@ -114,7 +147,7 @@ fn container_status(
         stop_signal: want.lifecycle.as_ref().and_then(|l| l.stop_signal.clone()),
         // A container the runtime has runs with its spec's resources (resized in place when
         // they change); as upstream, a container not created yet reports none.
-        resources: latest.map(|_| want.resources.clone().unwrap_or_default()),
+        resources: latest.map(|_| running_resources(input.pod, want)),
         allocated_resources: latest.and_then(|_| want.resources.as_ref()?.requests.clone()),
         volume_mounts: latest.map(|_| volume_mounts(want, input.rro_supported)),
         user: latest.and_then(|c| c.user.as_ref()).map(|u| ContainerUser {
@@ -359,7 +392,7 @@ fn resize_conditions(input: &Input<'_>) -> Vec<PodCondition> {
             && crate::pod::all_containers(s)
                 .find(|w| w.name == c.name)
                 .zip(ResourcesDigest::decode(&c.resources))
-                .is_some_and(|(want, have)| resources_digest(want) != have)
+                .is_some_and(|(want, have)| resources_digest(input.pod, want) != have)
     });
     let pending = crate::pod::resize::pending(input.pod);
     let shown = [

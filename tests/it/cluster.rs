@@ -1117,6 +1117,154 @@ spec:
     node.finish().await;
 }
 
+/// The memory limit of the pod cgroup `pod<uid>` on the host, wherever the node's cgroup root
+/// puts it.
+fn pod_cgroup_memory(uid: &str) -> Option<String> {
+    let mut dirs = vec![std::path::PathBuf::from("/sys/fs/cgroup/memory")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if entry.file_name().to_string_lossy() == format!("pod{uid}") {
+                let limit = std::fs::read_to_string(path.join("memory.limit_in_bytes")).ok()?;
+                return Some(limit.trim().to_string());
+            }
+            dirs.push(path);
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_pods_own_resources_bound_it_and_are_resized_in_place() {
+    let cp = ControlPlane::start("podlevel", true).await;
+    let (node, _) = join_serving(&cp, "podlevel", &[]).await;
+    let declared = cp
+        .kubectl(&[
+            "get",
+            "node",
+            &node.name,
+            "-o",
+            "jsonpath={.status.declaredFeatures}",
+        ])
+        .await;
+    assert!(
+        String::from_utf8_lossy(&declared.stdout)
+            .contains("InPlacePodLevelResourcesVerticalScaling"),
+        "{declared:?}"
+    );
+    let pod = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: bounded}}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  resources:
+    requests: {{cpu: 100m, memory: 32Mi}}
+    limits: {{cpu: 200m, memory: 64Mi}}
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: [sh, -c, "trap 'exit 0' TERM; while true; do sleep 1; done"]
+"#
+    );
+    let created = cp
+        .pods("default")
+        .create(&PostParams::default(), &bound_pod(&pod, &node.name))
+        .await
+        .expect("create the pod");
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+    let before = cp
+        .wait_pod("default", "bounded", "Running and Ready", |p| {
+            phase(p) == "Running" && condition(p, "Ready")
+        })
+        .await;
+    let status = before.status.clone().unwrap_or_default();
+    assert_eq!(status.qos_class.as_deref(), Some("Burstable"));
+    let pod_limit = |p: &Pod, r: &str| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|x| x.limits.as_ref())
+            .and_then(|l| l.get(r))
+            .map(|q| q.0.clone())
+    };
+    assert_eq!(pod_limit(&before, "memory").as_deref(), Some("64Mi"));
+    let cgroup = |file: &'static str| {
+        let cp = &cp;
+        async move {
+            let out = cp.kubectl(&["exec", "bounded", "--", "cat", file]).await;
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        }
+    };
+    // The container, which limits nothing itself, takes the pod's limits; so does the pod's
+    // cgroup.
+    let mib = |n: u64| (n * 1024 * 1024).to_string();
+    assert_eq!(
+        cgroup("/sys/fs/cgroup/memory/memory.limit_in_bytes").await,
+        mib(64)
+    );
+    assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await, "20000");
+    assert_eq!(pod_cgroup_memory(&uid), Some(mib(64)));
+    let first = before
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.clone());
+
+    // The pod's memory limit is resized in place: its cgroup and its container's follow, the
+    // container keeps running, and the status shows the new limit.
+    cp.kubectl_ok(&[
+        "patch",
+        "pod",
+        "bounded",
+        "--subresource",
+        "resize",
+        "-p",
+        r#"{"spec":{"resources":{"limits":{"memory":"96Mi"}}}}"#,
+    ])
+    .await;
+    let after = cp
+        .wait_pod(
+            "default",
+            "bounded",
+            "the pod-level resize in the status",
+            |p| {
+                pod_limit(p, "memory").as_deref() == Some("96Mi")
+                    && p.status.as_ref().and_then(|s| s.observed_generation)
+                        == p.metadata.generation
+            },
+        )
+        .await;
+    eventually(
+        "the resize in the container's cgroup",
+        Duration::from_secs(60),
+        || async {
+            (cgroup("/sys/fs/cgroup/memory/memory.limit_in_bytes").await == mib(96)).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(pod_cgroup_memory(&uid), Some(mib(96)));
+    let now = after
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        now.container_id, first,
+        "the resize restarted the container"
+    );
+    assert_eq!(now.restart_count, 0);
+    node.finish().await;
+}
+
 #[tokio::test]
 async fn an_api_pod_pulls_a_private_image_with_its_image_pull_secret() {
     use base64::Engine as _;

@@ -378,6 +378,18 @@ spec:
             ),
         ),
         (
+            "pod-level",
+            2,
+            pod(
+                "pod-level",
+                &format!(
+                    "  resources: {{requests: {{cpu: 100m}}, limits: {{cpu: 300m, memory: 96Mi}}}}\n  containers:\n{}{}",
+                    c("a", "    resources: {limits: {memory: 32Mi}}\n"),
+                    c("b", "")
+                ),
+            ),
+        ),
+        (
             "security",
             2,
             pod(
