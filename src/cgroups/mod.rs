@@ -555,6 +555,19 @@ impl Manager {
         set(limit.max(usage))
     }
 
+    /// The memory limit last given to the pod's cgroup (`Some(None)`: none); `None` when not
+    /// known (the agent has not set the pod's limits since it started).
+    pub fn pod_memory_limit(&self, pod: &Pod) -> Option<Option<i64>> {
+        let path = self.pod_path(pod)?;
+        self.applied().get(&path).map(|l| l.memory)
+    }
+
+    /// The memory the pod's cgroup uses (bytes, page cache included), when it can be read.
+    pub fn pod_memory_usage(&self, pod: &Pod) -> Option<u64> {
+        let mount = self.memory.as_ref()?;
+        usage::usage(&mount.point.join(self.pod_path(pod)?), mount.v2)
+    }
+
     /// The pod cgroup's memory working set (bytes), when its cgroup can be read.
     pub fn pod_memory_working_set(&self, pod: &Pod) -> Option<u64> {
         let mount = self.memory.as_ref()?;

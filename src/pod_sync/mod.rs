@@ -69,6 +69,8 @@ pub enum Error {
     PostStart { container: String, message: String },
     #[error("cannot create the pod sandbox: {0}")]
     Sandbox(String),
+    #[error("{0}")]
+    Resize(String),
     #[error("cannot prepare {}", .path.display())]
     Io {
         path: PathBuf,
@@ -189,6 +191,8 @@ struct Book {
     terminating_since: Option<tokio::time::Instant>,
     /// Containers resized in place since they were created, by ID: their resources digest now.
     resized: HashMap<String, String>,
+    /// Why the last in-place resize could not be made (cleared once one is).
+    resize_error: Option<String>,
 }
 
 /// Sandbox starts, and container starts, the runtime is asked for at once, per CPU. Its start
@@ -292,7 +296,6 @@ impl Syncer {
         let objects = self.objects.view(pod);
         let volumes = self.mount_volumes(pod, &objects)?;
         self.resize_all(pod, &plan.resize, &mut rt).await?;
-        self.cgroups.ensure_pod(pod)?;
         let Some(sandbox) = self.ensure_sandbox(pod, &plan, &rt, &objects).await? else {
             return self.update_status(pod, &rt).await.map(|()| None);
         };

@@ -41,25 +41,97 @@ impl Syncer {
         Ok(mounted)
     }
 
-    /// Resizes the containers the plan resizes in place, after widening the pod's cgroup; `rt`
-    /// then shows their new resources (the status this sync records shows them in place).
+    /// Resizes the containers the plan resizes in place, after widening the pod's cgroup, then
+    /// gives the pod's cgroup its limits (made, for a new pod); `rt` then shows the containers'
+    /// new resources (the status this sync records shows them in place). A memory limit that
+    /// would fall below what the pod or the container uses now is not set: the resize fails,
+    /// and the status says why (PodResizeInProgress, Error), as upstream.
     pub(super) async fn resize_all(
         &self,
         pod: &Pod,
         resizes: &[actions::Resize],
         rt: &mut PodRuntime,
     ) -> Result<(), Error> {
-        if resizes.is_empty() {
-            return Ok(());
+        let uid = PodUid::of(pod);
+        let outcome = self.check_memory_decreases(pod, resizes, rt).await;
+        let error = outcome.as_ref().err().map(|e| crate::types::error_chain(e));
+        self.book(&uid, |book| book.resize_error.clone_from(&error));
+        outcome?;
+        if !resizes.is_empty() {
+            self.cgroups.widen_pod(pod)?;
         }
-        self.cgroups.widen_pod(pod)?;
         for r in resizes {
             let digest = self.resize(pod, r).await?;
             if let Some(c) = rt.containers.iter_mut().find(|c| c.id == r.id) {
                 c.resources = digest;
             }
         }
+        self.cgroups.ensure_pod(pod)?;
         Ok(())
+    }
+
+    /// Upstream's check before memory limits decrease: the pod's new limit above what its
+    /// cgroup uses, and each resized container's above what it uses.
+    async fn check_memory_decreases(
+        &self,
+        pod: &Pod,
+        resizes: &[actions::Resize],
+        rt: &PodRuntime,
+    ) -> Result<(), Error> {
+        let mut problems = Vec::new();
+        let pod_limit = crate::cgroups::pod_limits(pod, self.ctx.cfs).memory;
+        let applied = self.cgroups.pod_memory_limit(pod);
+        if let (Some(limit), Some(applied)) = (pod_limit, applied)
+            && applied.is_none_or(|old| limit < old)
+            && let Some(usage) = self.cgroups.pod_memory_usage(pod)
+            && usage >= limit.unsigned_abs()
+        {
+            problems.push(format!(
+                "attempting to set pod memory limit ({limit}) below current usage ({usage})"
+            ));
+        }
+        let mut decreasing = Vec::new();
+        for r in resizes {
+            let Some(want) = crate::pod::all_containers(spec(pod)).find(|c| c.name == r.name)
+            else {
+                continue;
+            };
+            let limit =
+                convert::linux_resources(pod, want, 0.0, self.ctx.cfs).memory_limit_in_bytes;
+            let old = rt
+                .containers
+                .iter()
+                .find(|c| c.id == r.id)
+                .and_then(|c| convert::ResourcesDigest::decode(&c.resources))
+                .and_then(|d| d.memory.parse::<i64>().ok())
+                .unwrap_or(0);
+            if limit > 0 && (old == 0 || limit < old) {
+                decreasing.push((r, limit));
+            }
+        }
+        if !decreasing.is_empty() {
+            let stats = self.runtime.container_stats().await?;
+            for (r, limit) in decreasing {
+                let usage = stats
+                    .iter()
+                    .find(|s| s.attributes.as_ref().is_some_and(|a| a.id == r.id))
+                    .and_then(|s| s.memory.as_ref()?.usage_bytes.as_ref())
+                    .map(|u| u.value);
+                if let Some(usage) = usage.filter(|u| *u >= limit.unsigned_abs()) {
+                    problems.push(format!(
+                        "attempting to set container {:?} memory limit ({limit}) below current usage ({usage})",
+                        r.name
+                    ));
+                }
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Resize(format!(
+            "cannot decrease memory limits: {}",
+            problems.join(", ")
+        )))
     }
 
     /// Resizes a container in place; returns its new resources digest.

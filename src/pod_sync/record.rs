@@ -48,12 +48,13 @@ impl Syncer {
             }
         }
         let pod_ips = self.pod_ips(pod, &rt).await?;
-        let waiting = {
+        let (waiting, resize_error) = {
             let books = self.books.lock().unwrap_or_else(|e| e.into_inner());
-            books
-                .get(&uid)
-                .map(|b| b.waiting.clone())
-                .unwrap_or_default()
+            let book = books.get(&uid);
+            (
+                book.map(|b| b.waiting.clone()).unwrap_or_default(),
+                book.and_then(|b| b.resize_error.clone()),
+            )
         };
         let host_network = spec(pod).host_network.unwrap_or(false);
         let probe_host = match pod_ips.first() {
@@ -69,6 +70,7 @@ impl Syncer {
             pod_ips,
             host_ip: &self.ctx.host_ip,
             waiting: &waiting,
+            resize_error: resize_error.as_deref(),
             probes: &self.probe_states(pod, &rt),
             old,
             now: crate::types::now(),

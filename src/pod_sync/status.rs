@@ -40,6 +40,8 @@ pub struct Input<'a> {
     pub host_ip: &'a str,
     /// Per container name: why the last sync could not start it.
     pub waiting: &'a HashMap<String, Waiting>,
+    /// Why the pod's last in-place resize could not be made.
+    pub resize_error: Option<&'a str>,
     /// Per container ID: probe results.
     pub probes: &'a HashMap<String, ProbeState>,
     pub old: Option<&'a PodStatus>,
@@ -384,7 +386,8 @@ fn unready_gates(pod: &Pod) -> Vec<String> {
 
 /// The in-place resize conditions, present only while true: PodResizePending while the spec's
 /// resources wait for room (Deferred), PodResizeInProgress while a running container has other
-/// resources than the ones allocated to it.
+/// resources than the ones allocated to it, or with reason Error while the resize cannot be
+/// made.
 fn resize_conditions(input: &Input<'_>) -> Vec<PodCondition> {
     let s = spec(input.pod);
     let in_progress = input.rt.containers.iter().any(|c| {
@@ -395,9 +398,13 @@ fn resize_conditions(input: &Input<'_>) -> Vec<PodCondition> {
                 .is_some_and(|(want, have)| resources_digest(input.pod, want) != have)
     });
     let pending = crate::pod::resize::pending(input.pod);
+    let progress = match input.resize_error {
+        Some(error) => Some(("Error", error)),
+        None => in_progress.then_some(("", "")),
+    };
     let shown = [
         ("PodResizePending", pending.map(|m| ("Deferred", m))),
-        ("PodResizeInProgress", in_progress.then_some(("", ""))),
+        ("PodResizeInProgress", progress),
     ];
     shown
         .into_iter()
@@ -932,6 +939,7 @@ mod tests {
             pod_ips: vec!["10.0.0.5".into()],
             host_ip: "192.0.2.1",
             waiting,
+            resize_error: None,
             probes,
             old,
             now: Timestamp::from_second(1_000).unwrap(),

@@ -1262,6 +1262,46 @@ spec:
         "the resize restarted the container"
     );
     assert_eq!(now.restart_count, 0);
+
+    // A memory limit below what the pod uses is not set: the resize stays in progress, with
+    // upstream's reason and message, and the pod keeps its limit.
+    cp.kubectl_ok(&[
+        "patch",
+        "pod",
+        "bounded",
+        "--subresource",
+        "resize",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"memory":"10Ki"},"limits":{"memory":"10Ki"}}}}"#,
+    ])
+    .await;
+    let in_progress = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "PodResizeInProgress")
+                    .cloned()
+            })
+    };
+    let refused = cp
+        .wait_pod("default", "bounded", "the resize refused", |p| {
+            in_progress(p).is_some_and(|c| c.reason.as_deref() == Some("Error"))
+        })
+        .await;
+    let message = in_progress(&refused)
+        .and_then(|c| c.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("attempting to set pod memory limit (10240) below current usage"),
+        "{message}"
+    );
+    assert_eq!(pod_cgroup_memory(&uid), Some(mib(96)));
+    assert_eq!(
+        cgroup("/sys/fs/cgroup/memory/memory.limit_in_bytes").await,
+        mib(96)
+    );
     node.finish().await;
 }
 
