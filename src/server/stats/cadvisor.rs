@@ -211,32 +211,23 @@ impl Watched {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let mut cgroups = Vec::new();
         for (path, pressure) in paths.iter().zip(pressures) {
-            let leaf = container_id(path.rsplit('/').next().unwrap_or_default());
-            let container = self.containers.get(leaf);
-            let mut labels = match (container, pod_uid(leaf).and_then(|u| self.pods.get(&u))) {
-                (Some((labels, _)), _) => labels.clone(),
-                (None, Some((pod, namespace))) => Labels {
-                    pod: pod.clone(),
-                    namespace: namespace.clone(),
-                    ..Labels::default()
-                },
-                (None, None) => Labels::default(),
-            };
+            let name = path.rsplit('/').next().unwrap_or_default();
+            let (mut labels, container) = self.labels(name);
             labels.id = path.clone();
             let Some(stats) = reader.read(path, container.is_some()) else {
                 continue;
             };
             let network = match container {
-                Some((_, true)) => stats.first_process.and_then(network::pod_interfaces),
+                Some(true) => stats.first_process.and_then(network::pod_interfaces),
                 None if path == "/" => std::fs::read_to_string("/proc/net/dev")
                     .ok()
                     .map(|t| network::parse_net_dev(&t)),
                 _ => None,
             };
             let filesystems = match container {
-                Some((_, false)) => self
+                Some(false) => self
                     .layers
-                    .get(leaf)
+                    .get(container_id(name))
                     .map(|(mountpoint, used)| Filesystem {
                         device: mount_source(&mountinfo, mountpoint),
                         used: *used,
@@ -259,6 +250,21 @@ impl Watched {
             });
         }
         cgroups
+    }
+
+    /// The labels of the cgroup named `name` (its last path component), and for a container's
+    /// or sandbox's, whether it is a sandbox.
+    fn labels(&self, name: &str) -> (Labels, Option<bool>) {
+        if let Some((labels, sandbox)) = self.containers.get(container_id(name)) {
+            return (labels.clone(), Some(*sandbox));
+        }
+        let pod = pod_uid(name).and_then(|uid| self.pods.get(&uid));
+        let labels = pod.map_or_else(Labels::default, |(pod, namespace)| Labels {
+            pod: pod.clone(),
+            namespace: namespace.clone(),
+            ..Labels::default()
+        });
+        (labels, None)
     }
 }
 
@@ -1177,6 +1183,38 @@ mod tests {
         assert!(failed.contains("\nmachine_scrape_error 1\n"), "{failed}");
         assert!(!failed.contains("machine_cpu_cores"), "{failed}");
         assert!(!failed.contains("# TYPE container_memory"), "{failed}");
+    }
+
+    #[test]
+    fn cgroups_are_labelled_from_the_runtimes_pods_and_containers() {
+        let watched = Watched {
+            pods: HashMap::from([(
+                "1a2b-3c4d".to_string(),
+                ("web".to_string(), "default".to_string()),
+            )]),
+            containers: HashMap::from([(
+                "0123abcd".to_string(),
+                (
+                    Labels {
+                        name: "0123abcd".into(),
+                        container: "app".into(),
+                        ..Labels::default()
+                    },
+                    false,
+                ),
+            )]),
+            ..Watched::default()
+        };
+        let (labels, container) = watched.labels("pod1a2b-3c4d");
+        assert_eq!(
+            (labels.pod.as_str(), labels.namespace.as_str(), container),
+            ("web", "default", None)
+        );
+        let (labels, container) = watched.labels("kubepods-besteffort-pod1a2b_3c4d.slice");
+        assert_eq!((labels.pod.as_str(), container), ("web", None));
+        let (labels, container) = watched.labels("cri-containerd-0123abcd.scope");
+        assert_eq!((labels.container.as_str(), container), ("app", Some(false)));
+        assert_eq!(watched.labels("burstable"), (Labels::default(), None));
     }
 
     #[test]
