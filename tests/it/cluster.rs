@@ -966,32 +966,18 @@ spec:
         .await;
     let first = status_of(&before)[0].clone();
     let limit = |s: &k8s_openapi::api::core::v1::ContainerStatus, r: &str| {
-        s.resources
-            .as_ref()
-            .and_then(|x| x.limits.as_ref())
-            .and_then(|l| l.get(r))
-            .map(|q| q.0.clone())
+        limit_of(s.resources.as_ref(), r)
     };
     assert_eq!(limit(&first, "cpu").as_deref(), Some("200m"));
-    let cgroup = |file: &'static str| {
-        let cp = &cp;
-        async move {
-            let out = cp.kubectl(&["exec", "resized", "--", "cat", file]).await;
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        }
-    };
+    let cgroup = |file: &'static str| cat_in(&cp, "resized", file);
     assert_eq!(cgroup("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").await, "20000");
 
     // memory changes in place: the same container sees its new limit, and the status follows.
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
+    resize(
+        &cp,
         "resized",
-        "--subresource",
-        "resize",
-        "-p",
         r#"{"spec":{"containers":[{"name":"c","resources":{"limits":{"memory":"96Mi"}}}]}}"#,
-    ])
+    )
     .await;
     eventually(
         "the memory resize in the container's cgroup",
@@ -1031,11 +1017,7 @@ spec:
     );
 
     // cpu's resize policy restarts the container, with upstream's shares for 150m.
-    cp.kubectl_ok(&[
-        "patch", "pod", "resized", "--subresource", "resize", "-p",
-        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m"}}}]}}"#,
-    ])
-    .await;
+    resize(&cp, "resized", r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m"}}}]}}"#).await;
     let restarted = cp
         .wait_pod(
             "default",
@@ -1070,11 +1052,7 @@ spec:
         .expect("create the hog");
     cp.wait_pod("default", "hog", "Running", |p| phase(p) == "Running")
         .await;
-    cp.kubectl_ok(&[
-        "patch", "pod", "resized", "--subresource", "resize", "-p",
-        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"1"},"limits":{"cpu":"1"}}}]}}"#,
-    ])
-    .await;
+    resize(&cp, "resized", r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"1"},"limits":{"cpu":"1"}}}]}}"#).await;
     let resize_condition = |p: &Pod, kind: &str| {
         p.status
             .as_ref()
@@ -1115,6 +1093,28 @@ spec:
     })
     .await;
     node.finish().await;
+}
+
+/// The limit of `resource` in `r`, as written.
+fn limit_of(
+    r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
+    resource: &str,
+) -> Option<String> {
+    r.and_then(|x| x.limits.as_ref())
+        .and_then(|l| l.get(resource))
+        .map(|q| q.0.clone())
+}
+
+/// Resizes the default namespace's pod `pod` with the patch `patch` (the `resize` subresource).
+async fn resize(cp: &ControlPlane, pod: &str, patch: &str) {
+    cp.kubectl_ok(&["patch", "pod", pod, "--subresource", "resize", "-p", patch])
+        .await;
+}
+
+/// What `file` holds, read in the default namespace's pod `pod`.
+async fn cat_in(cp: &ControlPlane, pod: &str, file: &str) -> String {
+    let out = cp.kubectl(&["exec", pod, "--", "cat", file]).await;
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// The memory limit of the pod cgroup `pod<uid>` on the host, wherever the node's cgroup root
@@ -1185,22 +1185,10 @@ spec:
         .await;
     let status = before.status.clone().unwrap_or_default();
     assert_eq!(status.qos_class.as_deref(), Some("Burstable"));
-    let pod_limit = |p: &Pod, r: &str| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.resources.as_ref())
-            .and_then(|x| x.limits.as_ref())
-            .and_then(|l| l.get(r))
-            .map(|q| q.0.clone())
-    };
+    let pod_limit =
+        |p: &Pod, r: &str| limit_of(p.status.as_ref().and_then(|s| s.resources.as_ref()), r);
     assert_eq!(pod_limit(&before, "memory").as_deref(), Some("64Mi"));
-    let cgroup = |file: &'static str| {
-        let cp = &cp;
-        async move {
-            let out = cp.kubectl(&["exec", "bounded", "--", "cat", file]).await;
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        }
-    };
+    let cgroup = |file: &'static str| cat_in(&cp, "bounded", file);
     // The container, which limits nothing itself, takes the pod's limits; so does the pod's
     // cgroup.
     let mib = |n: u64| (n * 1024 * 1024).to_string();
@@ -1219,15 +1207,11 @@ spec:
 
     // The pod's memory limit is resized in place: its cgroup and its container's follow, the
     // container keeps running, and the status shows the new limit.
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
+    resize(
+        &cp,
         "bounded",
-        "--subresource",
-        "resize",
-        "-p",
         r#"{"spec":{"resources":{"limits":{"memory":"96Mi"}}}}"#,
-    ])
+    )
     .await;
     let after = cp
         .wait_pod(
@@ -1265,15 +1249,11 @@ spec:
 
     // A memory limit below what the pod uses is not set: the resize stays in progress, with
     // upstream's reason and message, and the pod keeps its limit.
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
+    resize(
+        &cp,
         "bounded",
-        "--subresource",
-        "resize",
-        "-p",
         r#"{"spec":{"resources":{"requests":{"memory":"10Ki"},"limits":{"memory":"10Ki"}}}}"#,
-    ])
+    )
     .await;
     let in_progress = |p: &Pod| {
         p.status
