@@ -74,8 +74,16 @@ pub fn apply_defaults(pod: &mut Pod) {
 /// A pod that limits its own resources requests them too (upstream's defaultPodRequests): cpu
 /// and memory what its containers request together where any requests them, else its limit.
 fn default_pod_requests(pod: &mut Pod) {
-    let summed = super::qos::container_requests(pod);
     let s = super::spec(pod);
+    let limited = s
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|l| !l.is_empty());
+    if !limited {
+        return;
+    }
+    let summed = super::qos::container_requests(pod);
     let requested = |key: &str| {
         super::all_containers(s).any(|c| super::container_quantity(c, false, key).is_some())
     };
@@ -92,9 +100,7 @@ fn default_pod_requests(pod: &mut Pod) {
     let Some(r) = pod.spec.as_mut().and_then(|s| s.resources.as_mut()) else {
         return;
     };
-    let Some(limits) = r.limits.clone().filter(|l| !l.is_empty()) else {
-        return;
-    };
+    let limits = r.limits.clone().unwrap_or_default();
     let requests = r.requests.get_or_insert_with(Default::default);
     for (key, quantity) in from_containers {
         requests

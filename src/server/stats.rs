@@ -387,8 +387,10 @@ pub async fn cadvisor_metrics(source: &Source) -> String {
         };
         watched.containers.insert(s.id.clone(), (labels, true));
     }
+    let by_id: std::collections::HashMap<&str, &crate::runtime::Sandbox> =
+        sandboxes.iter().map(|s| (s.id.as_str(), s)).collect();
     for c in &containers {
-        let pod = sandboxes.iter().find(|s| s.id == c.sandbox_id);
+        let pod = by_id.get(c.sandbox_id.as_str());
         let labels = cadvisor::Labels {
             name: c.id.clone(),
             image: if c.user_image.is_empty() {
