@@ -120,6 +120,8 @@ pub struct Reader {
     memory: Option<PathBuf>,
     blkio: Option<PathBuf>,
     pids: Option<PathBuf>,
+    /// Block device names by (major, minor), looked up once per reader.
+    devices: std::cell::RefCell<HashMap<(u64, u64), String>>,
 }
 
 impl Reader {
@@ -138,6 +140,7 @@ impl Reader {
             memory: point("memory"),
             blkio: io.map(|m| m.point),
             pids: point("pids"),
+            devices: Default::default(),
         }
     }
 
@@ -356,7 +359,12 @@ impl Reader {
                     devices.push(DeviceIo {
                         major,
                         minor,
-                        device: device_name(major, minor),
+                        device: self
+                            .devices
+                            .borrow_mut()
+                            .entry((major, minor))
+                            .or_insert_with(|| device_name(major, minor))
+                            .clone(),
                         ..DeviceIo::default()
                     });
                     devices.len() - 1

@@ -108,7 +108,7 @@ fn default_pod_requests(pod: &mut Pod) {
             .or_insert(Quantity(quantity));
     }
     for (key, limit) in limits {
-        if super::qos::pod_level_resource(&key) {
+        if super::pod_level_resource(&key) {
             requests.entry(key).or_insert(limit);
         }
     }

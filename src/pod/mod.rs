@@ -18,7 +18,7 @@ pub use hash::changed as container_changed;
 pub use hash::{container_digest, container_hash};
 pub use qos::{
     Requests, SYSTEM_CRITICAL_PRIORITY, container_requests, is_critical, overhead, pod_level,
-    priority, qos_class, requests,
+    pod_level_resource, priority, qos_class, requests,
 };
 pub use quantity::{container_quantity, format_quantity, parse_quantity};
 pub use signal::{cri_signal, signal_number};

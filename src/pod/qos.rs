@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::{all_containers, container_quantity, spec};
 
 /// The resources a pod may set for itself, as upstream's IsSupportedPodLevelResource.
-pub(super) fn pod_level_resource(name: &str) -> bool {
+pub fn pod_level_resource(name: &str) -> bool {
     name == "cpu" || name == "memory" || name.starts_with("hugepages-")
 }
 

@@ -716,10 +716,7 @@ fn pod_resources(pod: &Pod, limits: bool) -> Option<BTreeMap<String, Quantity>> 
         }
     }
     let pod_level: BTreeMap<&String, &Quantity> = quantities(s.resources.as_ref(), limits)
-        // the resources a pod may set for itself (upstream's IsSupportedPodLevelResource)
-        .filter(|(name, _)| {
-            ["cpu", "memory"].contains(&name.as_str()) || name.starts_with("hugepages-")
-        })
+        .filter(|(name, _)| crate::pod::pod_level_resource(name))
         .collect();
     let overhead = s.overhead.iter().flatten();
     for (name, q) in pod_level.iter().map(|(n, q)| (*n, *q)).chain(overhead) {

@@ -136,27 +136,45 @@ pub(crate) struct Filesystem {
     pub(crate) disk: Option<[u64; 11]>,
 }
 
-/// The host's block-device file systems (each device once) from a /proc/self/mountinfo text,
-/// with their sizes and the devices' /proc/diskstats counters.
-fn host_filesystems(mountinfo: &str, diskstats: &str) -> Vec<Filesystem> {
-    let mut seen = HashSet::new();
+/// One line of /proc/self/mountinfo: the device number (`major:minor`), the mount point and
+/// the source.
+struct MountEntry<'a> {
+    devno: &'a str,
+    point: &'a str,
+    source: &'a str,
+}
+
+/// The mounts of a /proc/self/mountinfo text.
+fn mount_entries(mountinfo: &str) -> Vec<MountEntry<'_>> {
     mountinfo
         .lines()
         .filter_map(|line| {
             let (before, after) = line.split_once(" - ")?;
             let mut fields = before.split(' ');
-            let (devno, point) = (fields.nth(2)?, fields.nth(1)?);
-            let source = after.split(' ').nth(1)?;
-            if !source.starts_with("/dev/") || !seen.insert(source) {
-                return None;
-            }
-            let st = crate::host::fs_stats(point)?;
+            Some(MountEntry {
+                devno: fields.nth(2)?,
+                point: fields.nth(1)?,
+                source: after.split(' ').nth(1)?,
+            })
+        })
+        .collect()
+}
+
+/// The host's block-device file systems among `mounts` (each device once), with their sizes
+/// and the devices' /proc/diskstats counters.
+fn host_filesystems(mounts: &[MountEntry<'_>], diskstats: &str) -> Vec<Filesystem> {
+    let mut seen = HashSet::new();
+    mounts
+        .iter()
+        .filter(|m| m.source.starts_with("/dev/") && seen.insert(m.source))
+        .filter_map(|m| {
+            let st = crate::host::fs_stats(m.point)?;
             Some(Filesystem {
-                device: source.to_string(),
+                device: m.source.to_string(),
                 used: st.capacity.saturating_sub(st.free),
                 limit: Some(st.capacity),
                 inodes: Some((st.inodes, st.inodes_free)),
-                disk: disk_counters(diskstats, devno),
+                disk: disk_counters(diskstats, m.devno),
             })
         })
         .collect()
@@ -209,6 +227,9 @@ impl Watched {
         let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
         let pressures = crate::cgroups::pressure::of(&refs);
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mounts = mount_entries(&mountinfo);
+        // The writable layers' devices, by mount point (the containers share a few).
+        let mut layer_devices: HashMap<&str, String> = HashMap::new();
         let mut cgroups = Vec::new();
         for (path, pressure) in paths.iter().zip(pressures) {
             let name = path.rsplit('/').next().unwrap_or_default();
@@ -229,14 +250,17 @@ impl Watched {
                     .layers
                     .get(container_id(name))
                     .map(|(mountpoint, used)| Filesystem {
-                        device: mount_source(&mountinfo, mountpoint),
+                        device: layer_devices
+                            .entry(mountpoint.as_str())
+                            .or_insert_with(|| mount_source(&mounts, mountpoint))
+                            .clone(),
                         used: *used,
                         ..Filesystem::default()
                     })
                     .into_iter()
                     .collect(),
                 None if path == "/" => host_filesystems(
-                    &mountinfo,
+                    &mounts,
                     &std::fs::read_to_string("/proc/diskstats").unwrap_or_default(),
                 ),
                 _ => Vec::new(),
@@ -285,24 +309,18 @@ fn pod_uid(leaf: &str) -> Option<String> {
     Some(uid.replace('_', "-"))
 }
 
-/// The source (the device) of the mount holding `path`, from a /proc/self/mountinfo text;
-/// empty when none does.
-fn mount_source(mountinfo: &str, path: &str) -> String {
+/// The source (the device) of the mount among `mounts` holding `path`; empty when none does.
+fn mount_source(mounts: &[MountEntry<'_>], path: &str) -> String {
     let within = |point: &str| {
         point == "/"
             || path == point
             || path.strip_prefix(point).is_some_and(|r| r.starts_with('/'))
     };
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (before, after) = line.split_once(" - ")?;
-            let point = before.split(' ').nth(4)?;
-            let source = after.split(' ').nth(1)?;
-            within(point).then_some((point.len(), source))
-        })
-        .max_by_key(|(len, _)| *len)
-        .map_or_else(String::new, |(_, source)| source.to_string())
+    mounts
+        .iter()
+        .filter(|m| within(m.point))
+        .max_by_key(|m| m.point.len())
+        .map_or_else(String::new, |m| m.source.to_string())
 }
 
 /// Extra labels and a value.
@@ -1237,13 +1255,14 @@ mod tests {
 30 22 0:40 / /var/lib/containerd rw,relatime - xfs /dev/sdb rw
 31 22 0:41 / /var/lib/containerd2 rw,relatime - xfs /dev/sdc rw
 ";
+        let mounts = mount_entries(info);
         assert_eq!(
-            mount_source(info, "/var/lib/containerd/snapshots"),
+            mount_source(&mounts, "/var/lib/containerd/snapshots"),
             "/dev/sdb"
         );
-        assert_eq!(mount_source(info, "/var/lib/containerd"), "/dev/sdb");
-        assert_eq!(mount_source(info, "/var/lib/other"), "/dev/sda1");
-        assert_eq!(mount_source("", "/x"), "");
+        assert_eq!(mount_source(&mounts, "/var/lib/containerd"), "/dev/sdb");
+        assert_eq!(mount_source(&mounts, "/var/lib/other"), "/dev/sda1");
+        assert_eq!(mount_source(&[], "/x"), "");
     }
 
     #[test]
