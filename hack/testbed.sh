@@ -39,6 +39,7 @@ LOG=$TB/containerd.log
 DIRTY=$TB/dirty                      # exists from `up` until a complete `down`
 GENERATION_FILE=$TB/containerd-generation # the generation of the running test bed
 STATE=$TB/state                      # like /run/containerd: wiped by `down`
+CDI_DIR=$STATE/cdi                   # DRA drivers' CDI specs (like /var/run/cdi)
 RUNC_ROOT=$TB/runc                   # runc state of CRI containers
 RUNC_V1_ROOT=$TB/runc-v1
 RUNC_ALT_ROOT=$TB/runc-alt           # runc state of the second runtime handler's containers
@@ -227,6 +228,8 @@ write_config_v3() { # path [extra disabled plugin]
   enable_selinux = false
   disable_apparmor = true
   restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["$CDI_DIR"]
 
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
@@ -343,7 +346,7 @@ EOF
 
 start_containerd() { # config
     local cfg=$1 pid n
-    mkdir -p "$ROOT" "$STATE" "$RUNC_ROOT" "$RUNC_ALT_ROOT" "$OPT" "$CERTS_DIR"
+    mkdir -p "$ROOT" "$STATE" "$CDI_DIR" "$RUNC_ROOT" "$RUNC_ALT_ROOT" "$OPT" "$CERTS_DIR"
     rm -f "$SOCK" "$TTRPC_SOCK"
     if [[ -f $LOG ]] && (( $(stat -c %s "$LOG") > 20 * 1024 * 1024 )); then mv -f "$LOG" "$LOG.1"; fi
     # fd 9 is our lock: containerd must not inherit it
@@ -515,6 +518,7 @@ cmd_env() {
     echo "NODELET_TEST_NODE_IP=$GATEWAY"
     echo "NODELET_TEST_ALT_HANDLER=$ALT_HANDLER"
     echo "NODELET_TEST_ALT_RUNC_ROOT=$RUNC_ALT_ROOT"
+    echo "NODELET_TEST_CDI_DIR=$CDI_DIR"
     select_generation "$(recorded_generation)"
     echo "NODELET_TEST_CONTAINERD=$GENERATION"
     echo "NODELET_TEST_CTR=$CTR"

@@ -120,6 +120,26 @@ const STORAGE_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
 ];
 
+/// Upper bounds (seconds) of upstream's DRA histograms: 15 exponential buckets from 0.1 to 40,
+/// as Go computes them.
+const DRA_BUCKETS: &[f64] = &[
+    0.1,
+    0.1534127404634391,
+    0.23535468936502524,
+    0.36106407876409946,
+    0.5539182980610752,
+    0.849781240983936,
+    1.303672689737678,
+    1.9999999999999993,
+    3.0682548092687805,
+    4.7070937873005025,
+    7.221281575281985,
+    11.078365961221499,
+    16.995624819678714,
+    26.07345379475354,
+    39.99999999999997,
+];
+
 /// The labels of the kubelet's HTTP server metrics.
 const HTTP_LABELS: &[&str] = &["method", "path", "server_type", "long_running"];
 
@@ -336,6 +356,9 @@ pub struct Metrics {
     pull_intents_in_memory: Family,
     pulled_records_in_memory: Family,
     mustpull_checks: Family,
+    dra_operations: Histogram,
+    dra_grpc: Histogram,
+    dra_claims_in_use: Family,
 }
 
 /// When the node first tried to register, first registered as a new Node and was first
@@ -918,6 +941,24 @@ pub fn get() -> &'static Metrics {
             "counter",
             &["result"],
         ),
+        dra_operations: Histogram::with_buckets(
+            "dra_operations_duration_seconds",
+            "Latency histogram in seconds for the duration of handling all ResourceClaims referenced by a pod when the pod starts or stops. Identified by the name of the operation (PrepareResources or UnprepareResources) and separated by the success of the operation. The number of failed operations is provided through the histogram's overall count.",
+            &["operation_name", "is_error"],
+            DRA_BUCKETS,
+        ),
+        dra_grpc: Histogram::with_buckets(
+            "dra_grpc_operations_duration_seconds",
+            "Duration in seconds of the DRA gRPC operations",
+            &["driver_name", "method_name", "grpc_status_code"],
+            DRA_BUCKETS,
+        ),
+        dra_claims_in_use: Family::new(
+            "dra_resource_claims_in_use",
+            "The number of ResourceClaims that are currently in use on the node, by driver name (driver_name label value) and across all drivers (special value <any> for driver_name). Note that the sum of all by-driver counts is not the total number of in-use ResourceClaims because the same ResourceClaim might use devices from different drivers. Instead, use the count for the <any> driver_name.",
+            "gauge",
+            &["driver_name"],
+        ),
     })
 }
 
@@ -1169,6 +1210,25 @@ impl Metrics {
         }
     }
 
+    /// A pod's resource claims were prepared or unprepared (`operation`), or could not be.
+    pub fn dra_operation(&self, operation: &str, took: Duration, failed: bool) {
+        let failed = if failed { "true" } else { "false" };
+        self.dra_operations
+            .observe(&[operation, failed], took.as_secs_f64());
+    }
+
+    /// A DRA driver answered `method` (its full gRPC path) with `code`.
+    pub fn dra_grpc(&self, driver: &str, method: &str, code: &str, took: Duration) {
+        self.dra_grpc
+            .observe(&[driver, method, code], took.as_secs_f64());
+    }
+
+    /// The resource claims prepared on the node, by driver and in all (`<any>`).
+    pub fn dra_claims_in_use(&self, counts: &BTreeMap<String, usize>) {
+        let series = counts.iter().map(|(d, n)| (vec![d.clone()], *n as f64));
+        self.dra_claims_in_use.replace(series.collect());
+    }
+
     /// The static CPU manager's pools: the CPUs shared by every container without exclusive
     /// ones, and the exclusive ones in all and by NUMA node.
     pub fn cpu_pools(&self, shared: usize, exclusive_by_node: &BTreeMap<u32, usize>) {
@@ -1401,7 +1461,7 @@ impl Metrics {
     }
 
     /// Every histogram, in the order they are rendered.
-    fn histograms(&self) -> [&Histogram; 18] {
+    fn histograms(&self) -> [&Histogram; 20] {
         [
             &self.runtime_duration,
             &self.pleg_relist_duration,
@@ -1421,6 +1481,8 @@ impl Metrics {
             &self.volume_operation_total,
             &self.pod_start_sli,
             &self.pod_start_total,
+            &self.dra_operations,
+            &self.dra_grpc,
         ]
     }
 
@@ -1497,6 +1559,7 @@ impl Metrics {
             &self.pull_intents_in_memory,
             &self.pulled_records_in_memory,
             &self.mustpull_checks,
+            &self.dra_claims_in_use,
         ] {
             f.render(&mut out);
         }

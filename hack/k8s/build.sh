@@ -34,7 +34,8 @@ e2e_test_pkg=k8s.io/kubernetes/test/e2e
 e2e_node_pkg=k8s.io/kubernetes/test/e2e_node
 e2e_tools=(ginkgo=github.com/onsi/ginkgo/v2/ginkgo agnhost=k8s.io/kubernetes/test/images/agnhost
     nnp=k8s.io/kubernetes/test/images/nonewprivs
-    sample-device-plugin=k8s.io/kubernetes/test/images/sample-device-plugin)
+    sample-device-plugin=k8s.io/kubernetes/test/images/sample-device-plugin
+    dra-test-driver=k8s.io/kubernetes/test/e2e/dra/test-driver)
 
 log() { echo "k8s: $*" >&2; }
 

@@ -188,6 +188,11 @@ pub async fn start(config: Config, cancel: CancellationToken) -> Result<Option<A
             let clients = crate::cluster::connect(&cluster)
                 .await
                 .context("cannot join the cluster (--kubeconfig)")?;
+            let claims = crate::cluster::resources::ResourceApi::new(
+                clients.main.clone(),
+                &config.node_name,
+            );
+            core.resources.dra.set_api(std::sync::Arc::new(claims));
             Some((cluster, clients))
         }
         None => None,

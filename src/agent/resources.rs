@@ -81,6 +81,7 @@ pub(super) fn resource_managers(
         cpus: cpu_manager,
         memory: Arc::new(memory_manager),
         devices: crate::cm::devices::DeviceManager::start(&config.root_dir),
+        dra: crate::cm::dra::DraManager::start(&config.root_dir),
         topology: topology_manager,
     }))
 }

@@ -1,5 +1,5 @@
-//! The node's servers: the admin, pod-resources and device plugin sockets, healthz, the
-//! authenticated API over TLS and the read-only API.
+//! The node's servers: the admin, pod-resources and device plugin sockets (and the plugin
+//! registry), healthz, the authenticated API over TLS and the read-only API.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use crate::config::{AuthorizationMode, Config};
 use crate::server;
 
 /// Serves the admin socket, the pod-resources socket and the device plugin registration
-/// socket in the root dir.
+/// socket in the root dir, and follows its plugin registry.
 pub(super) async fn serve_sockets(
     config: &Config,
     core: &Core,
@@ -53,6 +53,9 @@ pub(super) async fn serve_sockets(
     );
     let what = "device plugin registration socket server";
     spawn_server(&core.tracker, what, served);
+    let dra = core.resources.dra.clone();
+    core.tracker
+        .spawn(dra.run(config.root_dir.clone(), cancel.clone()));
     Ok(())
 }
 

@@ -11,6 +11,7 @@ pub mod mirror;
 pub mod node;
 pub mod objects;
 pub mod pods;
+pub mod resources;
 pub mod review;
 pub mod services;
 pub mod status;

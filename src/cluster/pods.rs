@@ -110,9 +110,9 @@ pub fn watch(
 }
 
 /// Drops what nothing on the node reads from the API's copy of a pod, often most of it:
-/// managedFields, and the status but for the phase (a finished pod is never started again) and
-/// the conditions of its readiness gates (set by others). The status the node reports is its
-/// own, kept by the status store.
+/// managedFields, and the status but for the phase (a finished pod is never started again), the
+/// conditions of its readiness gates and the names of its resource claims (set by others). The
+/// status the node reports is its own, kept by the status store.
 fn slim(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     let gates: Vec<&str> = pod
@@ -131,6 +131,8 @@ fn slim(pod: &mut Pod) {
                     .collect::<Vec<_>>()
             })
             .filter(|c| !c.is_empty()),
+        resource_claim_statuses: s.resource_claim_statuses,
+        extended_resource_claim_status: s.extended_resource_claim_status,
         ..PodStatus::default()
     });
 }

@@ -1,5 +1,6 @@
-//! The container manager's parts beyond the cgroups: the CPU, memory and device managers, and
-//! the topology manager that aligns them on the machine's NUMA nodes at admission.
+//! The container manager's parts beyond the cgroups: the CPU, memory and device managers, the
+//! topology manager that aligns them on the machine's NUMA nodes at admission, and dynamic
+//! resource allocation (DRA).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use crate::types::Refusal;
 pub mod cpu;
 pub mod cpuset;
 pub mod devices;
+pub mod dra;
 pub mod memory;
 pub mod numa;
 pub mod topology;
@@ -54,6 +56,7 @@ pub struct Resources {
     pub cpus: Arc<cpu::CpuManager>,
     pub memory: Arc<memory::MemoryManager>,
     pub devices: Arc<devices::DeviceManager>,
+    pub dra: Arc<dra::DraManager>,
     pub topology: topology::TopologyManager,
 }
 
@@ -79,6 +82,7 @@ impl Resources {
         self.cpus.retain(keep);
         self.memory.retain(keep);
         self.devices.retain(keep);
+        self.dra.hold(keep.clone());
     }
 }
 

@@ -69,6 +69,10 @@ pub enum Error {
     PostStart { container: String, message: String },
     #[error("cannot create the pod sandbox: {0}")]
     Sandbox(String),
+    #[error("prepare dynamic resources")]
+    Prepare(#[source] crate::cm::dra::Error),
+    #[error("unprepare dynamic resources")]
+    Unprepare(#[source] crate::cm::dra::Error),
     #[error("{0}")]
     Resize(String),
     #[error("cannot prepare {}", .path.display())]
@@ -296,6 +300,9 @@ impl Syncer {
         let objects = self.objects.view(pod);
         let volumes = self.mount_volumes(pod, &objects)?;
         self.resize_all(pod, &plan.resize, &mut rt).await?;
+        if plan.create_sandbox.is_some() {
+            self.prepare_resources(pod).await?;
+        }
         let Some(sandbox) = self.ensure_sandbox(pod, &plan, &rt, &objects).await? else {
             return self.update_status(pod, &rt).await.map(|()| None);
         };

@@ -1,5 +1,5 @@
-//! What a sync makes ready in the pod before its sandbox and containers: its volumes, and the
-//! new resources of containers resized in place.
+//! What a sync makes ready in the pod before its sandbox and containers: its volumes, its
+//! dynamic resources (DRA), and the new resources of containers resized in place.
 
 use std::collections::HashMap;
 
@@ -39,6 +39,22 @@ impl Syncer {
                 .warning(Target::pod(pod), "FailedMount", message)
         })?;
         Ok(mounted)
+    }
+
+    /// Has the drivers of the pod's resource claims prepare them (before its sandbox is made);
+    /// a failure is a FailedPrepareDynamicResources warning, worded as upstream's.
+    pub(super) async fn prepare_resources(&self, pod: &Pod) -> Result<(), Error> {
+        self.resources.dra.prepare(pod).await.map_err(|e| {
+            self.events.warning(
+                Target::pod(pod),
+                "FailedPrepareDynamicResources",
+                format!(
+                    "Failed to prepare dynamic resources: prepare dynamic resources: {}",
+                    crate::types::error_chain(&e)
+                ),
+            );
+            Error::Prepare(e)
+        })
     }
 
     /// Resizes the containers the plan resizes in place, after widening the pod's cgroup, then

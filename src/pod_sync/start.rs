@@ -270,6 +270,10 @@ impl Syncer {
         if let Some(devices) = devices {
             convert::with_devices(config, devices);
         }
+        let cdi = self.resources.dra.cdi_devices(pod, container);
+        config
+            .cdi_devices
+            .extend(cdi.into_iter().map(|name| cri::CdiDevice { name }));
         Ok(())
     }
 

@@ -685,6 +685,12 @@ pub fn generate(input: &Input<'_>) -> PodStatus {
         observed_generation: input.pod.metadata.generation,
         allocated_resources: pod_resources(input.pod, false),
         resources: pod_requirements(input.pod),
+        // The names of the claims made for the pod, as the API server has them (the
+        // resource claim controller sets them; the node and its clients read them).
+        resource_claim_statuses: (input.pod.status.as_ref())
+            .and_then(|s| s.resource_claim_statuses.clone()),
+        extended_resource_claim_status: (input.pod.status.as_ref())
+            .and_then(|s| s.extended_resource_claim_status.clone()),
         ..Default::default()
     }
 }

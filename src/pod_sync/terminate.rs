@@ -81,6 +81,11 @@ impl Syncer {
             }
             stopped = &mut stop => stopped?,
         }
+        self.resources
+            .dra
+            .unprepare(&uid.0)
+            .await
+            .map_err(Error::Unprepare)?;
         // A pod deleted through the API ends with a final status from its stopped containers
         // (Succeeded when every one exited 0, else Failed), as upstream's, which the API
         // server gets before the pod's deletion completes.

@@ -47,6 +47,27 @@ fn devices(resource: String, ids: Vec<String>, numa: Vec<i64>) -> proto::Contain
     }
 }
 
+/// A claim a container uses, in the API's form.
+fn dynamic_resource(claim: crate::cm::dra::ContainerClaim) -> proto::DynamicResource {
+    let devices = claim
+        .devices
+        .into_iter()
+        .map(|(driver, d)| proto::ClaimResource {
+            cdi_devices: (d.cdi_ids.into_iter())
+                .map(|name| proto::CdiDevice { name })
+                .collect(),
+            driver_name: driver,
+            pool_name: d.pool,
+            device_name: d.device,
+            share_id: d.share_id,
+        });
+    proto::DynamicResource {
+        claim_name: claim.name,
+        claim_namespace: claim.namespace,
+        claim_resources: devices.collect(),
+    }
+}
+
 /// Memory in the API's form.
 fn memory(block: Block) -> proto::ContainerMemory {
     let nodes = block.numa_affinity.into_iter();
@@ -84,7 +105,10 @@ impl Handles {
                     .into_iter()
                     .map(|(resource, ids, numa)| devices(resource, ids, numa))
                     .collect(),
-                ..Default::default()
+                dynamic_resources: (self.resources.dra.container_claims(pod, c))
+                    .into_iter()
+                    .map(dynamic_resource)
+                    .collect(),
             })
             .collect();
         proto::PodResources {

@@ -14,7 +14,7 @@ use nodelet::pod::annotation;
 
 /// Starts nodelet as node `t-<test>` joined to `cp`, with quick status updates and a short
 /// lease (renewed every second), plus `extra` flags.
-async fn join(cp: &ControlPlane, test: &str, extra: &[&str]) -> Node {
+pub async fn join(cp: &ControlPlane, test: &str, extra: &[&str]) -> Node {
     join_on(&crate::bed::endpoint(), cp, test, extra).await
 }
 

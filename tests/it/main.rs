@@ -16,6 +16,7 @@ mod conformance;
 mod control_plane;
 mod cri;
 mod devices;
+mod dra;
 mod eviction;
 mod healthz;
 mod http_source;

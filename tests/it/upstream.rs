@@ -136,13 +136,10 @@ const RACY: &[&str] = &["metrics/kubelet_metrics_provider"];
 /// Differences that are gaps still to close in nodelet: what the kubelet serves and nodelet does
 /// not yet. Listed so that the test holds the line everywhere else; each entry goes once it is
 /// closed (the test fails on an entry that no longer matches anything).
-const GAPS: &[(&str, &str)] = &[
-    (
-        "metrics/kubelet_",
-        "kubelet metrics nodelet does not serve: dropped pod watch events (the alpha PodsAPI's gRPC server, which nodelet does not have), and a single pod's PLEG relist (nodelet's PLEG always relists every pod)",
-    ),
-    ("metrics/dra_", "dynamic resource allocation"),
-];
+const GAPS: &[(&str, &str)] = &[(
+    "metrics/kubelet_",
+    "kubelet metrics nodelet does not serve: dropped pod watch events (the alpha PodsAPI's gRPC server, which nodelet does not have), and a single pod's PLEG relist (nodelet's PLEG always relists every pod)",
+)];
 
 /// The upstream kubelet in standalone mode on a containerd of its own, stopped and cleaned up
 /// on drop: its pods, its cgroup root, the host sysctls it changed, and the symlinks and

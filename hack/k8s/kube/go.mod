@@ -214,6 +214,8 @@ tool k8s.io/kubernetes/test/images/nonewprivs
 
 tool k8s.io/kubernetes/test/images/sample-device-plugin
 
+tool k8s.io/kubernetes/test/e2e/dra/test-driver
+
 replace (
 	k8s.io/api => k8s.io/api v0.36.3
 	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.36.3

@@ -1,0 +1,901 @@
+//! Dynamic resource allocation on the node. Drivers' kubelet plugins register through the
+//! root dir's `plugins_registry` (registry.rs). Before a pod's sandbox is made, each
+//! ResourceClaim the pod uses is read from the API server and checked (allocated, reserved for
+//! the pod), and the drivers of its devices prepare it (NodePrepareResources), once however many
+//! pods share it. The CDI IDs of its devices go to the containers that name the claim. Once no
+//! pod on the node uses a claim any more, its drivers unprepare it. What is prepared is kept in
+//! the root dir's `dra_manager_state`, in upstream's format (checkpoint.rs).
+
+pub mod checkpoint;
+pub mod registry;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use checkpoint::{ClaimState, Device, DriverState};
+use proto::dra_plugin_client::DraPluginClient;
+
+/// The generated messages and client of the DRA plugin API, v1.
+pub mod proto {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
+/// How long a driver has to answer a call, as upstream.
+const CALL_TIMEOUT: Duration = Duration::from_secs(45);
+/// How long a driver's ResourceSlices outlive its plugin (upstream's wiping delay).
+const WIPE_DELAY: Duration = Duration::from_secs(30);
+
+/// What the manager asks of the API server (in a cluster).
+pub trait Api: Send + Sync {
+    /// The ResourceClaim `namespace/name`.
+    fn claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, String>>;
+    /// Deletes the node's ResourceSlices: `driver`'s, or every driver's.
+    fn delete_slices<'a>(&'a self, driver: Option<&'a str>) -> BoxFuture<'a, Result<(), String>>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("pod {pod}: ResourceClaim not created yet")]
+    NotCreated { pod: String },
+    #[error("pod {pod}, spec.resourceClaim {claim}: none of the supported fields are set")]
+    NoSource { pod: String, claim: String },
+    #[error(
+        "cannot read ResourceClaim {0}: there is no API server (pods with resource claims need --kubeconfig)"
+    )]
+    NoApi(String),
+    #[error("fetch ResourceClaim {claim}: {message}")]
+    Fetch { claim: String, message: String },
+    #[error("ResourceClaim {claim} was not created for Pod {pod} (Pod is not owner)")]
+    NotOwner { claim: String, pod: String },
+    #[error("pod {pod} ({uid}) is not allowed to use ResourceClaim {claim} ({claim_uid})")]
+    NotReserved {
+        pod: String,
+        uid: String,
+        claim: String,
+        claim_uid: String,
+    },
+    #[error("ResourceClaim {0}: not allocated")]
+    NotAllocated(String),
+    #[error("DRA driver {0} is not registered")]
+    NotRegistered(String),
+    #[error(
+        "old ResourceClaim with same name {claim} and different UID {uid} still exists (previous pod force-deleted?!)"
+    )]
+    Replaced { claim: String, uid: String },
+    #[error("{call} of DRA driver {driver}: {message}")]
+    Call {
+        call: &'static str,
+        driver: String,
+        message: String,
+    },
+    #[error("{call} returned result for unknown claim UID {uid}")]
+    UnknownClaim { call: &'static str, uid: String },
+    #[error("{call} failed for ResourceClaim {claim}: {message}")]
+    Failed {
+        call: &'static str,
+        claim: String,
+        message: String,
+    },
+    #[error("{call} skipped {count} ResourceClaims")]
+    Skipped { call: &'static str, count: usize },
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::Error),
+}
+
+const PREPARE: &str = "NodePrepareResources";
+const UNPREPARE: &str = "NodeUnprepareResources";
+
+/// A registered driver's plugin.
+#[derive(Debug)]
+struct Plugin {
+    client: DraPluginClient<Channel>,
+    /// The registration socket it came through.
+    socket: PathBuf,
+}
+
+/// A claim on the node.
+#[derive(Debug)]
+struct Claim {
+    state: ClaimState,
+    /// Whether its drivers prepared it since nodelet started (upstream prepares again what
+    /// its checkpoint lists after a restart: drivers prepare idempotently).
+    prepared: bool,
+}
+
+/// The drivers and the claims prepared on the node.
+pub struct DraManager {
+    root_dir: PathBuf,
+    api: OnceLock<Arc<dyn Api>>,
+    plugins: Mutex<BTreeMap<String, Plugin>>,
+    /// Claims by `namespace/name`.
+    claims: Mutex<BTreeMap<String, Claim>>,
+    /// The pods the node holds (admitted, or left in the runtime), once housekeeping said,
+    /// and when it said so.
+    held: Mutex<Option<(Instant, HashSet<String>)>>,
+    /// When each pod last had its claims prepared: a pod prepared after housekeeping last
+    /// said which pods the node holds is not an orphan.
+    prepared_at: Mutex<HashMap<String, Instant>>,
+    /// One prepare or unprepare at a time, so that two pods sharing a claim see each other's.
+    busy: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for DraManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraManager")
+            .field("drivers", &self.plugins().keys().collect::<Vec<_>>())
+            .field("claims", &self.claims().keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `namespace/name`.
+fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+fn pod_key(pod: &Pod) -> String {
+    key(
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// The name of the ResourceClaim behind each of the pod's claims (`pod claim name -> name`),
+/// and whether it was made from a template for the pod; a template's claim not made yet
+/// (`None` in the pod's status) is left out, as upstream.
+fn claim_names(pod: &Pod) -> Result<Vec<(String, String, bool)>, Error> {
+    let spec = crate::pod::spec(pod);
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref());
+    let mut out = Vec::new();
+    for claim in spec.resource_claims.iter().flatten() {
+        if let Some(name) = &claim.resource_claim_name {
+            out.push((claim.name.clone(), name.clone(), false));
+        } else if claim.resource_claim_template_name.is_some() {
+            let status = statuses
+                .into_iter()
+                .flatten()
+                .find(|s| s.name == claim.name)
+                .ok_or_else(|| Error::NotCreated { pod: pod_key(pod) })?;
+            if let Some(name) = &status.resource_claim_name {
+                out.push((claim.name.clone(), name.clone(), true));
+            }
+        } else {
+            return Err(Error::NoSource {
+                pod: pod_key(pod),
+                claim: claim.name.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The drivers with results in the claim's allocation.
+fn drivers_of(claim: &ResourceClaim) -> BTreeSet<String> {
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default();
+    results.iter().map(|r| r.driver.clone()).collect()
+}
+
+/// Checks that the pod may use the claim and that it is allocated.
+fn check(pod: &Pod, claim: &ResourceClaim, from_template: bool) -> Result<(), Error> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let name = key(
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default(),
+    );
+    if from_template {
+        let owned = claim.metadata.namespace == pod.metadata.namespace
+            && (claim.metadata.owner_references.iter().flatten())
+                .any(|o| o.controller == Some(true) && o.uid == uid);
+        if !owned {
+            return Err(Error::NotOwner {
+                claim: name,
+                pod: pod_key(pod),
+            });
+        }
+    }
+    let status = claim.status.as_ref();
+    let reserved = (status
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten())
+    .any(|r| r.uid == uid);
+    if !reserved {
+        return Err(Error::NotReserved {
+            pod: pod_key(pod),
+            uid: uid.into(),
+            claim: name,
+            claim_uid: claim.metadata.uid.clone().unwrap_or_default(),
+        });
+    }
+    if status.and_then(|s| s.allocation.as_ref()).is_none() {
+        return Err(Error::NotAllocated(name));
+    }
+    Ok(())
+}
+
+/// Whether a device serves a container's `request` of its claim (empty: all of them), as
+/// upstream picks them: a device allocated for no request in particular serves every one.
+fn serves(device: &Device, request: &str) -> bool {
+    request.is_empty() || device.requests.is_empty() || device.requests.iter().any(|r| r == request)
+}
+
+/// A claim a container uses, and the devices it gets of it with their drivers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContainerClaim {
+    pub name: String,
+    pub namespace: String,
+    pub devices: Vec<(String, Device)>,
+}
+
+/// A gRPC status code as Go names it.
+fn code_name(code: tonic::Code) -> String {
+    match code {
+        tonic::Code::Ok => "OK".into(),
+        tonic::Code::Cancelled => "Canceled".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl DraManager {
+    /// The manager, with the claims its checkpoint in `root_dir` lists.
+    pub fn start(root_dir: &Path) -> Arc<DraManager> {
+        let claims = match checkpoint::read(root_dir) {
+            Ok(claims) => claims,
+            Err(e) => {
+                tracing::warn!(error = %crate::types::error_chain(&e), "prepared resource claims are not restored");
+                Vec::new()
+            }
+        };
+        let claims = claims
+            .into_iter()
+            .map(|state| {
+                let claim = Claim {
+                    state,
+                    prepared: false,
+                };
+                (key(&claim.state.namespace, &claim.state.name), claim)
+            })
+            .collect();
+        let dra = Arc::new(DraManager {
+            root_dir: root_dir.to_path_buf(),
+            api: OnceLock::new(),
+            plugins: Mutex::default(),
+            claims: Mutex::new(claims),
+            held: Mutex::default(),
+            prepared_at: Mutex::default(),
+            busy: tokio::sync::Mutex::new(()),
+        });
+        crate::metrics::get().dra_claims_in_use(&dra.claims_in_use());
+        dra
+    }
+
+    /// Claims are read through `api` from now on.
+    pub fn set_api(&self, api: Arc<dyn Api>) {
+        let _ = self.api.set(api);
+    }
+
+    fn api(&self) -> Option<&Arc<dyn Api>> {
+        self.api.get()
+    }
+
+    fn plugins(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Plugin>> {
+        self.plugins.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Claim>> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `driver`'s plugin, serving on `endpoint`, registered through `socket` (a newer
+    /// registration replaces an older one).
+    pub fn register(&self, driver: &str, endpoint: &Path, socket: &Path) {
+        let client = DraPluginClient::new(crate::runtime::unix_channel(endpoint));
+        let plugin = Plugin {
+            client,
+            socket: socket.to_path_buf(),
+        };
+        self.plugins().insert(driver.to_string(), plugin);
+        tracing::info!(driver, endpoint = %endpoint.display(), "DRA driver registered");
+    }
+
+    /// Drops the plugins registered through `socket`; returns their drivers.
+    pub fn deregister(&self, socket: &Path) -> Vec<String> {
+        let mut plugins = self.plugins();
+        let gone: Vec<String> = (plugins.iter())
+            .filter(|(_, p)| p.socket == socket)
+            .map(|(d, _)| d.clone())
+            .collect();
+        for driver in &gone {
+            plugins.remove(driver);
+            tracing::info!(driver, "DRA driver deregistered");
+        }
+        gone
+    }
+
+    /// Whether `driver` has a plugin registered.
+    fn is_registered(&self, driver: &str) -> bool {
+        self.plugins().contains_key(driver)
+    }
+
+    /// Prepares the pod's claims (before its sandbox is made), as upstream: every claim is
+    /// read and checked first, so a pod that cannot have its claims leaves no trace to undo.
+    pub async fn prepare(&self, pod: &Pod) -> Result<(), Error> {
+        let began = Instant::now();
+        let prepared = self.prepare_claims(pod).await;
+        crate::metrics::get().dra_operation("PrepareResources", began.elapsed(), prepared.is_err());
+        prepared
+    }
+
+    async fn prepare_claims(&self, pod: &Pod) -> Result<(), Error> {
+        let names = claim_names(pod)?;
+        if names.is_empty() {
+            return Ok(());
+        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let mut fetched = Vec::new();
+        for (_, name, from_template) in &names {
+            let api = (self.api()).ok_or_else(|| Error::NoApi(key(namespace, name)))?;
+            let claim = api
+                .claim(namespace, name)
+                .await
+                .map_err(|message| Error::Fetch {
+                    claim: key(namespace, name),
+                    message,
+                })?;
+            check(pod, &claim, *from_template)?;
+            let drivers = drivers_of(&claim);
+            if let Some(missing) = drivers.iter().find(|d| !self.is_registered(d)) {
+                return Err(Error::NotRegistered(missing.clone()));
+            }
+            fetched.push((claim, drivers));
+        }
+        let _busy = self.busy.lock().await;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        (self.prepared_at.lock().unwrap_or_else(|e| e.into_inner()))
+            .insert(uid.clone(), Instant::now());
+        // driver -> claims to prepare
+        let mut batches: BTreeMap<String, Vec<proto::Claim>> = BTreeMap::new();
+        {
+            let mut claims = self.claims();
+            for (claim, drivers) in &fetched {
+                let (ns, name) = (
+                    claim.metadata.namespace.clone().unwrap_or_default(),
+                    claim.metadata.name.clone().unwrap_or_default(),
+                );
+                let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
+                let entry = claims.entry(key(&ns, &name)).or_insert_with(|| Claim {
+                    state: ClaimState {
+                        uid: claim_uid.clone(),
+                        name: name.clone(),
+                        namespace: ns.clone(),
+                        pods: BTreeSet::new(),
+                        drivers: drivers
+                            .iter()
+                            .map(|d| (d.clone(), DriverState::default()))
+                            .collect(),
+                    },
+                    prepared: false,
+                });
+                if entry.state.uid != claim_uid {
+                    return Err(Error::Replaced {
+                        claim: key(&ns, &name),
+                        uid: entry.state.uid.clone(),
+                    });
+                }
+                entry.state.pods.insert(uid.clone());
+                if entry.prepared {
+                    continue;
+                }
+                for driver in drivers {
+                    batches
+                        .entry(driver.clone())
+                        .or_default()
+                        .push(proto::Claim {
+                            namespace: ns.clone(),
+                            uid: claim_uid.clone(),
+                            name: name.clone(),
+                        });
+                }
+            }
+        }
+        self.save()?;
+        if batches.is_empty() {
+            return Ok(());
+        }
+        // claim UID -> driver -> devices
+        let mut devices: BTreeMap<String, BTreeMap<String, Vec<Device>>> = BTreeMap::new();
+        for (driver, batch) in batches {
+            let answer = self.call_prepare(&driver, batch.clone()).await?;
+            for (claim_uid, result) in answer {
+                let claim = (batch.iter().find(|c| c.uid == claim_uid)).ok_or_else(|| {
+                    Error::UnknownClaim {
+                        call: PREPARE,
+                        uid: claim_uid.clone(),
+                    }
+                })?;
+                if !result.error.is_empty() {
+                    return Err(Error::Failed {
+                        call: PREPARE,
+                        claim: key(&claim.namespace, &claim.name),
+                        message: result.error,
+                    });
+                }
+                let prepared = result.devices.into_iter().map(|d| Device {
+                    pool: d.pool_name,
+                    device: d.device_name,
+                    share_id: d.share_id,
+                    requests: d.request_names,
+                    cdi_ids: d.cdi_device_ids,
+                });
+                devices
+                    .entry(claim_uid)
+                    .or_default()
+                    .insert(driver.clone(), prepared.collect());
+            }
+            let answered = batch
+                .iter()
+                .filter(|c| devices.get(&c.uid).is_some_and(|d| d.contains_key(&driver)));
+            let skipped = batch.len() - answered.count();
+            if skipped > 0 {
+                return Err(Error::Skipped {
+                    call: PREPARE,
+                    count: skipped,
+                });
+            }
+        }
+        {
+            let mut claims = self.claims();
+            for claim in claims.values_mut() {
+                if let Some(by_driver) = devices.remove(&claim.state.uid) {
+                    for (driver, prepared) in by_driver {
+                        claim.state.drivers.entry(driver).or_default().devices = prepared;
+                    }
+                    claim.prepared = true;
+                }
+            }
+        }
+        self.save()
+    }
+
+    /// NodePrepareResources of `driver` for `claims`: the answer for each claim UID.
+    async fn call_prepare(
+        &self,
+        driver: &str,
+        claims: Vec<proto::Claim>,
+    ) -> Result<HashMap<String, proto::NodePrepareResourceResponse>, Error> {
+        let mut client = self.client(driver, PREPARE)?;
+        let request = proto::NodePrepareResourcesRequest { claims };
+        let answer = timed(driver, PREPARE, client.node_prepare_resources(request)).await?;
+        Ok(answer.claims)
+    }
+
+    /// NodeUnprepareResources of `driver` for `claims`: the answer for each claim UID.
+    async fn call_unprepare(
+        &self,
+        driver: &str,
+        claims: Vec<proto::Claim>,
+    ) -> Result<HashMap<String, proto::NodeUnprepareResourceResponse>, Error> {
+        let mut client = self.client(driver, UNPREPARE)?;
+        let request = proto::NodeUnprepareResourcesRequest { claims };
+        let answer = timed(driver, UNPREPARE, client.node_unprepare_resources(request)).await?;
+        Ok(answer.claims)
+    }
+
+    fn client(&self, driver: &str, call: &'static str) -> Result<DraPluginClient<Channel>, Error> {
+        let plugins = self.plugins();
+        let plugin = plugins.get(driver).ok_or_else(|| Error::Call {
+            call,
+            driver: driver.into(),
+            message: "the driver is not registered".into(),
+        })?;
+        Ok(plugin.client.clone())
+    }
+
+    /// Lets go of what the pod held (its containers are stopped): each claim no other pod on
+    /// the node uses is unprepared by its drivers.
+    pub async fn unprepare(&self, pod_uid: &str) -> Result<(), Error> {
+        let began = Instant::now();
+        let done = self.unprepare_pods(&HashSet::from([pod_uid])).await;
+        crate::metrics::get().dra_operation("UnprepareResources", began.elapsed(), done.is_err());
+        done
+    }
+
+    /// The pods the node holds now: the claims of others are let go of by [`DraManager::run`].
+    pub fn hold(&self, pods: HashSet<String>) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), pods));
+    }
+
+    /// Lets go of the claims of pods the node no longer holds (gone while nodelet was not
+    /// looking, or whose end could not let go of them).
+    async fn release_orphans(&self) {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some((said, held)) = held else {
+            return;
+        };
+        let prepared_at = self
+            .prepared_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let gone: HashSet<String> = (self.claims().values())
+            .flat_map(|c| &c.state.pods)
+            .filter(|uid| !held.contains(*uid))
+            .filter(|uid| prepared_at.get(*uid).is_none_or(|at| *at < said))
+            .cloned()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let gone = gone.iter().map(String::as_str).collect();
+        if let Err(e) = self.unprepare_pods(&gone).await {
+            tracing::warn!(error = %crate::types::error_chain(&e), "cannot let go of the resource claims of pods that are gone; trying again later");
+        }
+    }
+
+    /// Registers drivers' plugins through the registry directory under `root_dir`, lets go of
+    /// the claims of pods gone, and, in a cluster, deletes the node's ResourceSlices at start
+    /// and a driver's [`WIPE_DELAY`] after its plugin went away unless it came back, as
+    /// upstream (drivers publish theirs again when they register). Until `cancel`.
+    pub async fn run(self: Arc<Self>, root_dir: PathBuf, cancel: CancellationToken) {
+        let mut registry = match registry::Registry::open(&root_dir) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(dir = %root_dir.join(registry::DIR).display(), error = %e, "cannot make the plugin registry directory; DRA drivers cannot register");
+                return;
+            }
+        };
+        // driver -> when its slices go
+        let mut wipes: HashMap<String, tokio::time::Instant> = HashMap::new();
+        let mut wiped_at_start = false;
+        loop {
+            // The slices left from before go before any driver registers (a registered
+            // driver's are current); no driver is usable until it does.
+            if !wiped_at_start && let Some(api) = self.api() {
+                wiped_at_start = !self.plugins().is_empty() || wipe(api.as_ref(), None).await;
+            }
+            for driver in registry.scan(&self).await {
+                wipes.insert(driver, tokio::time::Instant::now() + WIPE_DELAY);
+            }
+            wipes.retain(|driver, _| !self.is_registered(driver));
+            if let Some(api) = self.api() {
+                let now = tokio::time::Instant::now();
+                let due: Vec<String> = (wipes.iter())
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(d, _)| d.clone())
+                    .collect();
+                for driver in due {
+                    if wipe(api.as_ref(), Some(&driver)).await {
+                        wipes.remove(&driver);
+                    }
+                }
+            }
+            self.release_orphans().await;
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                () = registry.wait() => {}
+            }
+        }
+    }
+
+    async fn unprepare_pods(&self, pods: &HashSet<&str>) -> Result<(), Error> {
+        let uses = |c: &Claim| c.state.pods.iter().any(|p| pods.contains(p.as_str()));
+        if !self.claims().values().any(uses) {
+            return Ok(());
+        }
+        let _busy = self.busy.lock().await;
+        let mut batches: BTreeMap<String, Vec<proto::Claim>> = BTreeMap::new();
+        let mut released = Vec::new();
+        {
+            let mut claims = self.claims();
+            for (name, claim) in claims.iter_mut() {
+                if !uses(claim) {
+                    continue;
+                }
+                let others = claim.state.pods.iter().any(|p| !pods.contains(p.as_str()));
+                if others {
+                    claim.state.pods.retain(|p| !pods.contains(p.as_str()));
+                    continue;
+                }
+                released.push(name.clone());
+                for driver in claim.state.drivers.keys() {
+                    batches
+                        .entry(driver.clone())
+                        .or_default()
+                        .push(proto::Claim {
+                            namespace: claim.state.namespace.clone(),
+                            uid: claim.state.uid.clone(),
+                            name: claim.state.name.clone(),
+                        });
+                }
+            }
+        }
+        self.save()?;
+        for (driver, batch) in batches {
+            let answer = self.call_unprepare(&driver, batch.clone()).await?;
+            let mut answered = 0;
+            for (claim_uid, result) in answer {
+                let claim = (batch.iter().find(|c| c.uid == claim_uid)).ok_or_else(|| {
+                    Error::UnknownClaim {
+                        call: UNPREPARE,
+                        uid: claim_uid.clone(),
+                    }
+                })?;
+                if !result.error.is_empty() {
+                    return Err(Error::Failed {
+                        call: UNPREPARE,
+                        claim: key(&claim.namespace, &claim.name),
+                        message: result.error,
+                    });
+                }
+                answered += 1;
+            }
+            if answered < batch.len() {
+                return Err(Error::Skipped {
+                    call: UNPREPARE,
+                    count: batch.len() - answered,
+                });
+            }
+        }
+        {
+            let mut claims = self.claims();
+            for name in released {
+                claims.remove(&name);
+            }
+        }
+        (self.prepared_at.lock().unwrap_or_else(|e| e.into_inner()))
+            .retain(|uid, _| !pods.contains(uid.as_str()));
+        self.save()
+    }
+
+    /// The claims the container uses, each with the devices (and their drivers) it gets of
+    /// it: those allocated for the request it names, or for none in particular.
+    pub fn container_claims(&self, pod: &Pod, container: &Container) -> Vec<ContainerClaim> {
+        let wanted = (container.resources.as_ref())
+            .and_then(|r| r.claims.as_ref())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        let Ok(names) = claim_names(pod) else {
+            return Vec::new();
+        };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let claims = self.claims();
+        let mut out = Vec::new();
+        for w in wanted {
+            let Some((_, name, _)) = names.iter().find(|(pod_claim, ..)| *pod_claim == w.name)
+            else {
+                continue;
+            };
+            let Some(claim) = claims.get(&key(namespace, name)) else {
+                continue;
+            };
+            let request = w.request.as_deref().unwrap_or_default();
+            let devices = (claim.state.drivers.iter())
+                .flat_map(|(driver, state)| state.devices.iter().map(move |d| (driver, d)))
+                .filter(|(_, d)| serves(d, request))
+                .map(|(driver, d)| (driver.clone(), d.clone()));
+            out.push(ContainerClaim {
+                name: name.clone(),
+                namespace: namespace.to_string(),
+                devices: devices.collect(),
+            });
+        }
+        out
+    }
+
+    /// The CDI IDs of the devices the container's claims give it.
+    pub fn cdi_devices(&self, pod: &Pod, container: &Container) -> Vec<String> {
+        (self.container_claims(pod, container).into_iter())
+            .flat_map(|c| c.devices)
+            .flat_map(|(_, d)| d.cdi_ids)
+            .collect()
+    }
+
+    /// The prepared claims, by driver and in all (`<any>`), as upstream's
+    /// `dra_resource_claims_in_use` counts them.
+    pub fn claims_in_use(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::from([("<any>".to_string(), 0)]);
+        for claim in self.claims().values().filter(|c| c.prepared) {
+            *counts.entry("<any>".into()).or_default() += 1;
+            for driver in claim.state.drivers.keys() {
+                *counts.entry(driver.clone()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    /// Writes the checkpoint, and shows the claims in use.
+    fn save(&self) -> Result<(), Error> {
+        crate::metrics::get().dra_claims_in_use(&self.claims_in_use());
+        let states = (self.claims().values()).map(|c| c.state.clone()).collect();
+        checkpoint::write(&self.root_dir, states)?;
+        Ok(())
+    }
+}
+
+/// Deletes the node's ResourceSlices (of `driver` only, when given); whether it did.
+async fn wipe(api: &dyn Api, driver: Option<&str>) -> bool {
+    match api.delete_slices(driver).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(driver = driver.unwrap_or("(all)"), error = %e, "cannot delete the node's ResourceSlices; trying again");
+            false
+        }
+    }
+}
+
+/// Awaits a driver's answer within [`CALL_TIMEOUT`], timed in
+/// `dra_grpc_operations_duration_seconds`.
+async fn timed<T>(
+    driver: &str,
+    call: &'static str,
+    answer: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, Error> {
+    let began = Instant::now();
+    let answer = tokio::time::timeout(CALL_TIMEOUT, answer).await;
+    let code = match &answer {
+        Ok(Ok(_)) => tonic::Code::Ok,
+        Ok(Err(status)) => status.code(),
+        Err(_) => tonic::Code::DeadlineExceeded,
+    };
+    let method = format!("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{call}");
+    crate::metrics::get().dra_grpc(driver, &method, &code_name(code), began.elapsed());
+    let error = |message: String| Error::Call {
+        call,
+        driver: driver.into(),
+        message,
+    };
+    match answer {
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(status)) => Err(error(status.message().to_string())),
+        Err(_) => Err(error(format!("no answer within {CALL_TIMEOUT:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(yaml: &str) -> Pod {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    fn claim(yaml: &str) -> ResourceClaim {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    const POD: &str = r#"
+metadata: {name: p, namespace: ns, uid: pod-1}
+spec:
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: t}
+  - {name: shared, resourceClaimName: s}
+  - {name: later, resourceClaimTemplateName: t}
+  containers:
+  - name: c
+    resources: {claims: [{name: gpu}, {name: shared, request: r1}]}
+status:
+  resourceClaimStatuses:
+  - {name: gpu, resourceClaimName: p-gpu-x}
+  - {name: later}
+"#;
+
+    #[test]
+    fn claim_names_come_from_the_spec_or_the_status_for_templates() {
+        let names = claim_names(&pod(POD)).unwrap();
+        assert_eq!(
+            names,
+            [
+                ("gpu".to_string(), "p-gpu-x".to_string(), true),
+                ("shared".to_string(), "s".to_string(), false),
+            ]
+        );
+        let mut unmade = pod(POD);
+        unmade.status = None;
+        assert!(matches!(
+            claim_names(&unmade),
+            Err(Error::NotCreated { .. })
+        ));
+    }
+
+    const CLAIM: &str = r#"
+metadata:
+  {name: p-gpu-x, namespace: ns, uid: claim-1,
+   ownerReferences: [{apiVersion: v1, kind: Pod, name: p, uid: pod-1, controller: true}]}
+spec: {}
+status:
+  reservedFor: [{resource: pods, name: p, uid: pod-1}]
+  allocation:
+    devices:
+      results: [{request: gpu, driver: d.example.com, pool: n, device: dev-0}]
+"#;
+
+    #[test]
+    fn a_claim_must_be_the_pods_reserved_for_it_and_allocated() {
+        let p = pod(POD);
+        let good = claim(CLAIM);
+        assert!(check(&p, &good, true).is_ok());
+        assert_eq!(drivers_of(&good), BTreeSet::from(["d.example.com".into()]));
+        let mut other = good.clone();
+        other.metadata.owner_references = None;
+        assert!(matches!(
+            check(&p, &other, true),
+            Err(Error::NotOwner { .. })
+        ));
+        assert!(check(&p, &other, false).is_ok());
+        let mut unreserved = good.clone();
+        unreserved.status.as_mut().unwrap().reserved_for = None;
+        let e = check(&p, &unreserved, true).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pod ns/p (pod-1) is not allowed to use ResourceClaim ns/p-gpu-x (claim-1)"
+        );
+        let mut unallocated = good;
+        unallocated.status.as_mut().unwrap().allocation = None;
+        assert!(matches!(
+            check(&p, &unallocated, true),
+            Err(Error::NotAllocated(_))
+        ));
+    }
+
+    #[test]
+    fn containers_get_the_cdi_ids_of_their_claims_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let dra = DraManager::start(dir.path());
+        let device = |requests: &[&str], id: &str| Device {
+            requests: requests.iter().map(|r| r.to_string()).collect(),
+            cdi_ids: vec![id.into()],
+            ..Default::default()
+        };
+        for (name, devices) in [
+            ("p-gpu-x", vec![device(&[], "v/c=all")]),
+            (
+                "s",
+                vec![device(&["r1"], "v/c=one"), device(&["r2"], "v/c=two")],
+            ),
+        ] {
+            let state = ClaimState {
+                uid: format!("{name}-uid"),
+                name: name.into(),
+                namespace: "ns".into(),
+                pods: BTreeSet::from(["pod-1".into()]),
+                drivers: BTreeMap::from([("d".into(), DriverState { devices })]),
+            };
+            let claim = Claim {
+                state,
+                prepared: true,
+            };
+            dra.claims().insert(key("ns", name), claim);
+        }
+        let p = pod(POD);
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        assert_eq!(dra.cdi_devices(&p, c), ["v/c=all", "v/c=one"]);
+        assert_eq!(
+            dra.claims_in_use(),
+            BTreeMap::from([("<any>".into(), 2), ("d".into(), 2)])
+        );
+    }
+}

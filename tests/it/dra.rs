@@ -1,0 +1,245 @@
+//! Dynamic resource allocation against a real control plane, with upstream's DRA test driver
+//! as the node's kubelet plugin: a pod's claim, allocated by the scheduler from the slices the
+//! driver published, is prepared by the driver through nodelet, its CDI device reaches the
+//! container through the runtime, and the claim is unprepared when the pod goes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::Api;
+use kube::api::DeleteParams;
+
+use nodelet::server::pod_resources::proto::GetPodResourcesRequest;
+
+use crate::bed::{BUSYBOX, Node, eventually};
+use crate::control_plane::{ControlPlane, phase};
+
+/// The test driver's name (its default).
+const DRIVER: &str = "test-driver.cdi.k8s.io";
+
+/// Upstream's DRA test driver serving `node`'s kubelet plugin, its CDI specs in the test bed
+/// runtime's CDI dir; stopped on drop.
+struct Driver {
+    child: std::process::Child,
+}
+
+impl Driver {
+    fn start(cp: &ControlPlane, node: &Node) -> Driver {
+        let bin = PathBuf::from(std::env::var("K8S_BIN").expect("K8S_BIN (make test sets it)"))
+            .join("dra-test-driver");
+        assert!(
+            bin.is_file(),
+            "no DRA test driver at {}: hack/k8s/build.sh e2e builds it",
+            bin.display()
+        );
+        let cdi = std::env::var("NODELET_TEST_CDI_DIR")
+            .expect("NODELET_TEST_CDI_DIR (make test sets it)");
+        let root = node.path("root");
+        let log = std::fs::File::create(node.path("dra-test-driver.log")).expect("driver log");
+        // Where its DaemonSet would mount its socket directory.
+        std::fs::create_dir_all(root.join("plugins").join(DRIVER)).expect("the driver's dir");
+        let child = std::process::Command::new(bin)
+            .arg("kubelet-plugin")
+            .arg("--kubeconfig")
+            .arg(&cp.kubeconfig)
+            .args(["--node-name", &node.name, "--cdi-dir", &cdi])
+            .arg("--plugin-registration-path")
+            .arg(root.join("plugins_registry"))
+            .arg("--datadir")
+            .arg(root.join("plugins"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("start the DRA test driver");
+        Driver { child }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // SIGTERM: the driver removes its sockets and CDI specs.
+        let _ = std::process::Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The objects of upstream's inline-claim example: a DeviceClass of the driver's devices, a
+/// claim template whose opaque config the driver turns into environment variables, and a pod
+/// with a container that uses the claim and one that does not.
+const OBJECTS: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: example}
+spec:
+  selectors:
+  - cel: {expression: 'device.driver == "test-driver.cdi.k8s.io"'}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: inline, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: my-device
+        exactly: {deviceClassName: example}
+      config:
+      - opaque:
+          driver: test-driver.cdi.k8s.io
+          parameters: {a: b}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dra, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - {name: resource, resourceClaimTemplateName: inline}
+  containers:
+  - name: with-resource
+    image: IMAGE
+    command: [sh, -c, "env; sleep 3600"]
+    resources:
+      claims: [{name: resource}]
+  - name: without-resource
+    image: IMAGE
+    command: [sh, -c, "env; sleep 3600"]
+"#;
+
+/// A pod's resource claim is allocated from the driver's slices, prepared by the driver
+/// through nodelet before the sandbox, and its CDI device sets the environment of the
+/// container that uses it (only); the claim is kept in the checkpoint and counted as in use,
+/// and unprepared (its CDI spec removed) once the pod is gone.
+#[tokio::test]
+async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_container() {
+    let cp = ControlPlane::start("dra", true).await;
+    let node = crate::cluster::join(&cp, "dra", &[]).await;
+    let driver = Driver::start(&cp, &node);
+    let slices: Api<ResourceSlice> = Api::all(cp.admin.clone());
+    eventually(
+        "the driver's ResourceSlice for the node",
+        Duration::from_secs(60),
+        || async {
+            let listed = slices.list(&Default::default()).await.ok()?;
+            (listed.items.iter())
+                .any(|s| s.spec.node_name.as_deref() == Some(&node.name) && s.spec.driver == DRIVER)
+                .then_some(())
+        },
+    )
+    .await;
+    let objects = cp.dir.join("dra.yaml");
+    std::fs::write(&objects, OBJECTS.replace("IMAGE", BUSYBOX)).expect("write the objects");
+    cp.kubectl_ok(&["apply", "-f", &objects.display().to_string()])
+        .await;
+    let pod = cp
+        .wait_pod("default", "dra", "Running", |p| phase(p) == "Running")
+        .await;
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node.name.as_str())
+    );
+    let claim = (pod.status.as_ref())
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.resource_claim_name.clone())
+        .expect("the pod's claim in its status");
+    let env_name: String = (claim.chars())
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let log = node
+        .wait_log_of("default", "dra", "with-resource", "user_a=b")
+        .await;
+    assert!(
+        log.contains(&format!("claim_{env_name}_my_device=true")),
+        "{log}"
+    );
+    let other = node
+        .wait_log_of("default", "dra", "without-resource", "HOME=")
+        .await;
+    assert!(!other.contains("user_a"), "{other}");
+    let checkpoint = node.path("root/dra_manager_state");
+    let saved = std::fs::read_to_string(&checkpoint).expect("the DRA checkpoint");
+    let uid = pod.metadata.uid.clone().expect("the pod's UID");
+    assert!(saved.contains(&claim) && saved.contains(&uid), "{saved}");
+    let answer = node
+        .pod_resources()
+        .await
+        .get(GetPodResourcesRequest {
+            pod_name: "dra".into(),
+            pod_namespace: "default".into(),
+        })
+        .await
+        .expect("the pod's resources")
+        .into_inner();
+    let containers = answer.pod_resources.expect("the pod").containers;
+    let used = |name: &str| {
+        let c = containers
+            .iter()
+            .find(|c| c.name == name)
+            .expect("the container");
+        c.dynamic_resources.clone()
+    };
+    let with = used("with-resource");
+    assert_eq!(with.len(), 1, "{with:?}");
+    assert_eq!(with[0].claim_name, claim);
+    assert_eq!(with[0].claim_resources[0].driver_name, DRIVER);
+    assert_eq!(with[0].claim_resources[0].pool_name, node.name);
+    assert!(used("without-resource").is_empty());
+    let metrics = nodelet::metrics::get().render();
+    assert!(
+        metrics.contains(&format!(
+            "dra_resource_claims_in_use{{driver_name=\"{DRIVER}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "dra_operations_duration_seconds_count{operation_name=\"PrepareResources\",is_error=\"false\"}"
+        ),
+        "{metrics}"
+    );
+    let claim_uid = claim_uid(&saved, &claim);
+    assert!(!claim_uid.is_empty(), "{saved}");
+    let cdi = PathBuf::from(std::env::var("NODELET_TEST_CDI_DIR").unwrap_or_default());
+    let specs = || {
+        let specs = std::fs::read_dir(&cdi).into_iter().flatten().flatten();
+        specs
+            .filter(|e| e.file_name().to_string_lossy().contains(&claim_uid))
+            .count()
+    };
+    assert!(specs() > 0, "no CDI spec of the claim in {}", cdi.display());
+    cp.pods("default")
+        .delete("dra", &DeleteParams::default())
+        .await
+        .expect("delete the pod");
+    cp.wait_pod_gone("default", "dra").await;
+    eventually("the claim unprepared", Duration::from_secs(30), || async {
+        let saved = std::fs::read_to_string(&checkpoint).ok()?;
+        (!saved.contains(&claim) && specs() == 0).then_some(())
+    })
+    .await;
+    assert!(
+        nodelet::metrics::get()
+            .render()
+            .contains("dra_resource_claims_in_use{driver_name=\"<any>\"} 0")
+    );
+    drop(driver);
+    node.finish().await;
+}
+
+/// The UID of claim `name` in the checkpoint's text.
+fn claim_uid(checkpoint: &str, name: &str) -> String {
+    let file: serde_json::Value = serde_json::from_str(checkpoint).expect("the checkpoint parses");
+    let data: serde_json::Value =
+        serde_json::from_str(file["Data"].as_str().unwrap_or_default()).expect("its data parses");
+    (data["ClaimInfoStateList"].as_array().into_iter().flatten())
+        .find(|c| c["ClaimName"] == name)
+        .and_then(|c| c["ClaimUID"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
