@@ -427,20 +427,9 @@ impl DraManager {
         let mut devices: BTreeMap<String, BTreeMap<String, Vec<Device>>> = BTreeMap::new();
         for (driver, batch) in batches {
             let answer = self.call_prepare(&driver, batch.clone()).await?;
+            let count = answer.len();
             for (claim_uid, result) in answer {
-                let claim = (batch.iter().find(|c| c.uid == claim_uid)).ok_or_else(|| {
-                    Error::UnknownClaim {
-                        call: PREPARE,
-                        uid: claim_uid.clone(),
-                    }
-                })?;
-                if !result.error.is_empty() {
-                    return Err(Error::Failed {
-                        call: PREPARE,
-                        claim: key(&claim.namespace, &claim.name),
-                        message: result.error,
-                    });
-                }
+                answered(PREPARE, &batch, &claim_uid, result.error)?;
                 let prepared = result.devices.into_iter().map(|d| Device {
                     pool: d.pool_name,
                     device: d.device_name,
@@ -453,16 +442,7 @@ impl DraManager {
                     .or_default()
                     .insert(driver.clone(), prepared.collect());
             }
-            let answered = batch
-                .iter()
-                .filter(|c| devices.get(&c.uid).is_some_and(|d| d.contains_key(&driver)));
-            let skipped = batch.len() - answered.count();
-            if skipped > 0 {
-                return Err(Error::Skipped {
-                    call: PREPARE,
-                    count: skipped,
-                });
-            }
+            skipped(PREPARE, &batch, count)?;
         }
         {
             let mut claims = self.claims();
@@ -633,29 +613,11 @@ impl DraManager {
         self.save()?;
         for (driver, batch) in batches {
             let answer = self.call_unprepare(&driver, batch.clone()).await?;
-            let mut answered = 0;
+            let count = answer.len();
             for (claim_uid, result) in answer {
-                let claim = (batch.iter().find(|c| c.uid == claim_uid)).ok_or_else(|| {
-                    Error::UnknownClaim {
-                        call: UNPREPARE,
-                        uid: claim_uid.clone(),
-                    }
-                })?;
-                if !result.error.is_empty() {
-                    return Err(Error::Failed {
-                        call: UNPREPARE,
-                        claim: key(&claim.namespace, &claim.name),
-                        message: result.error,
-                    });
-                }
-                answered += 1;
+                answered(UNPREPARE, &batch, &claim_uid, result.error)?;
             }
-            if answered < batch.len() {
-                return Err(Error::Skipped {
-                    call: UNPREPARE,
-                    count: batch.len() - answered,
-                });
-            }
+            skipped(UNPREPARE, &batch, count)?;
         }
         {
             let mut claims = self.claims();
@@ -733,6 +695,38 @@ impl DraManager {
         let states = (self.claims().values()).map(|c| c.state.clone()).collect();
         checkpoint::write(&self.root_dir, states)?;
         Ok(())
+    }
+}
+
+/// Checks that a driver gave `answers` to `call` for every claim of `batch` (each answer
+/// about one of them: see [`answered`]).
+fn skipped(call: &'static str, batch: &[proto::Claim], answers: usize) -> Result<(), Error> {
+    match batch.len().checked_sub(answers) {
+        Some(count) if count > 0 => Err(Error::Skipped { call, count }),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a driver's answer to `call` for the claim `uid` of `batch`: about one of them, and
+/// no `error`.
+fn answered(
+    call: &'static str,
+    batch: &[proto::Claim],
+    uid: &str,
+    error: String,
+) -> Result<(), Error> {
+    let claim = (batch.iter().find(|c| c.uid == uid)).ok_or_else(|| Error::UnknownClaim {
+        call,
+        uid: uid.into(),
+    })?;
+    if error.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Failed {
+            call,
+            claim: key(&claim.namespace, &claim.name),
+            message: error,
+        })
     }
 }
 
@@ -859,6 +853,31 @@ status:
             check(&p, &unallocated, true),
             Err(Error::NotAllocated(_))
         ));
+    }
+
+    #[test]
+    fn a_drivers_answers_must_cover_the_claims_asked_about_without_errors() {
+        let batch = [proto::Claim {
+            namespace: "ns".into(),
+            uid: "u1".into(),
+            name: "c".into(),
+        }];
+        assert!(answered(PREPARE, &batch, "u1", String::new()).is_ok());
+        assert_eq!(
+            answered(PREPARE, &batch, "u1", "no device".into())
+                .unwrap_err()
+                .to_string(),
+            "NodePrepareResources failed for ResourceClaim ns/c: no device"
+        );
+        assert!(matches!(
+            answered(UNPREPARE, &batch, "u2", String::new()),
+            Err(Error::UnknownClaim { .. })
+        ));
+        assert!(skipped(PREPARE, &batch, 1).is_ok());
+        assert_eq!(
+            skipped(PREPARE, &batch, 0).unwrap_err().to_string(),
+            "NodePrepareResources skipped 1 ResourceClaims"
+        );
     }
 
     #[test]
