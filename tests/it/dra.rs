@@ -12,7 +12,7 @@ use kube::api::DeleteParams;
 
 use nodelet::server::pod_resources::proto::GetPodResourcesRequest;
 
-use crate::bed::{BUSYBOX, Node, eventually};
+use crate::bed::{BUSYBOX, Node, eventually, read_container_logs};
 use crate::control_plane::{ControlPlane, phase};
 
 /// The test driver's name (its default).
@@ -113,8 +113,9 @@ spec:
 
 /// A pod's resource claim is allocated from the driver's slices, prepared by the driver
 /// through nodelet before the sandbox, and its CDI device sets the environment of the
-/// container that uses it (only); the claim is kept in the checkpoint and counted as in use,
-/// and unprepared (its CDI spec removed) once the pod is gone.
+/// container that uses it (only); the claim is kept in the checkpoint and counted as in use, a
+/// restarted nodelet gives it to the container again, and it is unprepared (its CDI spec
+/// removed) once the pod is gone.
 #[tokio::test]
 async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_container() {
     let cp = ControlPlane::start("dra", true).await;
@@ -213,6 +214,34 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
             .count()
     };
     assert!(specs() > 0, "no CDI spec of the claim in {}", cdi.display());
+    // A restarted nodelet has the claim back from its checkpoint: the container, stopped
+    // meanwhile, starts again with its device.
+    let mut node = node;
+    node.stop_agent().await;
+    let running = node
+        .runtime
+        .list_containers(Some(("io.kubernetes.pod.uid", &uid)))
+        .await
+        .expect("the pod's containers");
+    let with = (running.iter())
+        .find(|c| c.name == "with-resource")
+        .expect("the container with the claim");
+    node.runtime
+        .stop_container(&with.id, 0)
+        .await
+        .expect("stop the container");
+    let kubeconfig = cp.node_kubeconfig(&node.name).display().to_string();
+    node.restart(&["--kubeconfig", &kubeconfig]).await;
+    let logs = node.pod_logs();
+    eventually(
+        "the restarted container with its device",
+        Duration::from_secs(60),
+        || async {
+            let log = read_container_logs(&logs, "default_dra_", "with-resource");
+            (log.matches("user_a=b").count() >= 2).then_some(())
+        },
+    )
+    .await;
     cp.pods("default")
         .delete("dra", &DeleteParams::default())
         .await
