@@ -111,11 +111,44 @@ spec:
     command: [sh, -c, "env; sleep 3600"]
 "#;
 
+/// A DeviceClass that serves an extended resource (DRAExtendedResource), and a pod asking for
+/// it as for a device plugin's: the scheduler makes the claim.
+const EXTENDED: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: example-ext}
+spec:
+  extendedResourceName: example.com/dra-dev
+  selectors:
+  - cel: {expression: 'device.driver == "test-driver.cdi.k8s.io"'}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-ext, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: ext
+    image: IMAGE
+    command: [sh, -c, "env; sleep 3600"]
+    resources:
+      limits: {example.com/dra-dev: "1"}
+"#;
+
+/// `name` as the test driver puts it in an environment variable's name.
+fn env_name(name: &str) -> String {
+    (name.chars())
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
 /// A pod's resource claim is allocated from the driver's slices, prepared by the driver
 /// through nodelet before the sandbox, and its CDI device sets the environment of the
 /// container that uses it (only); the claim is kept in the checkpoint and counted as in use, a
 /// restarted nodelet gives it to the container again, and it is unprepared (its CDI spec
-/// removed) once the pod is gone.
+/// removed) once the pod is gone. A claim made for an extended resource reaches its container
+/// too.
 #[tokio::test]
 async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_container() {
     let cp = ControlPlane::start("dra", true).await;
@@ -149,14 +182,11 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
         .and_then(|c| c.first())
         .and_then(|c| c.resource_claim_name.clone())
         .expect("the pod's claim in its status");
-    let env_name: String = (claim.chars())
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
     let log = node
         .wait_log_of("default", "dra", "with-resource", "user_a=b")
         .await;
     assert!(
-        log.contains(&format!("claim_{env_name}_my_device=true")),
+        log.contains(&format!("claim_{}_my_device=true", env_name(&claim))),
         "{log}"
     );
     let other = node
@@ -214,6 +244,27 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
             .count()
     };
     assert!(specs() > 0, "no CDI spec of the claim in {}", cdi.display());
+    // An extended resource served by DRA: no device plugin is asked, the scheduler's claim is
+    // prepared and the container gets its device.
+    let extended = cp.dir.join("dra-ext.yaml");
+    std::fs::write(&extended, EXTENDED.replace("IMAGE", BUSYBOX)).expect("write the objects");
+    cp.kubectl_ok(&["apply", "-f", &extended.display().to_string()])
+        .await;
+    let ext = cp
+        .wait_pod("default", "dra-ext", "Running", |p| phase(p) == "Running")
+        .await;
+    let ext_claim = (ext.status.as_ref())
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|c| c.resource_claim_name.clone())
+        .expect("the pod's extended resource claim in its status");
+    let log = node.wait_log_of("default", "dra-ext", "ext", "HOME=").await;
+    let wanted = format!("claim_{}_", env_name(&ext_claim));
+    assert!(log.contains(&wanted), "no {wanted} in {log}");
+    cp.pods("default")
+        .delete("dra-ext", &DeleteParams::default())
+        .await
+        .expect("delete the pod");
+    cp.wait_pod_gone("default", "dra-ext").await;
     // A restarted nodelet has the claim back from its checkpoint: the container, stopped
     // meanwhile, starts again with its device.
     let mut node = node;

@@ -219,7 +219,7 @@ impl DeviceManager {
 
 impl HintProvider for DeviceManager {
     fn hints(&self, nodes: &[u32], pod: &Pod, c: &Container) -> Hints {
-        self.hints_for(nodes, pod, container_needs(c), Some(&c.name))
+        self.hints_for(nodes, pod, container_needs(pod, c), Some(&c.name))
     }
 
     fn pod_hints(&self, nodes: &[u32], pod: &Pod) -> Hints {
@@ -234,7 +234,7 @@ impl HintProvider for DeviceManager {
         c: &Container,
         affinity: Option<NumaMask>,
     ) -> Result<(), Refusal> {
-        if let Some(mask) = affinity.filter(|_| !container_needs(c).is_empty()) {
+        if let Some(mask) = affinity.filter(|_| !container_needs(pod, c).is_empty()) {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let mut state = self.lock();
             let mine = state.pods.entry(uid).or_default();
@@ -263,13 +263,15 @@ pub fn is_extended(name: &str) -> bool {
     name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
 }
 
-/// The extended resources a container asks for, by its limits (which its requests equal).
-fn container_needs(c: &Container) -> BTreeMap<String, usize> {
+/// The extended resources a container asks for, by its limits (which its requests equal), but
+/// those a DRA claim of its pod serves.
+fn container_needs(pod: &Pod, c: &Container) -> BTreeMap<String, usize> {
     let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
     limits
         .into_iter()
         .flatten()
         .filter(|(name, _)| is_extended(name))
+        .filter(|(name, _)| !crate::cm::dra::backs(pod, &c.name, name))
         .filter_map(|(name, q)| {
             let count = crate::pod::parse_quantity(&q.0)?.round();
             (count >= 1.0).then(|| (name.clone(), count as usize))
@@ -281,7 +283,7 @@ fn container_needs(c: &Container) -> BTreeMap<String, usize> {
 /// together, or the largest regular init container when that is more.
 pub fn pod_needs(pod: &Pod) -> BTreeMap<String, usize> {
     let needs = |c: &Container| {
-        let needs = container_needs(c).into_iter();
+        let needs = container_needs(pod, c).into_iter();
         needs.map(|(name, n)| (name, n as u64)).collect()
     };
     super::pod_totals(pod, needs)
@@ -464,7 +466,7 @@ impl DeviceManager {
         pod: &Pod,
         container: &Container,
     ) -> Result<Option<proto::ContainerAllocateResponse>, Error> {
-        let wanted = container_needs(container);
+        let wanted = container_needs(pod, container);
         if wanted.is_empty() {
             return Ok(None);
         }

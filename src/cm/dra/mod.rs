@@ -2,9 +2,10 @@
 //! root dir's `plugins_registry` (registry.rs). Before a pod's sandbox is made, each
 //! ResourceClaim the pod uses is read from the API server and checked (allocated, reserved for
 //! the pod), and the drivers of its devices prepare it (NodePrepareResources), once however many
-//! pods share it. The CDI IDs of its devices go to the containers that name the claim. Once no
-//! pod on the node uses a claim any more, its drivers unprepare it. What is prepared is kept in
-//! the root dir's `dra_manager_state`, in upstream's format (checkpoint.rs).
+//! pods share it. The CDI IDs of its devices go to the containers that name the claim (or
+//! request the extended resource it was made for). Once no pod on the node uses a claim any
+//! more, its drivers unprepare it. What is prepared is kept in the root dir's
+//! `dra_manager_state`, in upstream's format (checkpoint.rs).
 
 pub mod checkpoint;
 pub mod registry;
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodExtendedResourceClaimStatus};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -152,9 +153,25 @@ fn pod_key(pod: &Pod) -> String {
     )
 }
 
-/// The name of the ResourceClaim behind each of the pod's claims (`pod claim name -> name`),
-/// and whether it was made from a template for the pod; a template's claim not made yet
-/// (`None` in the pod's status) is left out, as upstream.
+/// The claim the scheduler made for the pod's extended resources that DRA serves.
+fn extended_claim(pod: &Pod) -> Option<&PodExtendedResourceClaimStatus> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+}
+
+/// Whether a DRA claim of the pod serves the extended resource `resource` of its container
+/// `container` (so no device plugin does).
+pub fn backs(pod: &Pod, container: &str, resource: &str) -> bool {
+    (extended_claim(pod).into_iter())
+        .flat_map(|e| &e.request_mappings)
+        .any(|m| m.container_name == container && m.resource_name == resource)
+}
+
+/// The name of the ResourceClaim behind each of the pod's claims (`pod claim name -> name`;
+/// none for the claim of its extended resources), and whether it was made from a template for
+/// the pod; a template's claim not made yet (`None` in the pod's status) is left out, as
+/// upstream.
 fn claim_names(pod: &Pod) -> Result<Vec<(String, String, bool)>, Error> {
     let spec = crate::pod::spec(pod);
     let statuses = pod
@@ -162,6 +179,9 @@ fn claim_names(pod: &Pod) -> Result<Vec<(String, String, bool)>, Error> {
         .as_ref()
         .and_then(|s| s.resource_claim_statuses.as_ref());
     let mut out = Vec::new();
+    if let Some(extended) = extended_claim(pod) {
+        out.push((String::new(), extended.resource_claim_name.clone(), false));
+    }
     for claim in spec.resource_claims.iter().flatten() {
         if let Some(name) = &claim.resource_claim_name {
             out.push((claim.name.clone(), name.clone(), false));
@@ -630,37 +650,52 @@ impl DraManager {
         self.save()
     }
 
-    /// The claims the container uses, each with the devices (and their drivers) it gets of
-    /// it: those allocated for the request it names, or for none in particular.
+    /// The claims the container uses (those it names, and its pod's claim for the extended
+    /// resources it requests), each with the devices (and their drivers) it gets of it: those
+    /// allocated for the request it names or its resources map to, or for none in particular.
     pub fn container_claims(&self, pod: &Pod, container: &Container) -> Vec<ContainerClaim> {
-        let wanted = (container.resources.as_ref())
-            .and_then(|r| r.claims.as_ref())
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        if wanted.is_empty() {
-            return Vec::new();
-        }
         let Ok(names) = claim_names(pod) else {
             return Vec::new();
         };
+        // (claim name, request; empty: every request)
+        let mut uses: Vec<(&str, &str)> = Vec::new();
+        let named = (container.resources.as_ref())
+            .and_then(|r| r.claims.as_ref())
+            .into_iter()
+            .flatten();
+        for w in named {
+            let claim = names.iter().find(|(pod_claim, ..)| *pod_claim == w.name);
+            if let Some((_, name, _)) = claim {
+                uses.push((name, w.request.as_deref().unwrap_or_default()));
+            }
+        }
+        let requested = |resource: &str| {
+            (container.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get(resource))
+                .and_then(|q| crate::pod::parse_quantity(&q.0))
+                .is_some_and(|n| n > 0.0)
+        };
+        if let Some(extended) = extended_claim(pod) {
+            let mapped = (extended.request_mappings.iter())
+                .filter(|m| m.container_name == container.name && requested(&m.resource_name));
+            for m in mapped {
+                uses.push((&extended.resource_claim_name, &m.request_name));
+            }
+        }
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let claims = self.claims();
         let mut out = Vec::new();
-        for w in wanted {
-            let Some((_, name, _)) = names.iter().find(|(pod_claim, ..)| *pod_claim == w.name)
-            else {
-                continue;
-            };
+        for (name, request) in uses {
             let Some(claim) = claims.get(&key(namespace, name)) else {
                 continue;
             };
-            let request = w.request.as_deref().unwrap_or_default();
             let devices = (claim.state.drivers.iter())
                 .flat_map(|(driver, state)| state.devices.iter().map(move |d| (driver, d)))
                 .filter(|(_, d)| serves(d, request))
                 .map(|(driver, d)| (driver.clone(), d.clone()));
             out.push(ContainerClaim {
-                name: name.clone(),
+                name: name.to_string(),
                 namespace: namespace.to_string(),
                 devices: devices.collect(),
             });
