@@ -157,8 +157,11 @@ impl Registry {
         let dir = root_dir.join(DIR);
         crate::volumes::private_dir(&dir)?;
         let (wake, woken) = tokio::sync::mpsc::channel::<()>(1);
-        let watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
-            let _ = wake.try_send(());
+        // Reading the directory is an access event itself: only changes wake the scan.
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+                let _ = wake.try_send(());
+            }
         })
         .and_then(|mut w| w.watch(&dir, notify::RecursiveMode::Recursive).map(|()| w));
         let watcher = watcher
@@ -215,8 +218,9 @@ impl Registry {
     /// Waits for a change in the directory, or [`RESCAN`].
     pub async fn wait(&mut self) {
         tokio::select! {
-            _ = self.woken.recv() => {}
-            _ = tokio::time::sleep(RESCAN) => {}
+            // None: no watcher (its sender is gone), so only the rescan.
+            Some(()) = self.woken.recv() => {}
+            () = tokio::time::sleep(RESCAN) => {}
         }
     }
 }
@@ -260,6 +264,20 @@ mod tests {
                 .unwrap_err()
                 .contains("none of services")
         );
+    }
+
+    #[tokio::test]
+    async fn a_new_socket_wakes_the_registry_and_its_own_reading_does_not() {
+        let root = tempfile::tempdir().unwrap();
+        let mut registry = Registry::open(root.path()).unwrap();
+        let mut found = BTreeMap::new();
+        sockets(&registry.dir, 0, &mut found);
+        let quiet = tokio::time::timeout(Duration::from_millis(300), registry.wait()).await;
+        assert!(quiet.is_err(), "woken by its own reading of the directory");
+        let _plugin =
+            std::os::unix::net::UnixListener::bind(registry.dir.join("p-reg.sock")).unwrap();
+        let woken = tokio::time::timeout(RESCAN / 2, registry.wait()).await;
+        assert!(woken.is_ok(), "not woken by a new socket");
     }
 
     #[test]
