@@ -82,7 +82,7 @@ impl Resources {
         self.cpus.retain(keep);
         self.memory.retain(keep);
         self.devices.retain(keep);
-        self.dra.hold(keep.clone());
+        self.dra.hold(keep);
     }
 }
 

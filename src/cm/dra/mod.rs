@@ -33,6 +33,9 @@ pub mod proto {
 const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long a driver's ResourceSlices outlive its plugin (upstream's wiping delay).
 const WIPE_DELAY: Duration = Duration::from_secs(30);
+/// How long a deletion of slices may hold up the registry's loop (tried again on its next
+/// round) when the API server does not answer.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the manager asks of the API server (in a cluster).
 pub trait Api: Send + Sync {
@@ -522,13 +525,21 @@ impl DraManager {
     }
 
     /// The pods the node holds now: the claims of others are let go of by [`DraManager::run`].
-    pub fn hold(&self, pods: HashSet<String>) {
-        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), pods));
+    pub fn hold(&self, pods: &HashSet<String>) {
+        // Kept only while there are claims to let go of (a snapshot older than a claim's
+        // preparation never lets it go).
+        if !self.claims().is_empty() {
+            *self.held.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((Instant::now(), pods.clone()));
+        }
     }
 
     /// Lets go of the claims of pods the node no longer holds (gone while nodelet was not
     /// looking, or whose end could not let go of them).
     async fn release_orphans(&self) {
+        if self.claims().is_empty() {
+            return;
+        }
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let Some((said, held)) = held else {
             return;
@@ -767,7 +778,8 @@ fn answered(
 
 /// Deletes the node's ResourceSlices (of `driver` only, when given); whether it did.
 async fn wipe(api: &dyn Api, driver: Option<&str>) -> bool {
-    match api.delete_slices(driver).await {
+    let asked = tokio::time::timeout(API_TIMEOUT, api.delete_slices(driver)).await;
+    match asked.unwrap_or_else(|_| Err("no answer from the API server".into())) {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(driver = driver.unwrap_or("(all)"), error = %e, "cannot delete the node's ResourceSlices; trying again");
