@@ -136,6 +136,16 @@ spec:
       limits: {example.com/dra-dev: "1"}
 "#;
 
+/// Applies `objects` (with the test image) and waits until their pod `default/pod` runs.
+async fn run(cp: &ControlPlane, objects: &str, pod: &str) -> k8s_openapi::api::core::v1::Pod {
+    let file = cp.dir.join(format!("{pod}.yaml"));
+    std::fs::write(&file, objects.replace("IMAGE", BUSYBOX)).expect("write the objects");
+    cp.kubectl_ok(&["apply", "-f", &file.display().to_string()])
+        .await;
+    cp.wait_pod("default", pod, "Running", |p| phase(p) == "Running")
+        .await
+}
+
 /// `name` as the test driver puts it in an environment variable's name.
 fn env_name(name: &str) -> String {
     (name.chars())
@@ -166,13 +176,7 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
         },
     )
     .await;
-    let objects = cp.dir.join("dra.yaml");
-    std::fs::write(&objects, OBJECTS.replace("IMAGE", BUSYBOX)).expect("write the objects");
-    cp.kubectl_ok(&["apply", "-f", &objects.display().to_string()])
-        .await;
-    let pod = cp
-        .wait_pod("default", "dra", "Running", |p| phase(p) == "Running")
-        .await;
+    let pod = run(&cp, OBJECTS, "dra").await;
     assert_eq!(
         pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         Some(node.name.as_str())
@@ -246,13 +250,7 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
     assert!(specs() > 0, "no CDI spec of the claim in {}", cdi.display());
     // An extended resource served by DRA: no device plugin is asked, the scheduler's claim is
     // prepared and the container gets its device.
-    let extended = cp.dir.join("dra-ext.yaml");
-    std::fs::write(&extended, EXTENDED.replace("IMAGE", BUSYBOX)).expect("write the objects");
-    cp.kubectl_ok(&["apply", "-f", &extended.display().to_string()])
-        .await;
-    let ext = cp
-        .wait_pod("default", "dra-ext", "Running", |p| phase(p) == "Running")
-        .await;
+    let ext = run(&cp, EXTENDED, "dra-ext").await;
     let ext_claim = (ext.status.as_ref())
         .and_then(|s| s.extended_resource_claim_status.as_ref())
         .map(|c| c.resource_claim_name.clone())

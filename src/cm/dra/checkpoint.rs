@@ -152,7 +152,7 @@ pub fn read(root_dir: &Path) -> Result<Vec<ClaimState>, Error> {
     Ok(data.claims)
 }
 
-/// Writes `claims` to the checkpoint in `root_dir` (atomically: a new file renamed over it).
+/// Writes `claims` to the checkpoint in `root_dir` (a new file renamed over it).
 pub fn write(root_dir: &Path, claims: Vec<ClaimState>) -> Result<(), Error> {
     let path = root_dir.join(FILE);
     let data = Data {
@@ -160,16 +160,12 @@ pub fn write(root_dir: &Path, claims: Vec<ClaimState>) -> Result<(), Error> {
         api_version: API_VERSION.into(),
         claims,
     };
-    let data = serde_json::to_string(&data).unwrap_or_default();
+    let data = serde_json::to_string(&data).map_err(|e| Error::Write(path.clone(), e.into()))?;
     let file = File {
         checksum: crc32(data.as_bytes()),
         data,
     };
-    let bytes = serde_json::to_vec(&file).unwrap_or_default();
-    let tmp = root_dir.join(format!(".{FILE}.tmp"));
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| Error::Write(path, e))
+    crate::types::replace_json(&path, &file).map_err(|e| Error::Write(path, e))
 }
 
 #[cfg(test)]
