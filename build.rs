@@ -1,20 +1,25 @@
 //! Generates the admin API (proto/admin.proto) for the server and the CLI, and the kubelet's
-//! pod-resources (proto/podresources.proto), device plugin (proto/deviceplugin.proto), plugin
-//! registration (proto/pluginregistration.proto) and DRA plugin (proto/dra.proto) APIs, servers
-//! and clients both (the tests play the other side).
+//! pod-resources (proto/podresources.proto), device plugin (proto/deviceplugin.proto) and plugin
+//! registration (proto/pluginregistration.proto) APIs, servers and clients both (the tests play
+//! the other side); and the DRA plugin API's messages (proto/dra.proto), which nodelet sends to
+//! whichever of the API's versions a driver serves.
 
-const PROTOS: [&str; 5] = [
+const SERVICES: [&str; 4] = [
     "proto/admin.proto",
     "proto/podresources.proto",
     "proto/deviceplugin.proto",
     "proto/pluginregistration.proto",
-    "proto/dra.proto",
 ];
+const MESSAGES: [&str; 1] = ["proto/dra.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for proto in PROTOS {
+    for proto in SERVICES.iter().chain(&MESSAGES) {
         println!("cargo:rerun-if-changed={proto}");
     }
-    tonic_prost_build::configure().compile_protos(&PROTOS, &["proto"])?;
+    tonic_prost_build::configure().compile_protos(&SERVICES, &["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_protos(&MESSAGES, &["proto"])?;
     Ok(())
 }

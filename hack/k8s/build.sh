@@ -167,16 +167,16 @@ build_test_binary() {
     log "$1 built in $((SECONDS - start)) s"
 }
 
-# e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program), the sample device plugin, nc
-# and nmeter, beside the control plane.
+# e2e.test, ginkgo, agnhost, nnp (the nonewprivs image's program), the sample device plugin, the
+# DRA test driver, nc, nmeter and dra-v1beta1-driver, beside the control plane.
 build_e2e() {
     local b name start
     export CGO_ENABLED=0 GOFLAGS=-mod=readonly
     mkdir -p "$bindir"
     build_test_binary e2e.test "$e2e_test_pkg"
-    # Our own stand-ins for the test images (see kube/nc, kube/nmeter): rebuilt when their
-    # source changes.
-    for name in nc nmeter; do
+    # Our own stand-ins for the test images (see kube/nc, kube/nmeter) and test driver (see
+    # kube/dra-v1beta1-driver): rebuilt when their source changes.
+    for name in nc nmeter dra-v1beta1-driver; do
         if [[ ! $bindir/$name -nt $here/kube/$name/main.go ]]; then
             (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$bindir/$name.tmp" "./$name")
             mv "$bindir/$name.tmp" "$bindir/$name"

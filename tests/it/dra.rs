@@ -1,7 +1,8 @@
 //! Dynamic resource allocation against a real control plane, with upstream's DRA test driver
 //! as the node's kubelet plugin: a pod's claim, allocated by the scheduler from the slices the
 //! driver published, is prepared by the driver through nodelet, its CDI device reaches the
-//! container through the runtime, and the claim is unprepared when the pod goes.
+//! container through the runtime, and the claim is unprepared when the pod goes. A driver that
+//! serves only the older v1beta1 API is called through it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,30 +18,43 @@ use crate::control_plane::{ControlPlane, phase};
 
 /// The test driver's name (its default).
 const DRIVER: &str = "test-driver.cdi.k8s.io";
+/// The name of the test driver that serves only the v1beta1 API (its default).
+const BETA_DRIVER: &str = "v1beta1.test-driver.cdi.k8s.io";
 
-/// Upstream's DRA test driver serving `node`'s kubelet plugin, its CDI specs in the test bed
-/// runtime's CDI dir; stopped on drop.
+/// A DRA test driver serving `node`'s kubelet plugin, its CDI specs in the test bed runtime's
+/// CDI dir; stopped on drop.
 struct Driver {
     child: std::process::Child,
 }
 
 impl Driver {
+    /// Upstream's test driver, serving the API's v1.
     fn start(cp: &ControlPlane, node: &Node) -> Driver {
+        Driver::program(cp, node, "dra-test-driver", DRIVER, &["kubelet-plugin"])
+    }
+
+    /// Upstream's test driver serving only the API's v1beta1 (kube/dra-v1beta1-driver).
+    fn start_v1beta1(cp: &ControlPlane, node: &Node) -> Driver {
+        Driver::program(cp, node, "dra-v1beta1-driver", BETA_DRIVER, &[])
+    }
+
+    /// `program` of the test binaries, serving driver `name`, with `args` first.
+    fn program(cp: &ControlPlane, node: &Node, program: &str, name: &str, args: &[&str]) -> Driver {
         let bin = PathBuf::from(std::env::var("K8S_BIN").expect("K8S_BIN (make test sets it)"))
-            .join("dra-test-driver");
+            .join(program);
         assert!(
             bin.is_file(),
-            "no DRA test driver at {}: hack/k8s/build.sh e2e builds it",
+            "no {program} at {}: hack/k8s/build.sh e2e builds it",
             bin.display()
         );
         let cdi = std::env::var("NODELET_TEST_CDI_DIR")
             .expect("NODELET_TEST_CDI_DIR (make test sets it)");
         let root = node.path("root");
-        let log = std::fs::File::create(node.path("dra-test-driver.log")).expect("driver log");
+        let log = std::fs::File::create(node.path(&format!("{program}.log"))).expect("driver log");
         // Where its DaemonSet would mount its socket directory.
-        std::fs::create_dir_all(root.join("plugins").join(DRIVER)).expect("the driver's dir");
+        std::fs::create_dir_all(root.join("plugins").join(name)).expect("the driver's dir");
         let child = std::process::Command::new(bin)
-            .arg("kubelet-plugin")
+            .args(args)
             .arg("--kubeconfig")
             .arg(&cp.kubeconfig)
             .args(["--node-name", &node.name, "--cdi-dir", &cdi])
@@ -136,6 +150,62 @@ spec:
       limits: {example.com/dra-dev: "1"}
 "#;
 
+/// A claim on the v1beta1 driver's devices, with an opaque config it turns into an environment
+/// variable.
+const BETA: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: example-beta}
+spec:
+  selectors:
+  - cel: {expression: 'device.driver == "v1beta1.test-driver.cdi.k8s.io"'}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: beta, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: beta-device
+        exactly: {deviceClassName: example-beta}
+      config:
+      - opaque:
+          driver: v1beta1.test-driver.cdi.k8s.io
+          parameters: {b: c}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-beta, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - {name: resource, resourceClaimTemplateName: beta}
+  containers:
+  - name: beta
+    image: IMAGE
+    command: [sh, -c, "env; sleep 3600"]
+    resources:
+      claims: [{name: resource}]
+"#;
+
+/// Waits until `driver` has published a ResourceSlice for `node`.
+async fn wait_slice(cp: &ControlPlane, node: &Node, driver: &str) {
+    let slices: Api<ResourceSlice> = Api::all(cp.admin.clone());
+    eventually(
+        &format!("{driver}'s ResourceSlice for the node"),
+        Duration::from_secs(60),
+        || async {
+            let listed = slices.list(&Default::default()).await.ok()?;
+            (listed.items.iter())
+                .any(|s| s.spec.node_name.as_deref() == Some(&node.name) && s.spec.driver == driver)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Applies `objects` (with the test image) and waits until their pod `default/pod` runs.
 async fn run(cp: &ControlPlane, objects: &str, pod: &str) -> k8s_openapi::api::core::v1::Pod {
     let file = cp.dir.join(format!("{pod}.yaml"));
@@ -164,18 +234,7 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
     let cp = ControlPlane::start("dra", true).await;
     let node = crate::cluster::join(&cp, "dra", &[]).await;
     let driver = Driver::start(&cp, &node);
-    let slices: Api<ResourceSlice> = Api::all(cp.admin.clone());
-    eventually(
-        "the driver's ResourceSlice for the node",
-        Duration::from_secs(60),
-        || async {
-            let listed = slices.list(&Default::default()).await.ok()?;
-            (listed.items.iter())
-                .any(|s| s.spec.node_name.as_deref() == Some(&node.name) && s.spec.driver == DRIVER)
-                .then_some(())
-        },
-    )
-    .await;
+    wait_slice(&cp, &node, DRIVER).await;
     let pod = run(&cp, OBJECTS, "dra").await;
     assert_eq!(
         pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
@@ -263,6 +322,26 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
         .await
         .expect("delete the pod");
     cp.wait_pod_gone("default", "dra-ext").await;
+    // A driver built before the API's v1 is called through its v1beta1.
+    let beta_driver = Driver::start_v1beta1(&cp, &node);
+    wait_slice(&cp, &node, BETA_DRIVER).await;
+    run(&cp, BETA, "dra-beta").await;
+    node.wait_log_of("default", "dra-beta", "beta", "user_b=c")
+        .await;
+    let metrics = nodelet::metrics::get().render();
+    let beta_prepare = format!(
+        "dra_grpc_operations_duration_seconds_count{{driver_name=\"{BETA_DRIVER}\",method_name=\"/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources\",grpc_status_code=\"OK\"}}"
+    );
+    assert!(
+        metrics.contains(&beta_prepare),
+        "no {beta_prepare} in {metrics}"
+    );
+    cp.pods("default")
+        .delete("dra-beta", &DeleteParams::default())
+        .await
+        .expect("delete the pod");
+    cp.wait_pod_gone("default", "dra-beta").await;
+    drop(beta_driver);
     // A restarted nodelet has the claim back from its checkpoint: the container, stopped
     // meanwhile, starts again with its device.
     let mut node = node;

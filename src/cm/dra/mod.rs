@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use checkpoint::{ClaimState, Device, DriverState};
-use proto::dra_plugin_client::DraPluginClient;
 
-/// The generated messages and client of the DRA plugin API, v1.
+/// The generated messages of the DRA plugin API, v1. Its v1beta1 is the same on the wire
+/// without `Device.share_id`, under another service name.
 pub mod proto {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
@@ -104,7 +104,10 @@ const UNPREPARE: &str = "NodeUnprepareResources";
 /// A registered driver's plugin.
 #[derive(Debug)]
 struct Plugin {
-    client: DraPluginClient<Channel>,
+    channel: Channel,
+    /// The gRPC service called, of the API versions it serves the newest nodelet speaks
+    /// (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`).
+    service: String,
     /// The registration socket it came through.
     socket: PathBuf,
 }
@@ -330,16 +333,16 @@ impl DraManager {
         self.claims.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes `driver`'s plugin, serving on `endpoint`, registered through `socket` (a newer
-    /// registration replaces an older one).
-    pub fn register(&self, driver: &str, endpoint: &Path, socket: &Path) {
-        let client = DraPluginClient::new(crate::runtime::unix_channel(endpoint));
+    /// Takes `driver`'s plugin, serving API `version` (`v1.DRAPlugin`) on `endpoint`,
+    /// registered through `socket` (a newer registration replaces an older one).
+    pub fn register(&self, driver: &str, version: &str, endpoint: &Path, socket: &Path) {
         let plugin = Plugin {
-            client,
+            channel: crate::runtime::unix_channel(endpoint),
+            service: format!("k8s.io.kubelet.pkg.apis.dra.{version}"),
             socket: socket.to_path_buf(),
         };
         self.plugins().insert(driver.to_string(), plugin);
-        tracing::info!(driver, endpoint = %endpoint.display(), "DRA driver registered");
+        tracing::info!(driver, version, endpoint = %endpoint.display(), "DRA driver registered");
     }
 
     /// Drops the plugins registered through `socket`; returns their drivers.
@@ -449,7 +452,12 @@ impl DraManager {
         // claim UID -> driver -> devices
         let mut devices: BTreeMap<String, BTreeMap<String, Vec<Device>>> = BTreeMap::new();
         for (driver, batch) in batches {
-            let answer = self.call_prepare(&driver, batch.clone()).await?;
+            let request = proto::NodePrepareResourcesRequest {
+                claims: batch.clone(),
+            };
+            let answer: proto::NodePrepareResourcesResponse =
+                self.call(&driver, PREPARE, request).await?;
+            let answer = answer.claims;
             let count = answer.len();
             for (claim_uid, result) in answer {
                 answered(PREPARE, &batch, &claim_uid, result.error)?;
@@ -481,38 +489,50 @@ impl DraManager {
         self.save()
     }
 
-    /// NodePrepareResources of `driver` for `claims`: the answer for each claim UID.
-    async fn call_prepare(
-        &self,
-        driver: &str,
-        claims: Vec<proto::Claim>,
-    ) -> Result<HashMap<String, proto::NodePrepareResourceResponse>, Error> {
-        let mut client = self.client(driver, PREPARE)?;
-        let request = proto::NodePrepareResourcesRequest { claims };
-        let answer = timed(driver, PREPARE, client.node_prepare_resources(request)).await?;
-        Ok(answer.claims)
-    }
-
-    /// NodeUnprepareResources of `driver` for `claims`: the answer for each claim UID.
-    async fn call_unprepare(
-        &self,
-        driver: &str,
-        claims: Vec<proto::Claim>,
-    ) -> Result<HashMap<String, proto::NodeUnprepareResourceResponse>, Error> {
-        let mut client = self.client(driver, UNPREPARE)?;
-        let request = proto::NodeUnprepareResourcesRequest { claims };
-        let answer = timed(driver, UNPREPARE, client.node_unprepare_resources(request)).await?;
-        Ok(answer.claims)
-    }
-
-    fn client(&self, driver: &str, call: &'static str) -> Result<DraPluginClient<Channel>, Error> {
-        let plugins = self.plugins();
-        let plugin = plugins.get(driver).ok_or_else(|| Error::Call {
-            call,
+    /// `method` of `driver`'s plugin with `request`: its answer within [`CALL_TIMEOUT`], timed
+    /// in `dra_grpc_operations_duration_seconds`.
+    async fn call<Q, A>(&self, driver: &str, method: &'static str, request: Q) -> Result<A, Error>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
+        let error = |message: String| Error::Call {
+            call: method,
             driver: driver.into(),
-            message: "the driver is not registered".into(),
-        })?;
-        Ok(plugin.client.clone())
+            message,
+        };
+        let (channel, path) = {
+            let plugins = self.plugins();
+            let plugin = (plugins.get(driver))
+                .ok_or_else(|| error("the driver is not registered".into()))?;
+            (
+                plugin.channel.clone(),
+                format!("/{}/{method}", plugin.service),
+            )
+        };
+        let mut grpc = tonic::client::Grpc::new(channel);
+        let began = Instant::now();
+        let answer = tokio::time::timeout(CALL_TIMEOUT, async {
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            let path = tonic::codegen::http::uri::PathAndQuery::try_from(path.as_str())
+                .map_err(|e| tonic::Status::internal(e.to_string()))?;
+            let codec = tonic_prost::ProstCodec::default();
+            grpc.unary(tonic::Request::new(request), path, codec).await
+        })
+        .await;
+        let code = match &answer {
+            Ok(Ok(_)) => tonic::Code::Ok,
+            Ok(Err(status)) => status.code(),
+            Err(_) => tonic::Code::DeadlineExceeded,
+        };
+        crate::metrics::get().dra_grpc(driver, &path, &code_name(code), began.elapsed());
+        match answer {
+            Ok(Ok(answer)) => Ok(answer.into_inner()),
+            Ok(Err(status)) => Err(error(status.message().to_string())),
+            Err(_) => Err(error(format!("no answer within {CALL_TIMEOUT:?}"))),
+        }
     }
 
     /// Lets go of what the pod held (its containers are stopped): each claim no other pod on
@@ -643,7 +663,12 @@ impl DraManager {
         }
         self.save()?;
         for (driver, batch) in batches {
-            let answer = self.call_unprepare(&driver, batch.clone()).await?;
+            let request = proto::NodeUnprepareResourcesRequest {
+                claims: batch.clone(),
+            };
+            let answer: proto::NodeUnprepareResourcesResponse =
+                self.call(&driver, UNPREPARE, request).await?;
+            let answer = answer.claims;
             let count = answer.len();
             for (claim_uid, result) in answer {
                 answered(UNPREPARE, &batch, &claim_uid, result.error)?;
@@ -785,34 +810,6 @@ async fn wipe(api: &dyn Api, driver: Option<&str>) -> bool {
             tracing::warn!(driver = driver.unwrap_or("(all)"), error = %e, "cannot delete the node's ResourceSlices; trying again");
             false
         }
-    }
-}
-
-/// Awaits a driver's answer within [`CALL_TIMEOUT`], timed in
-/// `dra_grpc_operations_duration_seconds`.
-async fn timed<T>(
-    driver: &str,
-    call: &'static str,
-    answer: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, Error> {
-    let began = Instant::now();
-    let answer = tokio::time::timeout(CALL_TIMEOUT, answer).await;
-    let code = match &answer {
-        Ok(Ok(_)) => tonic::Code::Ok,
-        Ok(Err(status)) => status.code(),
-        Err(_) => tonic::Code::DeadlineExceeded,
-    };
-    let method = format!("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{call}");
-    crate::metrics::get().dra_grpc(driver, &method, &code_name(code), began.elapsed());
-    let error = |message: String| Error::Call {
-        call,
-        driver: driver.into(),
-        message,
-    };
-    match answer {
-        Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(status)) => Err(error(status.message().to_string())),
-        Err(_) => Err(error(format!("no answer within {CALL_TIMEOUT:?}"))),
     }
 }
 

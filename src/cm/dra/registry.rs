@@ -1,6 +1,7 @@
 //! The plugin registry, upstream's plugin watcher: a plugin puts a socket in the root dir's
 //! `plugins_registry` (or a directory below it) serving the Registration service; nodelet asks
-//! it what it is (GetInfo), takes DRA drivers' plugins (type `DRAPlugin`, API `v1.DRAPlugin`)
+//! it what it is (GetInfo), takes DRA drivers' plugins (type `DRAPlugin`, API `v1.DRAPlugin` or
+//! `v1beta1.DRAPlugin`)
 //! and tells each plugin whether it was taken (NotifyRegistrationStatus). A socket that goes
 //! away takes its plugin with it.
 
@@ -23,8 +24,8 @@ pub mod proto {
 pub const DIR: &str = "plugins_registry";
 /// The plugin type of DRA drivers.
 const DRA_PLUGIN: &str = "DRAPlugin";
-/// The DRA plugin API versions nodelet speaks, as plugins name them.
-const DRA_VERSIONS: [&str; 1] = ["v1.DRAPlugin"];
+/// The DRA plugin API versions nodelet speaks, as plugins name them, newest first.
+const DRA_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 
 /// How often the directory is read again besides its change events (a plugin that did not
 /// answer is asked again then).
@@ -67,9 +68,17 @@ fn sockets(dir: &Path, depth: usize, out: &mut BTreeMap<PathBuf, Identity>) {
     }
 }
 
-/// Why a plugin's information is refused, in upstream's words; the driver and its endpoint
-/// otherwise.
-fn accept(info: &proto::PluginInfo, socket: &Path) -> Result<(String, PathBuf), String> {
+/// A plugin nodelet takes: its driver, the API version called and its endpoint.
+#[derive(Debug, PartialEq, Eq)]
+struct Accepted {
+    driver: String,
+    version: &'static str,
+    endpoint: PathBuf,
+}
+
+/// Why a plugin's information is refused, in upstream's words; what is taken otherwise: of
+/// the API versions the plugin lists, the first nodelet speaks, as upstream.
+fn accept(info: &proto::PluginInfo, socket: &Path) -> Result<Accepted, String> {
     if info.r#type != DRA_PLUGIN {
         return Err(format!(
             "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
@@ -88,12 +97,15 @@ fn accept(info: &proto::PluginInfo, socket: &Path) -> Result<(String, PathBuf), 
             "empty list of supported gRPC services (aka supported versions)".into(),
         ));
     }
-    if !(info.supported_versions.iter()).any(|v| DRA_VERSIONS.contains(&v.as_str())) {
+    let version = (info.supported_versions.iter())
+        .find_map(|v| DRA_VERSIONS.into_iter().find(|&known| known == v));
+    let Some(version) = version else {
         return Err(invalid(format!(
-            "none of services supported by the plugin ({:?}) are supported by the kubelet ({:?})",
-            info.supported_versions, DRA_VERSIONS
+            "none of services supported by the plugin ({}) are supported by the kubelet ({})",
+            quoted(info.supported_versions.iter().map(String::as_str)),
+            quoted(DRA_VERSIONS)
         )));
-    }
+    };
     if info.name.is_empty() {
         return Err("RegisterPlugin error -- plugin validation failed with err: the DRA driver plugin has no name".into());
     }
@@ -102,7 +114,17 @@ fn accept(info: &proto::PluginInfo, socket: &Path) -> Result<(String, PathBuf), 
     } else {
         PathBuf::from(&info.endpoint)
     };
-    Ok((info.name.clone(), endpoint))
+    Ok(Accepted {
+        driver: info.name.clone(),
+        version,
+        endpoint,
+    })
+}
+
+/// A list as Go prints a `[]string` with `%q`.
+fn quoted<'a>(list: impl IntoIterator<Item = &'a str>) -> String {
+    let quoted: Vec<String> = list.into_iter().map(|v| format!("{v:?}")).collect();
+    format!("[{}]", quoted.join(" "))
 }
 
 /// Registers the plugin behind `socket`: its driver's name, or why not.
@@ -114,9 +136,9 @@ async fn register(dra: &DraManager, socket: &Path) -> Result<String, String> {
         .map_err(|s| format!("GetInfo failed: {}", s.message()))?
         .into_inner();
     let (accepted, error) = match accept(&info, socket) {
-        Ok((driver, endpoint)) => {
-            dra.register(&driver, &endpoint, socket);
-            (Some(driver), String::new())
+        Ok(taken) => {
+            dra.register(&taken.driver, taken.version, &taken.endpoint, socket);
+            (Some(taken.driver), String::new())
         }
         Err(why) => (None, why),
     };
@@ -236,34 +258,42 @@ mod tests {
             r#type: DRA_PLUGIN.into(),
             name: "d.example.com".into(),
             endpoint: "/r/plugins/d.example.com/dra.sock".into(),
-            supported_versions: vec!["v1beta1.DRAPlugin".into(), "v1.DRAPlugin".into()],
+            supported_versions: vec![
+                "v1.DRAPlugin".into(),
+                "v1beta1.DRAPlugin".into(),
+                "v1alpha1.DRAResourceHealth".into(),
+            ],
         };
         assert_eq!(
             accept(&info, socket),
-            Ok((
-                "d.example.com".into(),
-                PathBuf::from("/r/plugins/d.example.com/dra.sock")
-            ))
+            Ok(Accepted {
+                driver: "d.example.com".into(),
+                version: "v1.DRAPlugin",
+                endpoint: PathBuf::from("/r/plugins/d.example.com/dra.sock")
+            })
         );
         let own_socket = proto::PluginInfo {
             endpoint: String::new(),
             ..info.clone()
         };
-        assert_eq!(accept(&own_socket, socket).unwrap().1, socket);
+        assert_eq!(accept(&own_socket, socket).unwrap().endpoint, socket);
+        let beta = proto::PluginInfo {
+            supported_versions: vec!["v1beta1.DRAPlugin".into()],
+            ..info.clone()
+        };
+        assert_eq!(accept(&beta, socket).unwrap().version, "v1beta1.DRAPlugin");
         let csi = proto::PluginInfo {
             r#type: "CSIPlugin".into(),
             ..info.clone()
         };
         assert!(accept(&csi, socket).unwrap_err().contains("no handler"));
         let old = proto::PluginInfo {
-            supported_versions: vec!["v1beta1.DRAPlugin".into()],
+            supported_versions: vec!["v1alpha4.Node".into()],
             ..info
         };
-        assert!(
-            accept(&old, socket)
-                .unwrap_err()
-                .contains("none of services")
-        );
+        assert!(accept(&old, socket).unwrap_err().ends_with(
+            "none of services supported by the plugin ([\"v1alpha4.Node\"]) are supported by the kubelet ([\"v1.DRAPlugin\" \"v1beta1.DRAPlugin\"])"
+        ));
     }
 
     #[tokio::test]
