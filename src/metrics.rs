@@ -275,6 +275,7 @@ pub struct Metrics {
     runtime_duration: Histogram,
     pleg_relist_duration: Histogram,
     pleg_relist_interval: Histogram,
+    pleg_pod_relist_duration: Histogram,
     evented_pleg_connected: Family,
     evented_pleg_errors: Family,
     pod_worker_duration: Histogram,
@@ -453,6 +454,11 @@ pub fn get() -> &'static Metrics {
         pleg_relist_interval: Histogram::new(
             "kubelet_pleg_relist_interval_seconds",
             "Interval in seconds between relisting in PLEG.",
+            &[],
+        ),
+        pleg_pod_relist_duration: Histogram::new(
+            "kubelet_pleg_pod_relist_duration_seconds",
+            "Duration in seconds for relisting a single pod in PLEG.",
             &[],
         ),
         evented_pleg_connected: Family::new(
@@ -1006,6 +1012,12 @@ impl Metrics {
         }
     }
 
+    /// One pod listed on its own (its sync could not start from the PLEG's reading).
+    pub fn pleg_pod_relist(&self, took: Duration) {
+        self.pleg_pod_relist_duration
+            .observe(&[], took.as_secs_f64());
+    }
+
     /// The PLEG is alive: it relisted, or an event came.
     pub fn pleg_seen(&self) {
         self.pleg_last_seen.set(&[], unix_now().floor());
@@ -1461,11 +1473,12 @@ impl Metrics {
     }
 
     /// Every histogram, in the order they are rendered.
-    fn histograms(&self) -> [&Histogram; 20] {
+    fn histograms(&self) -> [&Histogram; 21] {
         [
             &self.runtime_duration,
             &self.pleg_relist_duration,
             &self.pleg_relist_interval,
+            &self.pleg_pod_relist_duration,
             &self.pod_worker_duration,
             &self.pod_start_duration,
             &self.run_podsandbox_duration,

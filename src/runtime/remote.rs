@@ -413,15 +413,22 @@ impl RuntimeClient {
         Ok(out)
     }
 
-    /// Everything the runtime holds for one pod, with each container's status details.
+    /// Everything the runtime holds for one pod, with each container's status details: a
+    /// single pod's relist, timed in `kubelet_pleg_pod_relist_duration_seconds`.
     pub async fn pod_runtime(&self, uid: &PodUid) -> Result<PodRuntime> {
-        let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
-        let containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
-        self.with_details(PodRuntime {
-            sandboxes,
-            containers,
-        })
-        .await
+        let began = Instant::now();
+        let read = async {
+            let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
+            let containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
+            let listed = PodRuntime {
+                sandboxes,
+                containers,
+            };
+            self.with_details(listed).await
+        };
+        let rt = read.await;
+        crate::metrics::get().pleg_pod_relist(began.elapsed());
+        rt
     }
 
     /// A pod's listed sandboxes and containers, each container with its status details (and
