@@ -1,8 +1,9 @@
 //! Generates the admin API (proto/admin.proto) for the server and the CLI, and the kubelet's
 //! pod-resources (proto/podresources.proto), device plugin (proto/deviceplugin.proto) and plugin
 //! registration (proto/pluginregistration.proto) APIs, servers and clients both (the tests play
-//! the other side); and the DRA plugin API's messages (proto/dra.proto), which nodelet sends to
-//! whichever of the API's versions a driver serves.
+//! the other side); and the messages of the DRA plugin API (proto/dra.proto), which nodelet
+//! sends to whichever of the API's versions a driver serves, and of the DRA device health API
+//! (proto/drahealth.proto).
 
 const SERVICES: [&str; 4] = [
     "proto/admin.proto",
@@ -10,7 +11,7 @@ const SERVICES: [&str; 4] = [
     "proto/deviceplugin.proto",
     "proto/pluginregistration.proto",
 ];
-const MESSAGES: [&str; 1] = ["proto/dra.proto"];
+const MESSAGES: [&str; 2] = ["proto/dra.proto", "proto/drahealth.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in SERVICES.iter().chain(&MESSAGES) {

@@ -871,10 +871,10 @@ impl<S: PodSyncer> SyncLoop<S> {
     pub async fn run(
         mut self,
         mut snapshots: mpsc::Receiver<SourceSnapshot>,
-        mut events: mpsc::Receiver<Event>,
-        mut probes: mpsc::UnboundedReceiver<probe::Update>,
+        wakes: Wakes,
         cancel: CancellationToken,
     ) {
+        let (mut events, mut probes, mut health) = wakes;
         let mut tick = tokio::time::interval(self.config.tick);
         let mut housekeeping = tokio::time::interval(self.config.housekeeping);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -941,6 +941,10 @@ impl<S: PodSyncer> SyncLoop<S> {
                     tracing::debug!(?update, "probe result changed");
                     self.handle_event(&update.uid, EventKind::Changed);
                 }
+                Some(uid) = health.recv() => {
+                    tracing::debug!(pod = %uid.0, "the health of the pod's devices changed");
+                    self.handle_event(&uid, EventKind::Changed);
+                }
                 _ = tick.tick() => self.resync_due(),
                 _ = housekeeping.tick() => self.housekeeping().await,
             }
@@ -948,6 +952,14 @@ impl<S: PodSyncer> SyncLoop<S> {
         }
     }
 }
+
+/// What wakes a pod's worker besides its sources: the PLEG's lifecycle events, probe results
+/// that changed, and the pods whose devices' health changed.
+pub type Wakes = (
+    mpsc::Receiver<Event>,
+    mpsc::UnboundedReceiver<probe::Update>,
+    mpsc::UnboundedReceiver<PodUid>,
+);
 
 /// A request for a graceful node shutdown.
 pub struct Shutdown {
@@ -1121,7 +1133,8 @@ mod tests {
             let (snapshots, rx) = mpsc::channel(8);
             let (_, events) = mpsc::channel(1);
             let (_, probes) = mpsc::unbounded_channel();
-            tokio::spawn(sync_loop.run(rx, events, probes, cancel.clone()));
+            let (_, health) = mpsc::unbounded_channel();
+            tokio::spawn(sync_loop.run(rx, (events, probes, health), cancel.clone()));
             Bed {
                 fake,
                 snapshots,

@@ -44,6 +44,8 @@ pub(crate) struct Core {
     pub(super) runtime_state: crate::runtime_state::RuntimeState,
     pub(super) events: mpsc::Receiver<pleg::Event>,
     pub(super) probes: mpsc::UnboundedReceiver<probe::Update>,
+    /// The pods whose devices' health changed (see [`crate::cm::HealthUpdates`]).
+    pub(super) health: mpsc::UnboundedReceiver<crate::types::PodUid>,
     pub(super) runtime: crate::runtime::RuntimeClient,
     /// What the node has, and what it gives to pods.
     pub(super) capacity: crate::types::Allocatable,
@@ -111,7 +113,8 @@ impl Core {
             &recorder,
         );
         let reservation = memory_reservation(config, &host.capacity, &host.allocatable);
-        let resources = resource_managers(config, reservation)?;
+        let (health_tx, health) = mpsc::unbounded_channel();
+        let resources = resource_managers(config, reservation, health_tx)?;
         tracker.spawn(resources.cpus.clone().run(runtime.clone(), cancel.clone()));
         let cache = crate::runtime::PodCache::default();
         let parts = pod_sync::Parts {
@@ -159,6 +162,7 @@ impl Core {
             runtime_state,
             events,
             probes,
+            health,
             runtime,
             capacity: host.capacity,
             resources,
@@ -177,10 +181,11 @@ impl Core {
         snapshots: mpsc::Receiver<SourceSnapshot>,
         cancel: CancellationToken,
     ) -> (status::Reader, TaskTracker) {
-        self.tracker.spawn(
-            self.sync_loop
-                .run(snapshots, self.events, self.probes, cancel),
-        );
+        self.tracker.spawn(self.sync_loop.run(
+            snapshots,
+            (self.events, self.probes, self.health),
+            cancel,
+        ));
         (self.status, self.tracker)
     }
 }

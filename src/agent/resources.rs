@@ -15,6 +15,7 @@ use crate::config::Config;
 pub(super) fn resource_managers(
     config: &Config,
     reservation: BTreeMap<String, u64>,
+    health: crate::cm::HealthUpdates,
 ) -> anyhow::Result<Arc<crate::cm::Resources>> {
     use crate::cm::{cpu, memory, numa, topology};
     let reserved_cores = [&config.kube_reserved, &config.system_reserved]
@@ -80,9 +81,10 @@ pub(super) fn resource_managers(
     Ok(Arc::new(crate::cm::Resources {
         cpus: cpu_manager,
         memory: Arc::new(memory_manager),
-        devices: crate::cm::devices::DeviceManager::start(&config.root_dir),
-        dra: crate::cm::dra::DraManager::start(&config.root_dir),
+        devices: crate::cm::devices::DeviceManager::start(&config.root_dir, health.clone()),
+        dra: crate::cm::dra::DraManager::start(&config.root_dir, health),
         topology: topology_manager,
+        health_status: config.feature("ResourceHealthStatus"),
     }))
 }
 

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, ResourceHealth, ResourceStatus};
 
 use crate::types::Refusal;
 
@@ -50,6 +50,10 @@ pub fn pod_totals(
         .collect()
 }
 
+/// Where the device and DRA managers tell of the pods whose devices' health changed, so that
+/// their statuses show it.
+pub type HealthUpdates = tokio::sync::mpsc::UnboundedSender<crate::types::PodUid>;
+
 /// The managers that hand out CPUs, memory and devices to pods.
 #[derive(Debug)]
 pub struct Resources {
@@ -58,6 +62,8 @@ pub struct Resources {
     pub devices: Arc<devices::DeviceManager>,
     pub dra: Arc<dra::DraManager>,
     pub topology: topology::TopologyManager,
+    /// Whether container statuses show their devices' health (the ResourceHealthStatus gate).
+    pub health_status: bool,
 }
 
 impl Resources {
@@ -68,6 +74,35 @@ impl Resources {
         let providers: [&dyn topology::HintProvider; 3] =
             [&*self.cpus, &*self.memory, &*self.devices];
         self.topology.admit(pod, &providers)
+    }
+
+    /// Sets each app container's `allocatedResourcesStatus` in `status`, as upstream: the
+    /// health of the devices its device plugins gave it (by resource) and of those its DRA
+    /// claims give it (by `claim:<name>[/<request>]`).
+    pub fn health_status(&self, pod: &Pod, status: &mut PodStatus) {
+        if !self.health_status {
+            return;
+        }
+        let uid = crate::types::PodUid::of(pod);
+        let spec = crate::pod::spec(pod);
+        for cs in status.container_statuses.iter_mut().flatten() {
+            let mut all = Vec::new();
+            for (resource, devices) in self.devices.health(&uid.0, &cs.name) {
+                let health = devices.into_iter().map(|(id, healthy)| ResourceHealth {
+                    resource_id: id,
+                    health: Some(if healthy { "Healthy" } else { "Unhealthy" }.into()),
+                    message: None,
+                });
+                all.push(ResourceStatus {
+                    name: resource,
+                    resources: Some(health.collect()),
+                });
+            }
+            if let Some(c) = spec.containers.iter().find(|c| c.name == cs.name) {
+                all.extend(self.dra.health(pod, c));
+            }
+            cs.allocated_resources_status = (!all.is_empty()).then_some(all);
+        }
     }
 
     /// Gives back what a pod holds (its containers are gone).

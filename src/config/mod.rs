@@ -246,6 +246,9 @@ pub const FEATURE_GATES: &[(&str, bool, &str)] = &[
     // In-place resize of a pod's own resources (`spec.resources`), declared in the Node's
     // status so that the API server takes such resizes for its pods.
     ("InPlacePodLevelResourcesVerticalScaling", true, "BETA"),
+    // Container statuses show the health of the devices their device plugins and DRA claims
+    // gave them (`allocatedResourcesStatus`).
+    ("ResourceHealthStatus", true, "BETA"),
 ];
 
 /// Upstream's CFS quota period.

@@ -64,7 +64,7 @@ impl Syncer {
         self.probes.sync_pod(pod, &rt, &probe_host);
         let old = self.statuses.get(&uid);
         let old = old.as_ref().and_then(|e| e.pod.status.as_ref());
-        let status = status::generate(&status::Input {
+        let mut status = status::generate(&status::Input {
             pod,
             rt: &rt,
             pod_ips,
@@ -77,6 +77,7 @@ impl Syncer {
             runtime_name: &self.ctx.runtime_name,
             rro_supported: self.rro_supported(pod, || self.objects.view(pod)),
         });
+        self.resources.health_status(pod, &mut status);
         if !all_started(old) && all_started(Some(&status)) {
             count_start(pod);
         }

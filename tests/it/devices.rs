@@ -362,6 +362,40 @@ async fn a_device_plugins_devices_reach_the_container_and_its_failures_hold_back
         .wait_status("none", "refused", |s| s.phase.as_deref() == Some("Failed"))
         .await;
     assert_eq!(status.reason.as_deref(), Some("OutOfexample.com/nobody"));
+
+    // The health of a held device shows in its container's status (ResourceHealthStatus), and
+    // a change wakes the pod at once, well before its next resync.
+    let shown = |health: &'static str| {
+        let node = &node;
+        move || async move {
+            let status = node.status("pref")?;
+            let c = status.container_statuses?.into_iter().next()?;
+            let all = c.allocated_resources_status?;
+            let devices = all.first()?.resources.clone()?;
+            let shown = (all.len() == 1 && all[0].name == "example.com/own")
+                && devices.len() == 1
+                && devices[0].resource_id == "c"
+                && devices[0].health.as_deref() == Some(health);
+            shown.then_some(())
+        }
+    };
+    eventually(
+        "c healthy in the status",
+        Duration::from_secs(20),
+        shown("Healthy"),
+    )
+    .await;
+    plugin.devices.send_replace(vec![
+        device("a", false),
+        device("b", true),
+        device("c", false),
+    ]);
+    eventually(
+        "c unhealthy in the status",
+        Duration::from_secs(20),
+        shown("Unhealthy"),
+    )
+    .await;
     cancel.cancel();
     node.finish().await;
 }

@@ -73,11 +73,14 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        // SIGTERM: the driver removes its sockets and CDI specs.
-        let _ = std::process::Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
+        // SIGTERM: the driver removes its sockets and CDI specs. (Not if it was waited for:
+        // its PID may be another process's now.)
+        if let Ok(None) = self.child.try_wait() {
+            let _ = std::process::Command::new("kill")
+                .arg(self.child.id().to_string())
+                .status();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -190,17 +193,19 @@ spec:
       claims: [{name: resource}]
 "#;
 
-/// Waits until `driver` has published a ResourceSlice for `node`.
-async fn wait_slice(cp: &ControlPlane, node: &Node, driver: &str) {
+/// Waits until `driver` has a ResourceSlice for `node`, or (`!present`) none.
+async fn wait_slice(cp: &ControlPlane, node: &Node, driver: &str, present: bool) {
     let slices: Api<ResourceSlice> = Api::all(cp.admin.clone());
+    let what = if present { "a" } else { "no" };
     eventually(
-        &format!("{driver}'s ResourceSlice for the node"),
+        &format!("{what} ResourceSlice of {driver} for the node"),
         Duration::from_secs(60),
         || async {
             let listed = slices.list(&Default::default()).await.ok()?;
-            (listed.items.iter())
-                .any(|s| s.spec.node_name.as_deref() == Some(&node.name) && s.spec.driver == driver)
-                .then_some(())
+            let found = (listed.items.iter()).any(|s| {
+                s.spec.node_name.as_deref() == Some(&node.name) && s.spec.driver == driver
+            });
+            (found == present).then_some(())
         },
     )
     .await;
@@ -214,6 +219,30 @@ async fn run(cp: &ControlPlane, objects: &str, pod: &str) -> k8s_openapi::api::c
         .await;
     cp.wait_pod("default", pod, "Running", |p| phase(p) == "Running")
         .await
+}
+
+/// The devices' health the API server shows for `container` of pod `default/pod`: each
+/// device's resource name, health and message.
+async fn device_health(
+    cp: &ControlPlane,
+    pod: &str,
+    container: &str,
+) -> Vec<(String, String, Option<String>)> {
+    let Ok(pod) = cp.pods("default").get(pod).await else {
+        return Vec::new();
+    };
+    let statuses = (pod.status.and_then(|s| s.container_statuses)).unwrap_or_default();
+    let status = statuses.into_iter().find(|c| c.name == container);
+    let all = status
+        .and_then(|c| c.allocated_resources_status)
+        .unwrap_or_default();
+    (all.into_iter())
+        .flat_map(|r| {
+            let name = r.name;
+            (r.resources.unwrap_or_default().into_iter())
+                .map(move |h| (name.clone(), h.health.unwrap_or_default(), h.message))
+        })
+        .collect()
 }
 
 /// `name` as the test driver puts it in an environment variable's name.
@@ -234,7 +263,7 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
     let cp = ControlPlane::start("dra", true).await;
     let node = crate::cluster::join(&cp, "dra", &[]).await;
     let driver = Driver::start(&cp, &node);
-    wait_slice(&cp, &node, DRIVER).await;
+    wait_slice(&cp, &node, DRIVER, true).await;
     let pod = run(&cp, OBJECTS, "dra").await;
     assert_eq!(
         pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
@@ -256,6 +285,19 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
         .wait_log_of("default", "dra", "without-resource", "HOME=")
         .await;
     assert!(!other.contains("user_a"), "{other}");
+    // The container's status shows its device, whose health the driver has not reported.
+    let unknown = vec![("claim:resource".to_string(), "Unknown".to_string(), None)];
+    eventually(
+        "the device's health in the status",
+        Duration::from_secs(30),
+        || async { (device_health(&cp, "dra", "with-resource").await == unknown).then_some(()) },
+    )
+    .await;
+    assert!(
+        device_health(&cp, "dra", "without-resource")
+            .await
+            .is_empty()
+    );
     let checkpoint = node.path("root/dra_manager_state");
     let saved = std::fs::read_to_string(&checkpoint).expect("the DRA checkpoint");
     let uid = pod.metadata.uid.clone().expect("the pod's UID");
@@ -323,11 +365,27 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
         .expect("delete the pod");
     cp.wait_pod_gone("default", "dra-ext").await;
     // A driver built before the API's v1 is called through its v1beta1.
-    let beta_driver = Driver::start_v1beta1(&cp, &node);
-    wait_slice(&cp, &node, BETA_DRIVER).await;
+    let mut beta_driver = Driver::start_v1beta1(&cp, &node);
+    wait_slice(&cp, &node, BETA_DRIVER, true).await;
     run(&cp, BETA, "dra-beta").await;
     node.wait_log_of("default", "dra-beta", "beta", "user_b=c")
         .await;
+    // The driver's health stream says its devices went unhealthy: the container's status
+    // shows it, with the driver's message.
+    let _ = std::process::Command::new("kill")
+        .args(["-USR1", &beta_driver.child.id().to_string()])
+        .status();
+    let unhealthy = vec![(
+        "claim:resource".to_string(),
+        "Unhealthy".to_string(),
+        Some("marked unhealthy by the test".to_string()),
+    )];
+    eventually(
+        "the unhealthy device in the status",
+        Duration::from_secs(30),
+        || async { (device_health(&cp, "dra-beta", "beta").await == unhealthy).then_some(()) },
+    )
+    .await;
     let metrics = nodelet::metrics::get().render();
     let beta_prepare = format!(
         "dra_grpc_operations_duration_seconds_count{{driver_name=\"{BETA_DRIVER}\",method_name=\"/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources\",grpc_status_code=\"OK\"}}"
@@ -341,6 +399,17 @@ async fn a_pods_resource_claim_is_prepared_by_its_dra_driver_and_reaches_its_con
         .await
         .expect("delete the pod");
     cp.wait_pod_gone("default", "dra-beta").await;
+    eventually("the claim unprepared", Duration::from_secs(30), || async {
+        (nodelet::metrics::get().render())
+            .contains("dra_resource_claims_in_use{driver_name=\"<any>\"} 1")
+            .then_some(())
+    })
+    .await;
+    // A driver that dies leaves its sockets behind: its slices go once its plugin has taken
+    // no connections for 30 s.
+    beta_driver.child.kill().expect("kill the v1beta1 driver");
+    let _ = beta_driver.child.wait();
+    wait_slice(&cp, &node, BETA_DRIVER, false).await;
     drop(beta_driver);
     // A restarted nodelet has the claim back from its checkpoint: the container, stopped
     // meanwhile, starts again with its device.

@@ -130,6 +130,8 @@ struct State {
 pub struct DeviceManager {
     dir: PathBuf,
     state: Mutex<State>,
+    /// Told of the pods whose devices' health changed.
+    health: super::HealthUpdates,
     /// Serializes the choice of devices with the plugin calls that make it.
     choosing: tokio::sync::Mutex<()>,
 }
@@ -295,8 +297,9 @@ pub fn pod_needs(pod: &Pod) -> BTreeMap<String, usize> {
 impl DeviceManager {
     /// The manager of the plugins in `<root_dir>/device-plugins`: the allocations of the
     /// checkpoint come back (their devices stay held until their pods are gone), and the
-    /// resources it names count with no device until their plugins register again.
-    pub fn start(root_dir: &Path) -> Arc<DeviceManager> {
+    /// resources it names count with no device until their plugins register again. The pods
+    /// whose devices' health changes go to `health`.
+    pub fn start(root_dir: &Path, health: super::HealthUpdates) -> Arc<DeviceManager> {
         let dir = root_dir.join("device-plugins");
         let mut state = State::default();
         match checkpoint::read(&dir) {
@@ -316,6 +319,7 @@ impl DeviceManager {
         Arc::new(DeviceManager {
             dir,
             state: Mutex::new(state),
+            health,
             choosing: tokio::sync::Mutex::new(()),
         })
     }
@@ -401,6 +405,52 @@ impl DeviceManager {
                 (resource.clone(), h.ids.clone(), numa.into_iter().collect())
             })
             .collect()
+    }
+
+    /// The health of the devices a container holds, by resource (ResourceHealthStatus): each
+    /// device and whether it is healthy. A device its plugin no longer lists counts as healthy,
+    /// as upstream; those of a plugin that went away are unhealthy.
+    pub fn health(&self, uid: &str, container: &str) -> Vec<(String, Vec<(String, bool)>)> {
+        let state = self.lock();
+        let Some(held) = (state.pods.get(uid)).and_then(|p| p.containers.get(container)) else {
+            return Vec::new();
+        };
+        held.iter()
+            .map(|(resource, h)| {
+                let devices = state.resources.get(resource).map(|r| &r.devices);
+                let health = h.ids.iter().map(|id| {
+                    let device = devices.and_then(|d| d.get(id));
+                    (id.clone(), device.is_none_or(|d| d.healthy))
+                });
+                (resource.clone(), health.collect())
+            })
+            .collect()
+    }
+
+    /// Tells of the pods holding devices of `resource` whose health differs between `before`
+    /// and now (a device new to the list included: it may be one a pod held while it was gone).
+    fn tell_health_changes(
+        &self,
+        state: &State,
+        resource: &str,
+        before: &BTreeMap<String, Device>,
+    ) {
+        let Some(r) = state.resources.get(resource) else {
+            return;
+        };
+        let changed: BTreeSet<&str> = (r.devices.iter())
+            .filter(|(id, d)| before.get(*id).is_none_or(|b| b.healthy != d.healthy))
+            .map(|(id, _)| id.as_str())
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        for (uid, pod) in &state.pods {
+            let held = pod.held(resource);
+            if held.iter().any(|id| changed.contains(id)) {
+                let _ = self.health.send(crate::types::PodUid(uid.clone()));
+            }
+        }
     }
 
     /// Upstream's admission of a pod's extended resources: one no plugin serves is
@@ -664,17 +714,16 @@ impl DeviceManager {
         else {
             return;
         };
-        r.devices = devices
-            .into_iter()
-            .map(|d| {
-                let numa = d.topology.map(|t| t.nodes.iter().map(|n| n.id).collect());
-                let device = Device {
-                    healthy: d.health == "Healthy",
-                    numa: numa.unwrap_or_default(),
-                };
-                (d.id, device)
-            })
-            .collect();
+        let listed = devices.into_iter().map(|d| {
+            let numa = d.topology.map(|t| t.nodes.iter().map(|n| n.id).collect());
+            let device = Device {
+                healthy: d.health == "Healthy",
+                numa: numa.unwrap_or_default(),
+            };
+            (d.id, device)
+        });
+        let before = std::mem::replace(&mut r.devices, listed.collect());
+        self.tell_health_changes(&state, resource, &before);
         self.save(&state);
     }
 
@@ -688,9 +737,11 @@ impl DeviceManager {
         {
             r.client = None;
             r.stopped = Some(Instant::now());
+            let before = r.devices.clone();
             for d in r.devices.values_mut() {
                 d.healthy = false;
             }
+            self.tell_health_changes(&state, resource, &before);
         }
     }
 }
@@ -804,7 +855,7 @@ mod tests {
 
     fn manager_with(devices: &[(&str, bool)]) -> (tempfile::TempDir, Arc<DeviceManager>) {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let m = DeviceManager::start(dir.path());
+        let m = DeviceManager::start(dir.path(), tokio::sync::mpsc::unbounded_channel().0);
         {
             let mut state = m.lock();
             let r = state.resources.entry("example.com/dev".into()).or_default();

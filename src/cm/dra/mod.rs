@@ -8,15 +8,18 @@
 //! `dra_manager_state`, in upstream's format (checkpoint.rs).
 
 pub mod checkpoint;
+pub mod health;
 pub mod registry;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Container, Pod, PodExtendedResourceClaimStatus};
+use k8s_openapi::api::core::v1::{
+    Container, Pod, PodExtendedResourceClaimStatus, ResourceHealth, ResourceStatus,
+};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -33,6 +36,8 @@ pub mod proto {
 const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long a driver's ResourceSlices outlive its plugin (upstream's wiping delay).
 const WIPE_DELAY: Duration = Duration::from_secs(30);
+/// How long a plugin's endpoint has to take a connection to count as up.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a deletion of slices may hold up the registry's loop (tried again on its next
 /// round) when the API server does not answer.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -104,12 +109,23 @@ const UNPREPARE: &str = "NodeUnprepareResources";
 /// A registered driver's plugin.
 #[derive(Debug)]
 struct Plugin {
+    endpoint: PathBuf,
     channel: Channel,
     /// The gRPC service called, of the API versions it serves the newest nodelet speaks
     /// (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`).
     service: String,
     /// The registration socket it came through.
     socket: PathBuf,
+    /// Its device health stream, while it serves one.
+    health: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        if let Some(stream) = &self.health {
+            stream.abort();
+        }
+    }
 }
 
 /// A claim on the node.
@@ -136,6 +152,10 @@ pub struct DraManager {
     prepared_at: Mutex<HashMap<String, Instant>>,
     /// One prepare or unprepare at a time, so that two pods sharing a claim see each other's.
     busy: tokio::sync::Mutex<()>,
+    /// What the drivers' health streams last said of their devices.
+    reports: Mutex<health::Reports>,
+    /// Told of the pods whose devices' health changed.
+    health_tx: super::HealthUpdates,
 }
 
 impl std::fmt::Debug for DraManager {
@@ -285,7 +305,7 @@ fn code_name(code: tonic::Code) -> String {
 
 impl DraManager {
     /// The manager, with the claims its checkpoint in `root_dir` lists.
-    pub fn start(root_dir: &Path) -> Arc<DraManager> {
+    pub fn start(root_dir: &Path, health_tx: super::HealthUpdates) -> Arc<DraManager> {
         let claims = match checkpoint::read(root_dir) {
             Ok(claims) => claims,
             Err(e) => {
@@ -311,6 +331,8 @@ impl DraManager {
             held: Mutex::default(),
             prepared_at: Mutex::default(),
             busy: tokio::sync::Mutex::new(()),
+            reports: Mutex::default(),
+            health_tx,
         });
         crate::metrics::get().dra_claims_in_use(&dra.claims_in_use());
         dra
@@ -333,16 +355,114 @@ impl DraManager {
         self.claims.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes `driver`'s plugin, serving API `version` (`v1.DRAPlugin`) on `endpoint`,
-    /// registered through `socket` (a newer registration replaces an older one).
-    pub fn register(&self, driver: &str, version: &str, endpoint: &Path, socket: &Path) {
+    fn reports(&self) -> std::sync::MutexGuard<'_, health::Reports> {
+        self.reports.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `driver`'s plugin, serving API `version` (`v1.DRAPlugin`) on `endpoint`, and its
+    /// device health stream where it serves one (`health`), registered through `socket` (a
+    /// newer registration replaces an older one).
+    pub fn register(
+        self: &Arc<Self>,
+        driver: &str,
+        version: &str,
+        health: bool,
+        endpoint: &Path,
+        socket: &Path,
+    ) {
+        let channel = crate::runtime::unix_channel(endpoint);
+        let stream = health.then(|| {
+            let follow = follow_health(Arc::downgrade(self), driver.to_string(), channel.clone());
+            tokio::spawn(follow).abort_handle()
+        });
         let plugin = Plugin {
-            channel: crate::runtime::unix_channel(endpoint),
+            endpoint: endpoint.to_path_buf(),
+            channel,
             service: format!("k8s.io.kubelet.pkg.apis.dra.{version}"),
             socket: socket.to_path_buf(),
+            health: stream,
         };
         self.plugins().insert(driver.to_string(), plugin);
-        tracing::info!(driver, version, endpoint = %endpoint.display(), "DRA driver registered");
+        tracing::info!(driver, version, health, endpoint = %endpoint.display(), "DRA driver registered");
+    }
+
+    /// Takes `driver`'s report of its devices' health; tells of the pods holding a device whose
+    /// health changed.
+    fn health_reported(&self, driver: &str, devices: Vec<health::proto::DeviceHealth>) {
+        let changed = self.reports().report(driver, devices, Instant::now());
+        if changed.is_empty() {
+            return;
+        }
+        let holds = |state: &ClaimState| {
+            (state.drivers.get(driver).into_iter())
+                .flat_map(|d| &d.devices)
+                .any(|d| changed.contains(&(d.pool.clone(), d.device.clone())))
+        };
+        let pods: BTreeSet<String> = (self.claims().values())
+            .filter(|c| holds(&c.state))
+            .flat_map(|c| c.state.pods.iter().cloned())
+            .collect();
+        for uid in pods {
+            let _ = self.health_tx.send(crate::types::PodUid(uid));
+        }
+    }
+
+    /// The health of the devices each claim the container names gives it, as upstream reports
+    /// it in `allocatedResourcesStatus`: by `claim:<name>` (`claim:<name>/<request>`), each
+    /// device by its first CDI ID (else `<driver>/<pool>/<device>`), with what its driver's
+    /// health stream last said of it (unknown without one).
+    pub fn health(&self, pod: &Pod, container: &Container) -> Vec<ResourceStatus> {
+        let Ok(names) = claim_names(pod) else {
+            return Vec::new();
+        };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let claims = self.claims();
+        let reports = self.reports();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let named = (container.resources.as_ref())
+            .and_then(|r| r.claims.as_ref())
+            .into_iter()
+            .flatten();
+        for w in named {
+            let Some((_, name, _)) = names.iter().find(|(pod_claim, ..)| *pod_claim == w.name)
+            else {
+                continue;
+            };
+            let Some(claim) = claims.get(&key(namespace, name)) else {
+                continue;
+            };
+            let request = w.request.as_deref().unwrap_or_default();
+            let base = request.split('/').next().unwrap_or_default();
+            let mut resources: Vec<ResourceHealth> = Vec::new();
+            for (driver, state) in &claim.state.drivers {
+                for d in state.devices.iter().filter(|d| serves(d, base)) {
+                    let id = (d.cdi_ids.first().cloned())
+                        .unwrap_or_else(|| format!("{driver}/{}/{}", d.pool, d.device));
+                    if resources.iter().any(|r| r.resource_id == id) {
+                        continue;
+                    }
+                    let device = (d.pool.clone(), d.device.clone());
+                    let (health, message) = reports.get(driver, &device, now);
+                    resources.push(ResourceHealth {
+                        resource_id: id,
+                        health: Some(health.into()),
+                        message: (!message.is_empty()).then_some(message),
+                    });
+                }
+            }
+            if !resources.is_empty() {
+                let name = match request {
+                    "" => format!("claim:{}", w.name),
+                    request => format!("claim:{}/{request}", w.name),
+                };
+                out.push(ResourceStatus {
+                    name,
+                    resources: Some(resources),
+                });
+            }
+        }
+        out
     }
 
     /// Drops the plugins registered through `socket`; returns their drivers.
@@ -362,6 +482,21 @@ impl DraManager {
     /// Whether `driver` has a plugin registered.
     fn is_registered(&self, driver: &str) -> bool {
         self.plugins().contains_key(driver)
+    }
+
+    /// Whether each registered driver's plugin takes connections on its endpoint, by driver
+    /// (a driver that died leaves its sockets behind).
+    async fn reachable(&self) -> BTreeMap<String, bool> {
+        let endpoints: Vec<(String, PathBuf)> = (self.plugins().iter())
+            .map(|(driver, p)| (driver.clone(), p.endpoint.clone()))
+            .collect();
+        let mut reachable = BTreeMap::new();
+        for (driver, endpoint) in endpoints {
+            let probe = tokio::net::UnixStream::connect(&endpoint);
+            let up = matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)));
+            reachable.insert(driver, up);
+        }
+        reachable
     }
 
     /// Prepares the pod's claims (before its sandbox is made), as upstream: every claim is
@@ -586,8 +721,9 @@ impl DraManager {
 
     /// Registers drivers' plugins through the registry directory under `root_dir`, lets go of
     /// the claims of pods gone, and, in a cluster, deletes the node's ResourceSlices at start
-    /// and a driver's [`WIPE_DELAY`] after its plugin went away unless it came back, as
-    /// upstream (drivers publish theirs again when they register). Until `cancel`.
+    /// and a driver's [`WIPE_DELAY`] after its plugin went away or stopped taking connections,
+    /// unless it came back, as upstream (drivers publish theirs again when they register).
+    /// Until `cancel`.
     pub async fn run(self: Arc<Self>, root_dir: PathBuf, cancel: CancellationToken) {
         let mut registry = match registry::Registry::open(&root_dir) {
             Ok(r) => r,
@@ -596,8 +732,8 @@ impl DraManager {
                 return;
             }
         };
-        // driver -> when its slices go
-        let mut wipes: HashMap<String, tokio::time::Instant> = HashMap::new();
+        // driver -> when its slices go (None: gone already, while it stays unusable)
+        let mut wipes: HashMap<String, Option<tokio::time::Instant>> = HashMap::new();
         let mut wiped_at_start = false;
         loop {
             // The slices left from before go before any driver registers (a registered
@@ -605,25 +741,34 @@ impl DraManager {
             if !wiped_at_start && let Some(api) = self.api() {
                 wiped_at_start = !self.plugins().is_empty() || wipe(api.as_ref(), None).await;
             }
+            // A wipe already due keeps its time while the driver stays unusable.
+            let wipe_at = Some(tokio::time::Instant::now() + WIPE_DELAY);
             for driver in registry.scan(&self).await {
-                wipes.insert(driver, tokio::time::Instant::now() + WIPE_DELAY);
+                wipes.entry(driver).or_insert(wipe_at);
             }
-            wipes.retain(|driver, _| !self.is_registered(driver));
+            let reachable = self.reachable().await;
+            for (driver, up) in &reachable {
+                if !up && !wipes.contains_key(driver) {
+                    tracing::warn!(
+                        driver,
+                        "the DRA driver's plugin takes no connections; its ResourceSlices go in {WIPE_DELAY:?} unless it comes back"
+                    );
+                    wipes.insert(driver.clone(), wipe_at);
+                }
+            }
+            wipes.retain(|driver, _| reachable.get(driver) != Some(&true));
             if let Some(api) = self.api() {
                 let now = tokio::time::Instant::now();
-                let due: Vec<String> = (wipes.iter())
-                    .filter(|(_, at)| **at <= now)
-                    .map(|(d, _)| d.clone())
-                    .collect();
-                for driver in due {
-                    if wipe(api.as_ref(), Some(&driver)).await {
-                        wipes.remove(&driver);
+                for (driver, at) in wipes.iter_mut() {
+                    if at.is_some_and(|at| at <= now) && wipe(api.as_ref(), Some(driver)).await {
+                        *at = None;
                     }
                 }
             }
             self.release_orphans().await;
             tokio::select! {
-                _ = cancel.cancelled() => return,
+                // The plugins' health streams end with them.
+                _ = cancel.cancelled() => return self.plugins().clear(),
                 () = registry.wait() => {}
             }
         }
@@ -766,6 +911,29 @@ impl DraManager {
         let states = (self.claims().values()).map(|c| c.state.clone()).collect();
         checkpoint::write(&self.root_dir, states)?;
         Ok(())
+    }
+}
+
+/// Follows `driver`'s device health stream on `channel` into the manager's reports, opening
+/// it again [`health::RETRY`] after it ends (what the driver said is forgotten then, as
+/// upstream), while the manager lives.
+async fn follow_health(dra: Weak<DraManager>, driver: String, channel: Channel) {
+    loop {
+        let reported = |devices| {
+            let Some(dra) = dra.upgrade() else {
+                return false;
+            };
+            dra.health_reported(&driver, devices);
+            true
+        };
+        let ended = health::follow(channel.clone(), reported).await;
+        let Some(manager) = dra.upgrade() else {
+            return;
+        };
+        manager.reports().clear(&driver);
+        drop(manager);
+        tracing::debug!(driver, reason = %ended, "the DRA driver's device health stream ended; opening it again in {:?}", health::RETRY);
+        tokio::time::sleep(health::RETRY).await;
     }
 }
 
@@ -927,7 +1095,7 @@ status:
     #[test]
     fn containers_get_the_cdi_ids_of_their_claims_requests() {
         let dir = tempfile::tempdir().unwrap();
-        let dra = DraManager::start(dir.path());
+        let dra = DraManager::start(dir.path(), tokio::sync::mpsc::unbounded_channel().0);
         let device = |requests: &[&str], id: &str| Device {
             requests: requests.iter().map(|r| r.to_string()).collect(),
             cdi_ids: vec![id.into()],

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use notify::Watcher as _;
@@ -68,11 +69,13 @@ fn sockets(dir: &Path, depth: usize, out: &mut BTreeMap<PathBuf, Identity>) {
     }
 }
 
-/// A plugin nodelet takes: its driver, the API version called and its endpoint.
+/// A plugin nodelet takes: its driver, the API version called, whether it streams its
+/// devices' health, and its endpoint.
 #[derive(Debug, PartialEq, Eq)]
 struct Accepted {
     driver: String,
     version: &'static str,
+    health: bool,
     endpoint: PathBuf,
 }
 
@@ -117,6 +120,10 @@ fn accept(info: &proto::PluginInfo, socket: &Path) -> Result<Accepted, String> {
     Ok(Accepted {
         driver: info.name.clone(),
         version,
+        health: info
+            .supported_versions
+            .iter()
+            .any(|v| v == super::health::SERVICE),
         endpoint,
     })
 }
@@ -128,7 +135,7 @@ fn quoted<'a>(list: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 /// Registers the plugin behind `socket`: its driver's name, or why not.
-async fn register(dra: &DraManager, socket: &Path) -> Result<String, String> {
+async fn register(dra: &Arc<DraManager>, socket: &Path) -> Result<String, String> {
     let mut client = RegistrationClient::new(crate::runtime::unix_channel(socket));
     let info = tokio::time::timeout(INFO_TIMEOUT, client.get_info(proto::InfoRequest {}))
         .await
@@ -137,7 +144,8 @@ async fn register(dra: &DraManager, socket: &Path) -> Result<String, String> {
         .into_inner();
     let (accepted, error) = match accept(&info, socket) {
         Ok(taken) => {
-            dra.register(&taken.driver, taken.version, &taken.endpoint, socket);
+            let (version, health) = (taken.version, taken.health);
+            dra.register(&taken.driver, version, health, &taken.endpoint, socket);
             (Some(taken.driver), String::new())
         }
         Err(why) => (None, why),
@@ -200,7 +208,7 @@ impl Registry {
 
     /// Registers the plugins of new sockets and deregisters those of sockets gone; returns
     /// the drivers that went away.
-    pub async fn scan(&mut self, dra: &DraManager) -> Vec<String> {
+    pub async fn scan(&mut self, dra: &Arc<DraManager>) -> Vec<String> {
         let mut present = BTreeMap::new();
         sockets(&self.dir, 0, &mut present);
         let mut gone = Vec::new();
@@ -269,6 +277,7 @@ mod tests {
             Ok(Accepted {
                 driver: "d.example.com".into(),
                 version: "v1.DRAPlugin",
+                health: true,
                 endpoint: PathBuf::from("/r/plugins/d.example.com/dra.sock")
             })
         );
@@ -281,7 +290,8 @@ mod tests {
             supported_versions: vec!["v1beta1.DRAPlugin".into()],
             ..info.clone()
         };
-        assert_eq!(accept(&beta, socket).unwrap().version, "v1beta1.DRAPlugin");
+        let taken = accept(&beta, socket).unwrap();
+        assert_eq!((taken.version, taken.health), ("v1beta1.DRAPlugin", false));
         let csi = proto::PluginInfo {
             r#type: "CSIPlugin".into(),
             ..info.clone()

@@ -1,8 +1,9 @@
 // Command dra-v1beta1-driver is upstream's DRA test driver (test/e2e/dra/test-driver) as a
 // kubelet plugin that serves only the v1beta1 DRAPlugin API, as drivers built against
 // Kubernetes 1.33 and older do: the node agent must call that API version to prepare its
-// claims. It publishes one ResourceSlice of two devices for its node and runs until SIGTERM,
-// when it removes its sockets.
+// claims. It publishes one ResourceSlice of two devices for its node and streams their health
+// (DRAResourceHealth): unknown until SIGUSR1 makes both unhealthy. It runs until SIGTERM, when
+// it removes its sockets.
 package main
 
 import (
@@ -54,9 +55,10 @@ func run() error {
 			return err
 		}
 	}
+	devices := []string{"device-00", "device-01"}
 	resources := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 		*node: {Slices: []resourceslice.Slice{{Devices: []resourceapi.Device{
-			{Name: "device-00"}, {Name: "device-01"},
+			{Name: devices[0]}, {Name: devices[1]},
 		}}}},
 	}}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -71,7 +73,19 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("start the plugin: %w", err)
 	}
-	<-ctx.Done()
-	plugin.Stop()
-	return nil
+	unhealthy := make(chan os.Signal, 1)
+	signal.Notify(unhealthy, syscall.SIGUSR1)
+	for {
+		select {
+		case <-ctx.Done():
+			plugin.Stop()
+			return nil
+		case <-unhealthy:
+			for _, device := range devices {
+				plugin.HealthControlChan <- app.DeviceHealthUpdate{
+					PoolName: *node, DeviceName: device, Health: "Unhealthy", Message: "marked unhealthy by the test",
+				}
+			}
+		}
+	}
 }
