@@ -412,6 +412,9 @@ impl DraManager {
     /// device by its first CDI ID (else `<driver>/<pool>/<device>`), with what its driver's
     /// health stream last said of it (unknown without one).
     pub fn health(&self, pod: &Pod, container: &Container) -> Vec<ResourceStatus> {
+        let Some(named) = (container.resources.as_ref()).and_then(|r| r.claims.as_ref()) else {
+            return Vec::new();
+        };
         let Ok(names) = claim_names(pod) else {
             return Vec::new();
         };
@@ -420,10 +423,6 @@ impl DraManager {
         let reports = self.reports();
         let now = Instant::now();
         let mut out = Vec::new();
-        let named = (container.resources.as_ref())
-            .and_then(|r| r.claims.as_ref())
-            .into_iter()
-            .flatten();
         for w in named {
             let Some((_, name, _)) = names.iter().find(|(pod_claim, ..)| *pod_claim == w.name)
             else {
