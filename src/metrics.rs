@@ -44,6 +44,11 @@ impl Family {
         values.insert(labels.iter().map(|s| s.to_string()).collect(), to);
     }
 
+    /// Drops the series whose label values `gone` picks.
+    fn remove(&self, gone: impl Fn(&[String]) -> bool) {
+        (self.values.lock().unwrap_or_else(|e| e.into_inner())).retain(|labels, _| !gone(labels));
+    }
+
     /// Every series at once: those not in `series` go.
     fn replace(&self, series: BTreeMap<Vec<String>, f64>) {
         *self.values.lock().unwrap_or_else(|e| e.into_inner()) = series;
@@ -197,6 +202,11 @@ impl Histogram {
             counts: vec![0; self.buckets.len()],
             ..Default::default()
         }
+    }
+
+    /// Drops the series whose label values `gone` picks.
+    fn remove(&self, gone: impl Fn(&[String]) -> bool) {
+        (self.values.lock().unwrap_or_else(|e| e.into_inner())).retain(|labels, _| !gone(labels));
     }
 
     fn observe(&self, labels: &[&str], value: f64) {
@@ -1370,6 +1380,19 @@ impl Metrics {
     }
 
     /// A probe ran (`/metrics/probes`, upstream names and labels).
+    /// A pod's probes are gone: their series go, as upstream deletes them when its probe
+    /// workers stop.
+    pub fn forget_probes(&self, namespace: &str, pod: &str, pod_uid: &str) {
+        // prober_probe_total: probe_type, result, container, pod, namespace, pod_uid.
+        self.probes
+            .remove(|l| l.get(5).is_some_and(|u| u == pod_uid));
+        // prober_probe_duration_seconds: probe_type, container, pod, namespace.
+        let named = |l: &[String]| {
+            l.get(2).is_some_and(|p| p == pod) && l.get(3).is_some_and(|n| n == namespace)
+        };
+        self.probe_duration.remove(named);
+    }
+
     pub fn probe(&self, run: &ProbeRun<'_>) {
         let result = if run.success { "successful" } else { "failed" };
         self.probes.add(

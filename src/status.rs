@@ -156,6 +156,28 @@ impl Writer {
         self.remove(uid);
     }
 
+    /// A pod whose termination finished runs again (a static pod put back unchanged keeps its
+    /// UID): its next termination is one of its own, which forgets it again.
+    pub fn runs_again(&self, uid: &PodUid) {
+        let finished = (self.state.read().unwrap_or_else(|e| e.into_inner()))
+            .terminated
+            .contains_key(uid);
+        if finished {
+            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            state.terminated.remove(uid);
+        }
+    }
+
+    /// Forgets the finished terminations older than [`TERMINATED_KEPT`] (also done at each
+    /// termination, but a node that goes idle after many pods ended has none).
+    pub fn prune(&self) {
+        let now = std::time::Instant::now();
+        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+        state
+            .terminated
+            .retain(|_, (at, _)| now.duration_since(*at) < TERMINATED_KEPT);
+    }
+
     /// Forgets a pod that is gone.
     pub fn remove(&self, uid: &PodUid) {
         let generation = {

@@ -354,6 +354,7 @@ fn ignore_not_found(r: runtime::Result<()>) -> runtime::Result<()> {
 
 impl PodSyncer for Syncer {
     async fn sync_pod(&self, pod: Arc<Pod>) -> Result<Option<Duration>, String> {
+        self.status.runs_again(&PodUid::of(&pod));
         let synced = self.sync(&pod).await;
         let error = synced.as_ref().err().map(|e| crate::types::error_chain(e));
         self.diagnoses.synced(&PodUid::of(&pod), error.as_deref());
@@ -418,6 +419,7 @@ impl PodSyncer for Syncer {
         (self.carried.lock().unwrap_or_else(|e| e.into_inner()))
             .retain(|uid, _| wanted.contains(uid));
         self.retry_leftovers(&desired);
+        self.status.prune();
     }
 
     async fn clean_orphans(&self, mut keep: HashSet<PodUid>) {

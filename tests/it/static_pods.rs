@@ -267,6 +267,15 @@ async fn a_manifest_removed_and_put_back_runs_its_pod_afresh() {
     let (second, _) = node.wait_running("readd", 1).await;
     assert_eq!(first.uid, second.uid);
     assert_ne!(first.id, second.id);
+    // Its second removal is a termination of its own: the pod leaves the node's statuses.
+    node.remove_manifest("readd.yaml");
+    node.wait_gone(&second.uid, Duration::from_secs(30)).await;
+    eventually(
+        "the pod gone from the statuses",
+        Duration::from_secs(30),
+        || async { node.status("readd").is_none().then_some(()) },
+    )
+    .await;
     node.finish().await;
 }
 
