@@ -418,6 +418,11 @@ impl Worker {
             // it runs.
             r = Box::pin(check::attempt(&self.probe, &target, &self.runtime)) => r,
         };
+        // A check that ended as the worker was stopped records nothing: its pod may be
+        // forgotten already, and would come back in the metrics and diagnoses.
+        if cancel.is_cancelled() {
+            return None;
+        }
         crate::metrics::get().probe(&crate::metrics::ProbeRun {
             probe_type: self.kind.metric_name(),
             success: outcome.is_ok(),
