@@ -31,6 +31,13 @@ struct State {
 /// How long a finished termination is remembered.
 const TERMINATED_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
 
+impl State {
+    /// Forgets the finished terminations older than [`TERMINATED_KEPT`] at `now`.
+    fn expire(&mut self, now: std::time::Instant) {
+        (self.terminated).retain(|_, (at, _)| now.duration_since(*at) < TERMINATED_KEPT);
+    }
+}
+
 /// Writes statuses; there is one.
 pub struct Writer {
     state: Arc<RwLock<State>>,
@@ -147,9 +154,7 @@ impl Writer {
         {
             let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
             let now = std::time::Instant::now();
-            state
-                .terminated
-                .retain(|_, (at, _)| now.duration_since(*at) < TERMINATED_KEPT);
+            state.expire(now);
             let last = state.pods.get(uid).map(finished);
             state.terminated.insert(uid.clone(), (now, last));
         }
@@ -172,10 +177,7 @@ impl Writer {
     /// termination, but a node that goes idle after many pods ended has none).
     pub fn prune(&self) {
         let now = std::time::Instant::now();
-        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-        state
-            .terminated
-            .retain(|_, (at, _)| now.duration_since(*at) < TERMINATED_KEPT);
+        (self.state.write().unwrap_or_else(|e| e.into_inner())).expire(now);
     }
 
     /// Forgets a pod that is gone.

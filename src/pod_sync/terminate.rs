@@ -96,12 +96,8 @@ impl Syncer {
             }
             self.status.terminated(&uid);
             self.forget(&uid);
-            let (namespace, name) = (
-                pod.metadata.namespace.as_deref(),
-                pod.metadata.name.as_deref(),
-            );
-            let (namespace, name) = (namespace.unwrap_or_default(), name.unwrap_or_default());
-            crate::metrics::get().forget_probes(namespace, name, &uid.0);
+            let target = Target::pod(pod);
+            crate::metrics::get().forget_probes(&target.namespace, &target.name, &target.uid);
         }
         // The termination is over (its book, with when it began, goes).
         self.books

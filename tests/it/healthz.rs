@@ -553,10 +553,14 @@ async fn the_read_only_api_serves_pods_and_metrics() {
     // A pod's probe series go with it, as upstream's do.
     node.remove_manifest("web.yaml");
     let web = format!("pod=\"{}\"", node.pod_name("web"));
-    eventually("web's probe series gone", Duration::from_secs(60), || async {
-        let (_, body) = get(port, "/metrics/probes").await?;
-        (!body.contains(&web)).then_some(())
-    })
+    eventually(
+        "web's probe series gone",
+        Duration::from_secs(60),
+        || async {
+            let (_, body) = get(port, "/metrics/probes").await?;
+            (!body.contains(&web)).then_some(())
+        },
+    )
     .await;
     node.finish().await;
 }
