@@ -472,7 +472,9 @@ impl DraManager {
             .map(|(d, _)| d.clone())
             .collect();
         for driver in &gone {
+            // Its health stream ends with it, and what it said of its devices is forgotten.
             plugins.remove(driver);
+            self.reports().clear(driver);
             tracing::info!(driver, "DRA driver deregistered");
         }
         gone
