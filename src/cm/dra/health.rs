@@ -3,7 +3,7 @@
 //! it last said of each device, until that report times out, is what the container statuses of
 //! the pods holding the device show.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
@@ -68,7 +68,7 @@ impl Reports {
     ) -> Vec<DeviceKey> {
         let known = self.0.entry(driver.to_string()).or_default();
         let mut changed = Vec::new();
-        let mut reported = Vec::new();
+        let mut reported = HashSet::new();
         for d in devices {
             let Some(id) = d.device else {
                 continue;
@@ -92,7 +92,7 @@ impl Reports {
             if known.get(&key).is_none_or(|old| old.differs(&new)) {
                 changed.push(key.clone());
             }
-            reported.push(key.clone());
+            reported.insert(key.clone());
             known.insert(key, new);
         }
         for (key, old) in known.iter_mut() {
