@@ -240,9 +240,9 @@ pub fn runtime_class(rc: RuntimeClass) -> Result<Object, Vec<String>> {
 
 /// Gives each pod that names a RuntimeClass of `objects` with an overhead and sets none itself
 /// that overhead, as the API server's RuntimeClass admission does for API pods.
-pub fn admit_overhead(pods: &mut [Pod], objects: &[Object]) {
+pub fn admit_overhead(pods: &mut [Arc<Pod>], objects: &[Object]) {
     for pod in pods {
-        let Some(spec) = pod.spec.as_mut() else {
+        let Some(spec) = pod.spec.as_ref() else {
             continue;
         };
         let Some(class) = spec.runtime_class_name.as_deref() else {
@@ -268,7 +268,9 @@ pub fn admit_overhead(pods: &mut [Pod], objects: &[Object]) {
                 ))
             })
             .collect();
-        if !overhead.is_empty() {
+        if !overhead.is_empty()
+            && let Some(spec) = Arc::make_mut(pod).spec.as_mut()
+        {
             spec.overhead = Some(overhead);
         }
     }
@@ -708,7 +710,7 @@ mod tests {
             ))
             .unwrap()
         };
-        let mut pods = [pod(""), pod(", overhead: {cpu: 1}")];
+        let mut pods = [pod(""), pod(", overhead: {cpu: 1}")].map(Arc::new);
         admit_overhead(&mut pods, std::slice::from_ref(&object));
         let overhead = |p: &Pod| p.spec.as_ref().unwrap().overhead.clone().unwrap();
         assert_eq!(overhead(&pods[0])["cpu"].0, "250m");

@@ -352,7 +352,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<bool> {
         .iter()
         .flat_map(|s| s.pods.iter())
         .filter(|p| names.insert(full_name(p)))
-        .map(|p| Arc::new(p.clone()))
+        .cloned()
         .collect();
     eprintln!("run-once: {} pod(s) to run", batch.len());
     let syncer = core.syncer.clone();

@@ -1146,7 +1146,7 @@ mod tests {
         async fn send(&self, source: Source, pods: Vec<Pod>) {
             let snapshot = SourceSnapshot {
                 source,
-                pods,
+                pods: pods.into_iter().map(Arc::new).collect(),
                 objects: Vec::new(),
             };
             self.snapshots.send(snapshot).await.unwrap();

@@ -73,8 +73,10 @@ impl Referenced {
 
     /// Watches the ConfigMaps and Secrets `pods` refer to, and stops watching what they no
     /// longer do (tokens are issued, not watched: see [`Referenced::issue_tokens`]).
-    pub fn follow(&mut self, pods: &[Pod]) {
-        let wanted: HashSet<Key> = pods.iter().flat_map(crate::objects::references).collect();
+    pub fn follow(&mut self, pods: &[Arc<Pod>]) {
+        let wanted: HashSet<Key> = (pods.iter())
+            .flat_map(|p| crate::objects::references(p))
+            .collect();
         self.watches.retain(|key, stop| {
             let keep = wanted.contains(key);
             if !keep {
@@ -129,7 +131,7 @@ impl Referenced {
 
     /// Requests the tokens `pods` need that are missing or due for renewal, forgets those no
     /// pod needs, and says when the next renewal (or retry) is due.
-    pub async fn issue_tokens(&mut self, pods: &[Pod]) -> Option<Instant> {
+    pub async fn issue_tokens(&mut self, pods: &[Arc<Pod>]) -> Option<Instant> {
         let wanted: HashSet<TokenKey> = pods
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())

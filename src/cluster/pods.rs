@@ -3,7 +3,8 @@
 //! ConfigMaps, Secrets and tokens those pods use. Mirror pods are not run; they stay in the
 //! shared store for the mirror and status managers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -69,7 +70,7 @@ pub fn watch(
             .boxed();
         let mut referenced = Referenced::new(client, tracker, cancel.clone());
         let objects_changed = referenced.changed();
-        let mut seen: HashMap<String, String> = HashMap::new();
+        let mut made = Made::new();
         let mut listed = false;
         let mut renew: Option<Instant> = None;
         loop {
@@ -93,7 +94,7 @@ pub fn watch(
             if !listed {
                 continue;
             }
-            let pods = to_run(&reader, &mut seen);
+            let pods = to_run(&reader, &mut made);
             referenced.follow(&pods);
             renew = referenced.issue_tokens(&pods).await;
             let snapshot = SourceSnapshot {
@@ -166,32 +167,43 @@ fn handle(
     changed
 }
 
+/// What the source made of each pod of the store, by UID: the store's object it was made from
+/// and the pod to run, reused while the store holds the same object.
+type Made = HashMap<String, (Arc<Pod>, Arc<Pod>)>;
+
 /// The pods of the store that this node runs (not the mirror pods), with the source's local
 /// annotations: `config.source: api` and the time each was first seen.
-fn to_run(store: &Store<Pod>, seen: &mut HashMap<String, String>) -> Vec<Pod> {
+fn to_run(store: &Store<Pod>, made: &mut Made) -> Vec<Arc<Pod>> {
     let now = crate::types::now().to_string();
-    let pods: Vec<Pod> = store
-        .state()
-        .into_iter()
+    let mut next = Made::with_capacity(made.len());
+    let pods = (store.state().into_iter())
         .filter(|p| !is_mirror(p))
-        .map(|p| {
-            let mut pod = (*p).clone();
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let first = seen.entry(uid).or_insert_with(|| now.clone()).clone();
-            let annotations = pod
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default);
-            annotations.insert(ANNOTATION_CONFIG_SOURCE.into(), Source::Api.as_str().into());
-            annotations.insert(ANNOTATION_CONFIG_SEEN.into(), first);
+        .map(|from| {
+            let uid = from.metadata.uid.clone().unwrap_or_default();
+            let pod = match made.remove(&uid) {
+                Some((before, pod)) if Arc::ptr_eq(&before, &from) => pod,
+                before => {
+                    let first = before
+                        .and_then(|(_, pod)| {
+                            crate::pod::annotation(&pod, ANNOTATION_CONFIG_SEEN).map(str::to_string)
+                        })
+                        .unwrap_or_else(|| now.clone());
+                    let mut pod = (*from).clone();
+                    let annotations = pod
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(Default::default);
+                    annotations
+                        .insert(ANNOTATION_CONFIG_SOURCE.into(), Source::Api.as_str().into());
+                    annotations.insert(ANNOTATION_CONFIG_SEEN.into(), first);
+                    Arc::new(pod)
+                }
+            };
+            next.insert(uid, (from, pod.clone()));
             pod
         })
         .collect();
-    let present: HashSet<&str> = pods
-        .iter()
-        .filter_map(|p| p.metadata.uid.as_deref())
-        .collect();
-    seen.retain(|uid, _| present.contains(uid.as_str()));
+    *made = next;
     pods
 }
 

@@ -2,10 +2,13 @@
 //! /metrics, /metrics/probes, /metrics/resource, /metrics/cadvisor, /stats/summary and /healthz,
 //! as the upstream kubelet serves them.
 
+use std::borrow::Borrow;
+use std::sync::Arc;
+
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -15,24 +18,37 @@ use tokio_util::sync::CancellationToken;
 use super::healthz;
 use crate::status;
 
-fn json(value: serde_json::Value) -> impl IntoResponse {
+fn json<T: serde::Serialize>(value: &T) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        serde_json::to_string(&value).unwrap_or_default(),
+        serde_json::to_string(value).unwrap_or_default(),
     )
+        .into_response()
 }
 
-fn pod_list(items: Vec<Pod>) -> serde_json::Value {
-    serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+/// A PodList of `items`, as JSON.
+fn pod_list<P: Borrow<Pod>>(items: &[P]) -> Response {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct PodList<'a> {
+        kind: &'static str,
+        api_version: &'static str,
+        metadata: ObjectMeta,
+        items: Vec<&'a Pod>,
+    }
+    let list = PodList {
+        kind: "PodList",
+        api_version: "v1",
+        metadata: ObjectMeta::default(),
+        items: items.iter().map(Borrow::borrow).collect(),
+    };
+    json(&list)
 }
 
-fn sorted(reader: &status::Reader) -> Vec<Pod> {
-    let mut pods: Vec<Pod> = reader
-        .list()
-        .into_iter()
-        .map(|e| (*e.pod).clone())
-        .collect();
+/// Every pod with its status, by namespace and name.
+fn sorted(reader: &status::Reader) -> Vec<Arc<Pod>> {
+    let mut pods: Vec<Arc<Pod>> = reader.list().into_iter().map(|e| e.pod).collect();
     pods.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
     });
@@ -44,7 +60,7 @@ fn running(c: &ContainerStatus) -> bool {
 }
 
 async fn pods(State(reader): State<status::Reader>) -> impl IntoResponse {
-    json(pod_list(sorted(&reader)))
+    pod_list(&sorted(&reader))
 }
 
 /// Pods with running containers, as the runtime sees them: metadata and those containers.
@@ -52,12 +68,7 @@ async fn running_pods(State(reader): State<status::Reader>) -> impl IntoResponse
     let items = sorted(&reader)
         .into_iter()
         .filter_map(|p| {
-            let statuses = p
-                .status
-                .as_ref()?
-                .container_statuses
-                .clone()
-                .unwrap_or_default();
+            let statuses = p.status.as_ref()?.container_statuses.as_deref()?;
             let containers: Vec<Container> = statuses
                 .iter()
                 .filter(|c| running(c))
@@ -81,8 +92,8 @@ async fn running_pods(State(reader): State<status::Reader>) -> impl IntoResponse
                 status: None,
             })
         })
-        .collect();
-    json(pod_list(items))
+        .collect::<Vec<Pod>>();
+    pod_list(&items)
 }
 
 async fn metrics(State(source): State<super::stats::Source>) -> impl IntoResponse {
@@ -96,25 +107,18 @@ async fn metrics(State(source): State<super::stats::Source>) -> impl IntoRespons
     ];
     let mut running_pods = 0;
     for e in &pods {
-        let statuses = e
-            .pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.clone())
+        let statuses = (e.pod.status.as_ref())
+            .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or_default();
         if statuses.iter().any(running) {
             running_pods += 1;
         }
-        for c in &statuses {
-            let state = c.state.clone().unwrap_or_default();
-            let slot = if state.running.is_some() {
-                0
-            } else if state.terminated.is_some() {
-                1
-            } else if state.waiting.is_some() {
-                2
-            } else {
-                3
+        for state in statuses.iter().map(|c| c.state.as_ref()) {
+            let slot = match state {
+                Some(s) if s.running.is_some() => 0,
+                Some(s) if s.terminated.is_some() => 1,
+                Some(s) if s.waiting.is_some() => 2,
+                _ => 3,
             };
             by_state[slot].1 += 1;
         }
@@ -145,7 +149,7 @@ async fn probe_metrics() -> impl IntoResponse {
 
 async fn stats_summary(State(source): State<super::stats::Source>) -> impl IntoResponse {
     match super::stats::summary(&source).await {
-        Ok(summary) => json(summary).into_response(),
+        Ok(summary) => json(&summary),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot read container stats from the runtime: {e}\n"),

@@ -44,6 +44,16 @@ pub fn is_ignored_name(name: &str) -> bool {
         || name.contains(".dpkg-")
 }
 
+/// What reading one manifest file found.
+enum Read {
+    /// Its bytes are those parsed last time, whose outcome stands.
+    Unchanged,
+    /// It was removed since the directory was listed.
+    Gone,
+    /// Its new bytes: what they describe, or every problem found in them.
+    Parsed(Result<Manifest, Vec<String>>),
+}
+
 /// Scans the manifest path and remembers what it needs across scans: the bytes each file had
 /// when it was last parsed (an unchanged file is not parsed again), the last good contents of
 /// each file (kept while a file is being rewritten or is broken) and the last error per file (so a
@@ -117,31 +127,38 @@ impl Scanner {
         Some(files)
     }
 
-    /// The bytes of one file, or why it cannot be read.
-    fn read_file(file: &Path) -> Result<Vec<u8>, Vec<String>> {
-        let size = std::fs::metadata(file)
-            .map_err(|e| vec![format!("cannot stat: {e}")])?
-            .len();
+    /// The bytes of one file, `None` when it is gone, or why it cannot be read.
+    fn read_file(file: &Path) -> Result<Option<Vec<u8>>, Vec<String>> {
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let size = match std::fs::metadata(file) {
+            Ok(meta) => meta.len(),
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(vec![format!("cannot stat: {e}")]),
+        };
         if size > MAX_MANIFEST_BYTES {
             return Err(vec![format!(
                 "file is {size} bytes, larger than the {MAX_MANIFEST_BYTES} bytes a manifest may have"
             )]);
         }
-        std::fs::read(file).map_err(|e| vec![format!("cannot read: {e}")])
+        match std::fs::read(file) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if gone(&e) => Ok(None),
+            Err(e) => Err(vec![format!("cannot read: {e}")]),
+        }
     }
 
-    /// What one file describes, or every problem found in it; `None` when its bytes are those
-    /// parsed last time, whose outcome stands.
-    fn read_changed(&mut self, file: &Path, seen: &str) -> Option<Result<Manifest, Vec<String>>> {
+    /// What one file describes now.
+    fn read_changed(&mut self, file: &Path, seen: &str) -> Read {
         let bytes = match Self::read_file(file) {
-            Ok(bytes) => bytes,
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Read::Gone,
             Err(problems) => {
                 self.parsed.remove(file);
-                return Some(Err(problems));
+                return Read::Parsed(Err(problems));
             }
         };
         if self.parsed.get(file) == Some(&bytes) {
-            return None;
+            return Read::Unchanged;
         }
         let origin = file.to_string_lossy();
         let found = manifest(
@@ -151,13 +168,20 @@ impl Scanner {
             seen,
         );
         self.parsed.insert(file.to_path_buf(), bytes);
-        Some(found)
+        Read::Parsed(found)
     }
 
     /// Reads every manifest and returns the source's full snapshot, or `None` when the path
     /// cannot be listed.
     pub fn scan(&mut self) -> Option<SourceSnapshot> {
         self.scan_without(&HashSet::new())
+    }
+
+    /// Forgets what a file that is gone described.
+    fn forget(&mut self, file: &Path) {
+        self.parsed.remove(file);
+        self.last_good.remove(file);
+        self.last_error.remove(file);
     }
 
     /// Whether any of these files, deleted since the last scan, described something and is
@@ -182,8 +206,13 @@ impl Scanner {
         let mut names: HashMap<String, PathBuf> = HashMap::new();
         for file in &files {
             let found = match self.read_changed(file, &seen) {
-                None => self.last_good.get(file).cloned().unwrap_or_default(),
-                Some(Ok(found)) => {
+                Read::Unchanged => self.last_good.get(file).cloned().unwrap_or_default(),
+                // Removed since the listing: as if it had not been listed.
+                Read::Gone => {
+                    self.forget(file);
+                    continue;
+                }
+                Read::Parsed(Ok(found)) => {
                     if self.last_error.remove(file).is_some() {
                         tracing::info!(file = %file.display(), "manifest is valid again");
                     }
@@ -193,7 +222,7 @@ impl Scanner {
                     self.last_good.insert(file.clone(), found.clone());
                     found
                 }
-                Some(Err(problems)) => {
+                Read::Parsed(Err(problems)) => {
                     let message = problems.join("; ");
                     let kept = self.last_good.get(file).cloned().unwrap_or_default();
                     if self.last_error.get(file) != Some(&message) {
@@ -421,6 +450,7 @@ mod tests {
         let again = scanner.scan().expect("scan");
         // Parsing stamps the time it was seen: the same stamp means the file was not re-parsed.
         assert_eq!(seen_of(&first), seen_of(&again));
+        assert!(Arc::ptr_eq(&first.pods[0], &again.pods[0]));
         std::fs::write(dir.path().join("web.yaml"), pod("b")).expect("write");
         let changed = scanner.scan().expect("scan");
         assert_ne!(seen_of(&first), seen_of(&changed));
@@ -428,6 +458,22 @@ mod tests {
         assert_eq!(spec.containers[0].image.as_deref(), Some("b"));
         std::fs::remove_file(dir.path().join("web.yaml")).expect("remove");
         assert!(scanner.scan().expect("scan").pods.is_empty());
+    }
+
+    #[test]
+    fn a_file_removed_after_the_listing_is_gone_not_invalid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: c, image: i}]\n").expect("write");
+        let mut scanner = Scanner::new(Config {
+            path: dir.path().to_path_buf(),
+            node_name: "n".into(),
+            check_frequency: Duration::from_secs(20),
+            api_references: crate::sources::ApiReferences::Local,
+        });
+        assert_eq!(scanner.scan().expect("scan").pods.len(), 1);
+        std::fs::remove_file(&file).expect("remove");
+        assert!(matches!(scanner.read_changed(&file, "t"), Read::Gone));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,17 +7,20 @@ pub mod mux;
 
 pub use mux::Mux;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::objects::{self, Object};
 use crate::pod::{StaticOrigin, apply_defaults, decode_manifest, make_static, validate};
 
 /// A source's complete current state: every pod it wants on this node, and the ConfigMaps and
-/// Secrets it offers them.
+/// Secrets it offers them. A pod the source has not changed since its last snapshot is the same
+/// `Arc` as then.
 #[derive(Clone, Debug)]
 pub struct SourceSnapshot {
     pub source: crate::types::Source,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<Arc<Pod>>,
     pub objects: Vec<Object>,
 }
 
@@ -27,7 +30,7 @@ pub const MAX_MANIFEST_BYTES: u64 = 10 * 1024 * 1024;
 /// What one manifest describes: static pods and the ConfigMaps and Secrets beside them.
 #[derive(Clone, Debug, Default)]
 pub struct Manifest {
-    pub pods: Vec<Pod>,
+    pub pods: Vec<Arc<Pod>>,
     pub objects: Vec<Object>,
 }
 
@@ -115,7 +118,10 @@ pub fn manifest(
         }
     }
     if problems.is_empty() {
-        Ok(Manifest { pods, objects })
+        Ok(Manifest {
+            pods: pods.into_iter().map(Arc::new).collect(),
+            objects,
+        })
     } else {
         Err(problems)
     }

@@ -17,35 +17,30 @@ pub struct Mux {
     sources: HashMap<Source, BTreeMap<PodUid, Arc<Pod>>>,
 }
 
-/// A pod with only what makes it "changed", as upstream compares pods: its spec, labels,
-/// annotations (but the agent's local ones) and deletion; not its status, nor the metadata the
-/// API server bumps on every write (resourceVersion, managedFields).
-fn comparable(pod: &Pod) -> Pod {
-    let m = &pod.metadata;
-    let mut p = Pod {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
-            uid: m.uid.clone(),
-            labels: m.labels.clone(),
-            annotations: m.annotations.clone(),
-            deletion_timestamp: m.deletion_timestamp.clone(),
-            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
-            ..Default::default()
-        },
-        spec: pod.spec.clone(),
-        status: None,
-    };
-    if let Some(a) = p.metadata.annotations.as_mut() {
-        for local in [
-            ANNOTATION_CONFIG_SEEN,
-            ANNOTATION_CONFIG_SOURCE,
-            ANNOTATION_CONFIG_MIRROR,
-        ] {
-            a.remove(local);
-        }
+/// The agent's own annotations: they say where and when a pod was seen, not what it is.
+const LOCAL_ANNOTATIONS: [&str; 3] = [
+    ANNOTATION_CONFIG_SEEN,
+    ANNOTATION_CONFIG_SOURCE,
+    ANNOTATION_CONFIG_MIRROR,
+];
+
+/// Whether two versions of a pod are the same pod to run, as upstream compares pods: the same
+/// spec, labels, annotations (but the agent's local ones) and deletion; not its status, nor the
+/// metadata the API server bumps on every write (resourceVersion, managedFields).
+fn same_config(a: &Pod, b: &Pod) -> bool {
+    fn own(p: &Pod) -> impl Iterator<Item = (&String, &String)> {
+        (p.metadata.annotations.iter().flatten())
+            .filter(|(k, _)| !LOCAL_ANNOTATIONS.contains(&k.as_str()))
     }
-    p
+    let (m, n) = (&a.metadata, &b.metadata);
+    m.name == n.name
+        && m.namespace == n.namespace
+        && m.uid == n.uid
+        && m.labels == n.labels
+        && m.deletion_timestamp == n.deletion_timestamp
+        && m.deletion_grace_period_seconds == n.deletion_grace_period_seconds
+        && a.spec == b.spec
+        && own(a).eq(own(b))
 }
 
 impl Mux {
@@ -81,18 +76,17 @@ impl Mux {
             }
             let kept = match old.get(&uid) {
                 None => {
-                    let pod = Arc::new(pod);
                     adds.push(pod.clone());
                     pod
                 }
+                Some(prev) if Arc::ptr_eq(prev, &pod) => pod,
                 Some(prev) => {
                     if pod.metadata.deletion_timestamp.is_some()
                         && prev.metadata.deletion_timestamp.is_none()
                     {
-                        let pod = Arc::new(pod);
                         deletes.push(pod.clone());
                         pod
-                    } else if comparable(prev) != comparable(&pod) {
+                    } else if !same_config(prev, &pod) {
                         let pod = Arc::new(keep_seen(prev, pod));
                         updates.push(pod.clone());
                         pod
@@ -130,7 +124,8 @@ impl Mux {
 }
 
 /// The new pod, but with the first-seen time of the one it replaces.
-fn keep_seen(prev: &Pod, mut pod: Pod) -> Pod {
+fn keep_seen(prev: &Pod, pod: Arc<Pod>) -> Pod {
+    let mut pod = Arc::unwrap_or_clone(pod);
     let seen = prev
         .metadata
         .annotations
@@ -166,7 +161,7 @@ mod tests {
         mux.merge(SourceSnapshot {
             objects: Vec::new(),
             source: Source::File,
-            pods,
+            pods: pods.into_iter().map(Arc::new).collect(),
         })
         .into_iter()
         .map(|u| {
