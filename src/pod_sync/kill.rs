@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Error, Syncer, actions, hooks, ignore_not_found, watched};
 use crate::events::Target;
 use crate::pod::{grace_period_seconds, spec};
-use crate::runtime::{self, ContainerState, PodRuntime};
+use crate::runtime::{self, ContainerState, PodRuntime, SandboxState};
 use crate::types::{PodUid, full_name};
 
 /// Where the grace period of each container of a pod being stopped comes from.
@@ -36,7 +36,7 @@ impl Syncer {
         if kills.is_empty() {
             return Ok(());
         }
-        let host = self.hook_host(pod, rt).await;
+        let host = (self.hook_host(pod, rt, kills.iter().map(|k| k.name.as_str()))).await;
         for k in kills {
             let grace = k.grace.unwrap_or_else(|| grace_period_seconds(pod)).max(0) as u64;
             let why = format!("Stopping container {} ({})", k.name, k.reason);
@@ -56,7 +56,11 @@ impl Syncer {
         grace_from: GraceFrom,
     ) -> Result<(), Error> {
         self.stop_live(pod, rt, grace_from).await?;
-        for sb in &rt.sandboxes {
+        // A removal follows the stop of the pod, which stopped every sandbox it had: those not
+        // ready now need no second stop.
+        let stopping =
+            (rt.sandboxes.iter()).filter(|sb| !remove || sb.state == SandboxState::Ready);
+        for sb in stopping {
             let stop = self.runtime.stop_pod_sandbox(&sb.id);
             let what = format!("the stop of its sandbox {}", sb.id);
             let target = Target::pod(pod);
@@ -101,7 +105,7 @@ impl Syncer {
                 .max(0) as u64,
             )
         };
-        let host = self.hook_host(pod, rt).await;
+        let host = (self.hook_host(pod, rt, live.iter().map(|c| c.name.as_str()))).await;
         let mut stops = JoinSet::new();
         for (c, (turn, done)) in live.iter().zip(stop_order(pod, &live)) {
             let grace = hooks::Grace {
@@ -173,9 +177,23 @@ impl Syncer {
         }
     }
 
-    /// Where the pod's httpGet and tcpSocket hooks connect: its IP, or the node's on the host
-    /// network or when the sandbox is gone.
-    pub(super) async fn hook_host(&self, pod: &Pod, rt: &PodRuntime) -> String {
+    /// Where the preStop hooks of the containers `stopping` connect (httpGet, tcpSocket): the
+    /// pod's IP, or the node's on the host network or when the sandbox is gone. Empty, with no
+    /// call to the runtime, when none of those hooks connects anywhere.
+    pub(super) async fn hook_host<'a>(
+        &self,
+        pod: &Pod,
+        rt: &PodRuntime,
+        stopping: impl IntoIterator<Item = &'a str>,
+    ) -> String {
+        let stopping: Vec<&str> = stopping.into_iter().collect();
+        let connects = crate::pod::all_containers(spec(pod))
+            .filter(|c| stopping.contains(&c.name.as_str()))
+            .filter_map(|c| c.lifecycle.as_ref()?.pre_stop.as_ref())
+            .any(|hook| hook.http_get.is_some() || hook.tcp_socket.is_some());
+        if !connects {
+            return String::new();
+        }
         if !spec(pod).host_network.unwrap_or(false)
             && let Some(sb) = rt.latest_sandbox()
             && let Ok(ip) = self.pod_ip(&sb.id).await

@@ -64,7 +64,7 @@ impl Syncer {
         let grace = Duration::from_secs(grace.max(0) as u64);
         let stop = async {
             let rt = self.read(pod).await?;
-            if !rt.containers.is_empty() {
+            if !(rt.containers.is_empty() && rt.sandboxes.is_empty()) {
                 self.kill_all(pod, &rt, false, grace_from).await?;
             }
             Ok::<(), Error>(())
@@ -104,7 +104,8 @@ impl Syncer {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
-        let rt = self.runtime.pod_runtime(&uid).await?;
+        // What is left to remove: the listing tells all that needs (names, attempts, states).
+        let rt = self.runtime.pod_listing(&uid).await?;
         let mut counts: HashMap<String, u32> = HashMap::new();
         for c in &rt.containers {
             let next = counts.entry(c.name.clone()).or_default();

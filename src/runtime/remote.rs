@@ -417,18 +417,20 @@ impl RuntimeClient {
     /// single pod's relist, timed in `kubelet_pleg_pod_relist_duration_seconds`.
     pub async fn pod_runtime(&self, uid: &PodUid) -> Result<PodRuntime> {
         let began = Instant::now();
-        let read = async {
-            let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
-            let containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
-            let listed = PodRuntime {
-                sandboxes,
-                containers,
-            };
-            self.with_details(listed).await
-        };
+        let read = async { self.with_details(self.pod_listing(uid).await?).await };
         let rt = read.await;
         crate::metrics::get().pleg_pod_relist(began.elapsed());
         rt
+    }
+
+    /// The pod's sandboxes and containers as listed, without their containers' status details.
+    pub async fn pod_listing(&self, uid: &PodUid) -> Result<PodRuntime> {
+        let sandboxes = self.list_sandboxes(Some((LABEL_POD_UID, &uid.0))).await?;
+        let containers = self.list_containers(Some((LABEL_POD_UID, &uid.0))).await?;
+        Ok(PodRuntime {
+            sandboxes,
+            containers,
+        })
     }
 
     /// A pod's listed sandboxes and containers, each container with its status details (and
