@@ -22,9 +22,10 @@ pub struct Entry {
 struct State {
     pods: HashMap<PodUid, Entry>,
     /// Pods whose termination finished (nothing of them is left on the node): when, and their
-    /// last entry (the final status); kept for [`TERMINATED_KEPT`] so the cluster status
-    /// manager can send that status and delete their API objects.
-    terminated: HashMap<PodUid, (std::time::Instant, Option<Entry>)>,
+    /// final status (only that: every pod that finished in the last [`TERMINATED_KEPT`] stays
+    /// in memory); kept so the cluster status manager can send that status and delete their
+    /// API objects, and a late refusal can start from it.
+    terminated: HashMap<PodUid, (std::time::Instant, Option<PodStatus>)>,
     generation: u64,
 }
 
@@ -42,27 +43,6 @@ impl State {
 pub struct Writer {
     state: Arc<RwLock<State>>,
     changed: watch::Sender<u64>,
-}
-
-/// What a finished pod's entry keeps: its name, namespace and UID, and its final status (what
-/// the final status push and a late refusal read), not its spec: the entries of every pod
-/// that finished in the last [`TERMINATED_KEPT`] stay in memory.
-fn finished(entry: &Entry) -> Entry {
-    let meta = &entry.pod.metadata;
-    let pod = Pod {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: meta.name.clone(),
-            namespace: meta.namespace.clone(),
-            uid: meta.uid.clone(),
-            ..Default::default()
-        },
-        spec: None,
-        status: entry.pod.status.clone(),
-    };
-    Entry {
-        version: entry.version,
-        pod: Arc::new(pod),
-    }
 }
 
 /// Counts each container whose status turned terminated between `old` and `new`, as
@@ -155,7 +135,7 @@ impl Writer {
             let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
             let now = std::time::Instant::now();
             state.expire(now);
-            let last = state.pods.get(uid).map(finished);
+            let last = state.pods.get(uid).and_then(|e| e.pod.status.clone());
             state.terminated.insert(uid.clone(), (now, last));
         }
         self.remove(uid);
@@ -241,8 +221,8 @@ impl Reader {
             .contains_key(uid)
     }
 
-    /// The last entry of a pod whose termination finished lately (its final status).
-    pub fn final_entry(&self, uid: &PodUid) -> Option<Entry> {
+    /// The final status of a pod whose termination finished lately.
+    pub fn final_status(&self, uid: &PodUid) -> Option<PodStatus> {
         self.state
             .read()
             .unwrap_or_else(|e| e.into_inner())

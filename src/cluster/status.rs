@@ -5,14 +5,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
 use super::pods::{Bound, is_mirror};
 use crate::pod::{ANNOTATION_CONFIG_HASH, ANNOTATION_CONFIG_MIRROR, annotation, source};
 use crate::status;
-use crate::types::{PodUid, Source, full_name};
+use crate::types::{PodUid, Source};
 
 /// How often every status is looked at even without a change (upstream: 10 s).
 const RESYNC: Duration = Duration::from_secs(10);
@@ -84,7 +84,7 @@ pub async fn run(
             let since = *pending
                 .entry(target.uid.clone())
                 .or_insert_with(std::time::Instant::now);
-            match push(&client, &target, &entry.pod).await {
+            match push(&client, &target, entry.pod.status.as_ref()).await {
                 Pushed::Yes => {
                     crate::metrics::get().pod_status_synced(since.elapsed());
                     crate::pod_startup::get().status_pushed(&target.uid, &entry.pod);
@@ -120,12 +120,13 @@ enum Pushed {
 }
 
 /// Patches the target's status.
-async fn push(client: &kube::Client, target: &Target, pod: &Pod) -> Pushed {
+async fn push(client: &kube::Client, target: &Target, status: Option<&PodStatus>) -> Pushed {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &target.namespace);
+    let pod = format!("{}/{}", target.namespace, target.name);
     // The UID makes the patch fail on a pod of the same name that is not the one meant.
     let patch = serde_json::json!({
         "metadata": {"uid": target.uid},
-        "status": with_clears(pod),
+        "status": with_clears(status),
     });
     match pods
         .patch_status(
@@ -136,15 +137,15 @@ async fn push(client: &kube::Client, target: &Target, pod: &Pod) -> Pushed {
         .await
     {
         Ok(_) => {
-            tracing::debug!(pod = %full_name(pod), "pushed the pod status");
+            tracing::debug!(%pod, "pushed the pod status");
             Pushed::Yes
         }
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
-            tracing::debug!(pod = %full_name(pod), reason = %e.message, "the pod's API object is gone or replaced; its status is not pushed");
+            tracing::debug!(%pod, reason = %e.message, "the pod's API object is gone or replaced; its status is not pushed");
             Pushed::Gone
         }
         Err(e) => {
-            tracing::warn!(pod = %full_name(pod), error = %crate::types::error_chain(&e), "cannot push the pod status");
+            tracing::warn!(%pod, error = %crate::types::error_chain(&e), "cannot push the pod status");
             Pushed::Failed
         }
     }
@@ -155,8 +156,8 @@ const TRANSIENT_CONDITIONS: [&str; 2] = ["PodResizePending", "PodResizeInProgres
 
 /// The status as a strategic merge patch: conditions merge by type, so the fields a condition
 /// no longer has, and the pod's reason and message once they are gone, are cleared explicitly.
-fn with_clears(pod: &Pod) -> serde_json::Value {
-    let mut status = serde_json::to_value(&pod.status).unwrap_or_default();
+fn with_clears(status: Option<&PodStatus>) -> serde_json::Value {
+    let mut status = serde_json::to_value(status).unwrap_or_default();
     let clear = |object: &mut serde_json::Map<String, serde_json::Value>, keys: &[&str]| {
         for key in keys {
             object
@@ -210,13 +211,13 @@ async fn delete_finished(client: &kube::Client, statuses: &status::Reader, bound
         let name = pod.metadata.name.clone().unwrap_or_default();
         let uid = PodUid(pod.metadata.uid.clone().unwrap_or_default());
         // Its final status first (the phase its containers ended in), as upstream.
-        if let Some(last) = statuses.final_entry(&uid) {
+        if let Some(last) = statuses.final_status(&uid) {
             let target = Target {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 uid: uid.0.clone(),
             };
-            if push(client, &target, &last.pod).await != Pushed::Yes {
+            if push(client, &target, Some(&last)).await != Pushed::Yes {
                 continue;
             }
         }
@@ -242,7 +243,7 @@ mod tests {
             ]}
         }))
         .unwrap();
-        let patch = with_clears(&pod);
+        let patch = with_clears(pod.status.as_ref());
         assert_eq!(patch["conditions"][0]["reason"], serde_json::Value::Null);
         assert!(
             patch["conditions"][0]

@@ -397,11 +397,9 @@ impl PodSyncer for Syncer {
         self.events
             .warning(Target::pod(&pod), reason, message.to_string());
         let uid = PodUid::of(&pod);
-        let last = self
-            .statuses
-            .get(&uid)
-            .or_else(|| self.statuses.final_entry(&uid))
-            .and_then(|e| e.pod.status.clone());
+        let last = (self.statuses.get(&uid))
+            .and_then(|e| e.pod.status.clone())
+            .or_else(|| self.statuses.final_status(&uid));
         self.status.set(&pod, failure(last, reason, message));
     }
 
