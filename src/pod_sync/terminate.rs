@@ -64,10 +64,7 @@ impl Syncer {
         let grace = Duration::from_secs(grace.max(0) as u64);
         let stop = async {
             let rt = self.read(pod).await?;
-            if !(rt.containers.is_empty() && rt.sandboxes.is_empty()) {
-                self.kill_all(pod, &rt, false, grace_from).await?;
-            }
-            Ok::<(), Error>(())
+            self.kill_all(pod, &rt, false, grace_from).await
         };
         tokio::pin!(stop);
         // Past its grace period and the slack, the pod is reported as ended although the

@@ -417,8 +417,10 @@ impl RuntimeClient {
     /// single pod's relist, timed in `kubelet_pleg_pod_relist_duration_seconds`.
     pub async fn pod_runtime(&self, uid: &PodUid) -> Result<PodRuntime> {
         let began = Instant::now();
-        let read = async { self.with_details(self.pod_listing(uid).await?).await };
-        let rt = read.await;
+        let rt = match self.pod_listing(uid).await {
+            Ok(listed) => self.with_details(listed).await,
+            Err(e) => Err(e),
+        };
         crate::metrics::get().pleg_pod_relist(began.elapsed());
         rt
     }
